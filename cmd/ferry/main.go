@@ -1,0 +1,64 @@
+// Command ferry carries a fine-tuned LLM from the box where it was trained
+// to the machines that serve it: merge, convert, quantize, verify, transfer.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+)
+
+// version is stamped by the Makefile (-ldflags "-X main.version=…").
+var version = "dev"
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:    "ferry",
+		Usage:   "carry a fine-tuned LLM from training box to serving machines",
+		Version: version,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "verbose", Usage: "debug logging on stderr"},
+		},
+		Before: func(c *cli.Context) error {
+			level := slog.LevelInfo
+			if c.Bool("verbose") {
+				level = slog.LevelDebug
+			}
+			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+			return nil
+		},
+		Commands: []*cli.Command{
+			inspectCommand(),
+			mergeCommand(),
+			ggufCommand(),
+			mlxCommand(),
+			verifyCommand(),
+			pipelineCommand(),
+			storeCommand(),
+		},
+		// Usage errors from flag parsing exit 2, like every bad input.
+		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {
+			return usageErrorf("%v", err)
+		},
+		CommandNotFound: func(c *cli.Context, name string) {
+			fmt.Fprintf(os.Stderr, "ferry: unknown command %q; see 'ferry --help'\n", name)
+			os.Exit(exitBadInput)
+		},
+		ExitErrHandler: func(*cli.Context, error) {}, // exit codes are main's job
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newApp().RunContext(ctx, os.Args)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ferry: %v\n", err)
+	}
+	os.Exit(exitCode(err))
+}

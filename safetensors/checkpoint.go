@@ -1,0 +1,407 @@
+package safetensors
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// IndexName is the conventional index file of a sharded checkpoint.
+const IndexName = "model.safetensors.index.json"
+
+// SingleName is the conventional single-file checkpoint.
+const SingleName = "model.safetensors"
+
+var shardRE = regexp.MustCompile(`^model-(\d{5})-of-(\d{5})\.safetensors$`)
+
+// ShardName is the Hugging Face shard file name, 1-based.
+func ShardName(i, n int) string { return fmt.Sprintf("model-%05d-of-%05d.safetensors", i, n) }
+
+// Index is a parsed model.safetensors.index.json.
+type Index struct {
+	Metadata  map[string]any
+	WeightMap map[string]string
+}
+
+// maxIndexSize bounds what ReadIndex loads: a 1M-tensor weight map is a few
+// tens of MB.
+const maxIndexSize = 256 << 20
+
+// ReadIndex parses an index file, rejecting duplicate weight_map keys (which
+// Python's json would silently collapse) and non-string values.
+func ReadIndex(path string) (*Index, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() > maxIndexSize {
+		return nil, errf(path, "", -1, ErrInvalidIndex, "%d bytes is over the %d-byte limit", st.Size(), maxIndexSize)
+	}
+	data, err := io.ReadAll(fh)
+	if err != nil {
+		return nil, err
+	}
+	return ParseIndex(data, path)
+}
+
+// ParseIndex parses index JSON; path is used in errors.
+func ParseIndex(data []byte, path string) (*Index, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	bad := func(format string, args ...any) error {
+		return errf(path, "", dec.InputOffset(), ErrInvalidIndex, format, args...)
+	}
+	expect := func(want json.Delim) error {
+		tok, err := dec.Token()
+		if err != nil {
+			return bad("%v", err)
+		}
+		if d, ok := tok.(json.Delim); !ok || d != want {
+			return bad("expected %q, found %v", string(want), tok)
+		}
+		return nil
+	}
+	if err := expect('{'); err != nil {
+		return nil, err
+	}
+	idx := &Index{}
+	seenTop := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		key := tok.(string)
+		if seenTop[key] {
+			return nil, bad("key %q appears twice", key)
+		}
+		seenTop[key] = true
+		switch key {
+		case "metadata":
+			if err := dec.Decode(&idx.Metadata); err != nil {
+				return nil, bad("metadata: %v", err)
+			}
+		case "weight_map":
+			if err := expect('{'); err != nil {
+				return nil, err
+			}
+			idx.WeightMap = map[string]string{}
+			for dec.More() {
+				tok, err := dec.Token()
+				if err != nil {
+					return nil, bad("%v", err)
+				}
+				name := tok.(string)
+				var file string
+				if err := dec.Decode(&file); err != nil {
+					return nil, errf(path, name, dec.InputOffset(), ErrInvalidIndex, "weight_map value must be a file name: %v", err)
+				}
+				if _, dup := idx.WeightMap[name]; dup {
+					return nil, errf(path, name, dec.InputOffset(), ErrInvalidIndex, "appears twice in weight_map")
+				}
+				idx.WeightMap[name] = file
+			}
+			if err := expect('}'); err != nil {
+				return nil, err
+			}
+		default:
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return nil, bad("%v", err)
+			}
+		}
+	}
+	if err := expect('}'); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, bad("data after the index object")
+	}
+	if idx.WeightMap == nil {
+		return nil, bad("no weight_map")
+	}
+	return idx, nil
+}
+
+// Location is where a tensor lives in a checkpoint.
+type Location struct {
+	Shard *Shard
+	Info  TensorInfo
+}
+
+// Shard is one safetensors file of a checkpoint.
+type Shard struct {
+	Name string // file name within the directory
+	*File
+}
+
+// Section returns a reader over the tensor's bytes.
+func (l Location) Section() *io.SectionReader { return l.Shard.Section(l.Info) }
+
+// Checkpoint is a validated Hugging Face safetensors checkpoint directory.
+type Checkpoint struct {
+	Dir       string
+	IndexPath string // "" for a single-file checkpoint
+	Index     *Index // nil for a single-file checkpoint
+	Shards    []*Shard
+	Config    *Config // nil when the directory has no config.json
+
+	byName map[string]Location
+	order  []Location
+}
+
+// DirOptions tune OpenDir.
+type DirOptions struct {
+	// FollowExternalLinks accepts shards that are symlinks resolving outside
+	// the directory. By default only links into a content-addressed store
+	// (a "blobs" directory, as the Hugging Face cache and ferry's store use)
+	// are accepted.
+	FollowExternalLinks bool
+}
+
+// OpenDir opens dir with default options.
+func OpenDir(dir string) (*Checkpoint, error) { return OpenDirOptions(dir, DirOptions{}) }
+
+// OpenDirOptions opens and checks a checkpoint directory before anything
+// else touches it: every indexed tensor exists in the shard the index
+// names, no tensor is in two shards, no conventionally named shard sits
+// outside the index, and every shard is a plain file name inside dir.
+func OpenDirOptions(dir string, opt DirOptions) (c *Checkpoint, err error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !st.IsDir() {
+		return nil, errf(dir, "", -1, ErrNotCheckpoint, "not a directory")
+	}
+	c = &Checkpoint{Dir: dir, byName: map[string]Location{}}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var onDisk []string
+	for _, e := range entries {
+		if shardRE.MatchString(e.Name()) || e.Name() == SingleName {
+			onDisk = append(onDisk, e.Name())
+		}
+	}
+	if cfgPath := filepath.Join(dir, "config.json"); fileExists(cfgPath) {
+		if c.Config, err = ReadConfig(cfgPath); err != nil {
+			return nil, err
+		}
+	}
+
+	idxPath := filepath.Join(dir, IndexName)
+	if !fileExists(idxPath) {
+		// A single file, or one unindexed shard set of exactly one file.
+		switch {
+		case len(onDisk) == 1 && onDisk[0] == SingleName:
+		case len(onDisk) == 0:
+			return nil, errf(dir, "", -1, ErrNotCheckpoint, "no %s and no %s", SingleName, IndexName)
+		default:
+			return nil, errf(dir, "", -1, ErrInvalidIndex, "%d shard files but no %s", len(onDisk), IndexName)
+		}
+		sh, err := c.openShard(SingleName, opt)
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range sh.Tensors {
+			c.add(Location{Shard: sh, Info: t})
+		}
+		return c, nil
+	}
+
+	c.IndexPath = idxPath
+	if c.Index, err = ReadIndex(idxPath); err != nil {
+		return nil, err
+	}
+	// Shard names, in a stable order.
+	files := map[string]bool{}
+	for name, file := range c.Index.WeightMap {
+		if err := checkPlainName(file); err != nil {
+			return nil, errf(idxPath, name, -1, ErrOutsideDir, "weight_map names %q: %v", file, err)
+		}
+		files[file] = true
+	}
+	names := make([]string, 0, len(files))
+	for f := range files {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	for _, f := range onDisk {
+		if !files[f] {
+			return nil, errf(filepath.Join(dir, f), "", -1, ErrStrayShard, "%s does not list it", IndexName)
+		}
+	}
+	if err := checkShardCount(idxPath, names); err != nil {
+		return nil, err
+	}
+	shardOf := map[string]*Shard{}
+	for _, f := range names {
+		sh, err := c.openShard(f, opt)
+		if err != nil {
+			return nil, err
+		}
+		shardOf[f] = sh
+	}
+	// Every tensor in exactly the shard the index names.
+	for _, sh := range c.Shards {
+		for _, t := range sh.Tensors {
+			want, ok := c.Index.WeightMap[t.Name]
+			if !ok {
+				return nil, errf(sh.Path, t.Name, sh.DataOffset()+t.Begin, ErrInvalidIndex, "tensor is not in %s", IndexName)
+			}
+			if want != sh.Name {
+				return nil, errf(sh.Path, t.Name, sh.DataOffset()+t.Begin, ErrTensorTwice, "the index puts it in %s", want)
+			}
+			c.add(Location{Shard: sh, Info: t})
+		}
+	}
+	for name, file := range c.Index.WeightMap {
+		if _, ok := c.byName[name]; !ok {
+			return nil, errf(filepath.Join(dir, file), name, -1, ErrMissingTensor, "the index names this shard")
+		}
+	}
+	return c, nil
+}
+
+// checkShardCount catches a shard set whose "-of-N" count and the index
+// disagree (a shard both absent from disk and from the index).
+func checkShardCount(idxPath string, names []string) error {
+	total := -1
+	seen := map[int]bool{}
+	for _, n := range names {
+		m := shardRE.FindStringSubmatch(n)
+		if m == nil {
+			return nil // not the conventional naming; nothing to check
+		}
+		i, _ := strconv.Atoi(m[1])
+		of, _ := strconv.Atoi(m[2])
+		if total == -1 {
+			total = of
+		} else if of != total {
+			return errf(idxPath, "", -1, ErrInvalidIndex, "shards %s disagree on the shard count", strings.Join(names, ", "))
+		}
+		seen[i] = true
+	}
+	for i := 1; i <= total; i++ {
+		if !seen[i] {
+			return errf(idxPath, "", -1, ErrMissingShard, "%s is not in the index (the shards say there are %d)", ShardName(i, total), total)
+		}
+	}
+	return nil
+}
+
+func (c *Checkpoint) add(l Location) {
+	c.byName[l.Info.Name] = l
+	c.order = append(c.order, l)
+}
+
+func (c *Checkpoint) openShard(name string, opt DirOptions) (*Shard, error) {
+	p := filepath.Join(c.Dir, name)
+	if err := checkInside(c.Dir, p, opt); err != nil {
+		return nil, err
+	}
+	f, err := Open(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errf(p, "", -1, ErrMissingShard, "%s names it but it does not exist", IndexName)
+		}
+		return nil, err
+	}
+	sh := &Shard{Name: name, File: f}
+	c.Shards = append(c.Shards, sh)
+	return sh, nil
+}
+
+func checkPlainName(file string) error {
+	switch {
+	case file == "", file == ".", file == "..":
+		return errors.New("not a file name")
+	case filepath.IsAbs(file) || strings.HasPrefix(file, "/"):
+		return errors.New("absolute path")
+	case strings.ContainsAny(file, `/\`):
+		return errors.New("a path, not a plain file name")
+	case strings.ContainsRune(file, 0):
+		return errors.New("NUL in name")
+	}
+	return nil
+}
+
+// checkInside rejects a shard that is a symlink resolving outside dir,
+// unless it resolves into a content-addressed blob store or opt allows it.
+func checkInside(dir, p string, opt DirOptions) error {
+	fi, err := os.Lstat(p)
+	if err != nil || fi.Mode()&os.ModeSymlink == 0 || opt.FollowExternalLinks {
+		return nil // a missing file is reported by the open
+	}
+	target, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return errf(p, "", -1, ErrMissingShard, "broken symlink: %v", err)
+	}
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
+	if rel, err := filepath.Rel(root, target); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return nil
+	}
+	for _, part := range strings.Split(filepath.ToSlash(target), "/") {
+		if part == "blobs" {
+			return nil
+		}
+	}
+	return errf(p, "", -1, ErrOutsideDir, "symlink to %s, outside %s (use --follow-links if you trust it)", target, dir)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// Lookup finds a tensor by name.
+func (c *Checkpoint) Lookup(name string) (Location, bool) {
+	l, ok := c.byName[name]
+	return l, ok
+}
+
+// Tensors lists every tensor: shards in name order, tensors in offset order.
+func (c *Checkpoint) Tensors() []Location { return c.order }
+
+// TotalBytes is the sum of all tensor sizes.
+func (c *Checkpoint) TotalBytes() int64 {
+	var n int64
+	for _, l := range c.order {
+		n += l.Info.Size()
+	}
+	return n
+}
+
+// Close closes every shard.
+func (c *Checkpoint) Close() error {
+	var first error
+	for _, s := range c.Shards {
+		if err := s.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}

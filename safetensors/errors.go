@@ -1,0 +1,68 @@
+// Package safetensors reads and writes the safetensors format and Hugging
+// Face checkpoint directories, streaming: a reader parses and validates the
+// header and hands out each tensor as an io.SectionReader; nothing ever holds
+// a whole file.
+package safetensors
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors, wrapped in *Error with the file, tensor and offset.
+var (
+	ErrTruncated       = errors.New("file too short")
+	ErrHeaderTooLarge  = errors.New("header length over the 100,000,000-byte limit")
+	ErrHeaderLength    = errors.New("header length past the end of the file")
+	ErrInvalidHeader   = errors.New("invalid header")
+	ErrDuplicateTensor = errors.New("duplicate tensor name")
+	ErrUnknownDType    = errors.New("unknown dtype")
+	ErrInvalidOffset   = errors.New("invalid data offsets")
+	ErrSizeMismatch    = errors.New("byte length does not match shape × dtype")
+	ErrTrailingBytes   = errors.New("bytes after the last tensor")
+	ErrInvalidIndex    = errors.New("invalid index")
+	ErrMissingShard    = errors.New("missing shard")
+	ErrStrayShard      = errors.New("shard not named by the index")
+	ErrMissingTensor   = errors.New("tensor missing from its shard")
+	ErrTensorTwice     = errors.New("tensor in two shards")
+	ErrOutsideDir      = errors.New("path leaves the checkpoint directory")
+	ErrNotCheckpoint   = errors.New("not a safetensors checkpoint")
+	ErrWriteSize       = errors.New("wrote a different number of bytes than declared")
+	ErrWriteOrder      = errors.New("tensor written out of declared order")
+)
+
+// Error is a bad-input error: the file (and tensor, and absolute byte
+// offset where one applies) and what is wrong.
+type Error struct {
+	Path   string
+	Tensor string // "" when the error is not about one tensor
+	Offset int64  // absolute file offset, or -1
+	Err    error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Path)
+	if e.Tensor != "" {
+		fmt.Fprintf(&b, ": tensor %q", e.Tensor)
+	}
+	if e.Offset >= 0 {
+		fmt.Fprintf(&b, " at offset %d", e.Offset)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// BadInput marks the error as the user's input being wrong (exit code 2).
+func (e *Error) BadInput() bool { return true }
+
+func errf(path, tensor string, off int64, sentinel error, format string, args ...any) error {
+	if format == "" {
+		return &Error{Path: path, Tensor: tensor, Offset: off, Err: sentinel}
+	}
+	return &Error{Path: path, Tensor: tensor, Offset: off, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+}

@@ -1,0 +1,246 @@
+package safetensors
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// TensorSpec declares a tensor to be written.
+type TensorSpec struct {
+	Name  string
+	DType tensor.DType
+	Shape []int64
+}
+
+// Size is the spec's byte length (0 if the shape is invalid).
+func (s TensorSpec) Size() int64 {
+	n, _ := tensor.ByteSize(s.DType, s.Shape)
+	return n
+}
+
+// SortReference orders specs as the reference writer does: by dtype in
+// descending enum order, then by name.
+func SortReference(specs []TensorSpec) {
+	sort.SliceStable(specs, func(i, j int) bool {
+		a, b := specs[i], specs[j]
+		if a.DType.Order() != b.DType.Order() {
+			return a.DType.Order() > b.DType.Order()
+		}
+		return a.Name < b.Name
+	})
+}
+
+// EncodeHeader lays the tensors out contiguously in the given order and
+// returns the 8-byte length prefix plus the JSON header, padded with spaces
+// so the data section starts at a multiple of 8, and the resulting infos.
+func EncodeHeader(metadata map[string]string, specs []TensorSpec) ([]byte, []TensorInfo, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	first := true
+	comma := func() {
+		if !first {
+			b.WriteByte(',')
+		}
+		first = false
+	}
+	enc := func(v any) {
+		j, _ := json.Marshal(v) // strings, ints: cannot fail
+		b.Write(j)
+	}
+	if len(metadata) > 0 {
+		comma()
+		b.WriteString(`"__metadata__":{`)
+		keys := make([]string, 0, len(metadata))
+		for k := range metadata {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			enc(k)
+			b.WriteByte(':')
+			enc(metadata[k])
+		}
+		b.WriteByte('}')
+	}
+	infos := make([]TensorInfo, len(specs))
+	seen := make(map[string]bool, len(specs))
+	var off int64
+	for i, s := range specs {
+		if s.Name == "__metadata__" {
+			return nil, nil, fmt.Errorf("tensor name %q is reserved", s.Name)
+		}
+		if seen[s.Name] {
+			return nil, nil, fmt.Errorf("tensor %q: %w", s.Name, ErrDuplicateTensor)
+		}
+		seen[s.Name] = true
+		size, err := tensor.ByteSize(s.DType, s.Shape)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tensor %q: %w", s.Name, err)
+		}
+		shape := s.Shape
+		if shape == nil {
+			shape = []int64{}
+		}
+		infos[i] = TensorInfo{Name: s.Name, DType: s.DType, Shape: shape, Begin: off, End: off + size}
+		comma()
+		enc(s.Name)
+		b.WriteString(`:{"dtype":`)
+		enc(string(s.DType))
+		b.WriteString(`,"shape":`)
+		enc(shape)
+		fmt.Fprintf(&b, `,"data_offsets":[%d,%d]}`, off, off+size)
+		off += size
+	}
+	b.WriteByte('}')
+	for b.Len()%8 != 0 {
+		b.WriteByte(' ')
+	}
+	if b.Len() > MaxHeaderSize {
+		return nil, nil, fmt.Errorf("header of %d bytes: %w", b.Len(), ErrHeaderTooLarge)
+	}
+	out := make([]byte, 8, 8+b.Len())
+	binary.LittleEndian.PutUint64(out, uint64(b.Len()))
+	return append(out, b.Bytes()...), infos, nil
+}
+
+// Writer writes one safetensors file: the header first, then tensor bodies
+// streamed in declared order. The file appears under its final name only
+// when Close succeeds; Abort (or a crash) leaves nothing under that name.
+// Errors are sticky.
+type Writer struct {
+	af      *fsutil.AtomicFile
+	bw      *bufio.Writer
+	tensors []TensorInfo
+	cur     int   // index of the tensor being written
+	inCur   int64 // bytes of it written so far
+	err     error
+}
+
+// Create starts writing path with the given tensors, in the given order.
+func Create(path string, metadata map[string]string, specs []TensorSpec) (*Writer, error) {
+	hdr, infos, err := EncodeHeader(metadata, specs)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	af, err := fsutil.CreateAtomic(path)
+	if err != nil {
+		return nil, err
+	}
+	w := &Writer{af: af, bw: bufio.NewWriterSize(af, 1<<20), tensors: infos}
+	if _, err := w.bw.Write(hdr); err != nil {
+		af.Abort()
+		return nil, err
+	}
+	w.skipEmpty()
+	return w, nil
+}
+
+// Tensors returns the planned layout.
+func (w *Writer) Tensors() []TensorInfo { return w.tensors }
+
+func (w *Writer) skipEmpty() {
+	for w.cur < len(w.tensors) && w.tensors[w.cur].Size() == w.inCur {
+		w.cur++
+		w.inCur = 0
+	}
+}
+
+// Write appends tensor body bytes in declared order; it fails if p runs
+// past the last declared byte.
+func (w *Writer) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	written := 0
+	for len(p) > 0 {
+		if w.cur >= len(w.tensors) {
+			w.err = fmt.Errorf("%s: %w: %d bytes past the last tensor", w.af.Target(), ErrWriteSize, len(p))
+			return written, w.err
+		}
+		room := w.tensors[w.cur].Size() - w.inCur
+		chunk := p
+		if int64(len(chunk)) > room {
+			chunk = chunk[:room]
+		}
+		n, err := w.bw.Write(chunk)
+		written += n
+		w.inCur += int64(n)
+		if err != nil {
+			w.err = err
+			return written, err
+		}
+		p = p[n:]
+		w.skipEmpty()
+	}
+	return written, nil
+}
+
+// Next is the name of the tensor the next Write continues, or "" when all
+// bytes are written.
+func (w *Writer) Next() string {
+	if w.cur >= len(w.tensors) {
+		return ""
+	}
+	return w.tensors[w.cur].Name
+}
+
+// WriteTensor copies exactly the named tensor's bytes from r. name must be
+// the next tensor in declared order.
+func (w *Writer) WriteTensor(name string, r io.Reader) error {
+	if w.err != nil {
+		return w.err
+	}
+	if w.inCur != 0 || w.Next() != name {
+		w.err = fmt.Errorf("%s: tensor %q: %w (next is %q)", w.af.Target(), name, ErrWriteOrder, w.Next())
+		return w.err
+	}
+	size := w.tensors[w.cur].Size()
+	n, err := io.CopyN(w, r, size)
+	if err != nil {
+		if w.err == nil {
+			w.err = fmt.Errorf("%s: tensor %q: copied %d of %d bytes: %w", w.af.Target(), name, n, size, err)
+		}
+		return w.err
+	}
+	return nil
+}
+
+// Close checks that every declared byte was written, then flushes, fsyncs
+// and renames the file into place.
+func (w *Writer) Close() error {
+	if w.err != nil {
+		w.af.Abort()
+		return w.err
+	}
+	if w.cur < len(w.tensors) {
+		w.err = fmt.Errorf("%s: %w: tensor %q incomplete", w.af.Target(), ErrWriteSize, w.tensors[w.cur].Name)
+		w.af.Abort()
+		return w.err
+	}
+	if err := w.bw.Flush(); err != nil {
+		w.err = err
+		w.af.Abort()
+		return err
+	}
+	w.err = fmt.Errorf("%s: writer closed", w.af.Target())
+	return w.af.Commit()
+}
+
+// Abort discards the file.
+func (w *Writer) Abort() {
+	if w.err == nil {
+		w.err = fmt.Errorf("%s: writer aborted", w.af.Target())
+	}
+	w.af.Abort()
+}
