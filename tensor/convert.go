@@ -115,8 +115,14 @@ func BF16ToF32(dst []float32, src []byte) {
 // F32ToBF16 rounds src to bfloat16 (RNE) into dst.
 func F32ToBF16(dst []byte, src []float32) {
 	checkLen("F32ToBF16", len(dst), len(src), 2)
+	if len(src) == 0 {
+		return
+	}
+	_ = dst[2*len(src)-1]
 	for i, f := range src {
-		binary.LittleEndian.PutUint16(dst[2*i:], Float32ToBF16(f))
+		h := Float32ToBF16(f)
+		dst[2*i] = byte(h)
+		dst[2*i+1] = byte(h >> 8)
 	}
 }
 
@@ -130,21 +136,32 @@ func F16ToF32(dst []float32, src []byte) {
 }
 
 // F32ToF16 rounds src to binary16 (RNE) into dst.
+//
+// Inputs whose magnitude is in [2^-14, 65536) — normal F16 results, plus
+// the values that round up to Inf — take a branch-free path: rebias the
+// exponent by subtracting (127-15)<<23 and round to nearest even by adding
+// 0xfff plus the lowest kept bit before shifting; a carry out of the
+// mantissa lands in the exponent, which is the right answer up to Inf.
+// Everything else (zeros, subnormals, overflow, Inf, NaN) goes through
+// Float32ToF16.
 func F32ToF16(dst []byte, src []float32) {
 	checkLen("F32ToF16", len(dst), len(src), 2)
+	if len(src) == 0 {
+		return
+	}
+	_ = dst[2*len(src)-1]
 	for i, f := range src {
 		b := math.Float32bits(f)
-		// Fast path for normal results: exponent after rebias in [1, 30].
-		if e := (b >> 23) & 0xff; e > 112 && e < 143 {
-			h := (b>>13)&0x3ff | (e-112)<<10
-			rem := b & 0x1fff
-			if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
-				h++
-			}
-			binary.LittleEndian.PutUint16(dst[2*i:], uint16(b>>16)&0x8000|uint16(h))
-			continue
+		x := b & 0x7fffffff
+		var h uint32
+		if x-0x38800000 < 0x47800000-0x38800000 {
+			h = (x - 0x38000000 + 0xfff + (x>>13)&1) >> 13
+			h |= (b >> 16) & 0x8000
+		} else {
+			h = uint32(Float32ToF16(f))
 		}
-		binary.LittleEndian.PutUint16(dst[2*i:], Float32ToF16(f))
+		dst[2*i] = byte(h)
+		dst[2*i+1] = byte(h >> 8)
 	}
 }
 
