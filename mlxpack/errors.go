@@ -1,0 +1,72 @@
+// Package mlxpack turns checkpoints into directories mlx-lm loads.
+//
+// Repack carries a compressed-tensors "pack-quantized" checkpoint (int
+// weights packed into int32, group scales, symmetric) to MLX without
+// requantizing: the packed words are already MLX's affine layout, so the
+// output is a farm of symlinks to the source files plus a config.json with
+// a derived "quantization" block. For model families whose mlx-lm sanitize
+// does not rename weight_packed → weight, Rewrite writes new shards for the
+// tensors that need MLX names (weight as the U32 view, scales, biases =
+// −2^(bits−1)·scales) and links the rest.
+//
+// The stage has the house shape: PlanRepack reads headers (and the tiny
+// weight_shape tensors) and makes every decision; Repack executes the plan.
+package mlxpack
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors; bad-input ones arrive wrapped in *Error.
+var (
+	ErrNoQuantConfig     = errors.New("config.json has no quantization_config")
+	ErrNotCompressed     = errors.New("quantization_config is not compressed-tensors")
+	ErrFormat            = errors.New("compressed-tensors format MLX cannot load as is")
+	ErrAsymmetric        = errors.New("asymmetric quantization (zero points): MLX affine repack needs symmetric int weights")
+	ErrActOrder          = errors.New("activation ordering (g_idx): MLX groups are contiguous columns")
+	ErrStrategy          = errors.New("quantization strategy MLX cannot express")
+	ErrBits              = errors.New("bit width MLX affine cannot express")
+	ErrGroupSize         = errors.New("group size MLX affine cannot express")
+	ErrActivations       = errors.New("activation quantization MLX cannot express")
+	ErrMixed             = errors.New("mixed quantization settings MLX cannot express here")
+	ErrInconsistent      = errors.New("packed tensor does not match the declaration")
+	ErrNeedsRewrite      = errors.New("mlx-lm does not rename weight_packed for this model type")
+	ErrDestination       = errors.New("destination refused")
+	ErrNoConfig          = errors.New("no config.json")
+	ErrNotBuilt          = errors.New("not built")
+	ErrDestinationInside = errors.New("destination inside the source")
+)
+
+// Error is a bad-input error about the source checkpoint or the
+// destination: the file, the tensor where one applies, and what is wrong.
+type Error struct {
+	Path   string
+	Tensor string
+	Err    error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Path)
+	if e.Tensor != "" {
+		fmt.Fprintf(&b, ": tensor %q", e.Tensor)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// BadInput marks the error as the user's input being wrong (exit code 2).
+// A feature that is not built is not bad input.
+func (e *Error) BadInput() bool { return !errors.Is(e.Err, ErrNotBuilt) }
+
+func errf(path, tensor string, sentinel error, format string, args ...any) error {
+	if format == "" {
+		return &Error{Path: path, Tensor: tensor, Err: sentinel}
+	}
+	return &Error{Path: path, Tensor: tensor, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+}

@@ -1,0 +1,558 @@
+package mlxpack
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// Options tune a repack.
+type Options struct {
+	// Rewrite writes new shards for the tensors that need MLX names
+	// (needed for model types whose mlx-lm sanitize does not rename
+	// weight_packed) and links every shard that needs no change.
+	Rewrite bool
+	// Relative makes the links relative (relocatable trees); absolute by
+	// default.
+	Relative bool
+	// Force accepts a destination holding files repack did not make; they
+	// are left in place and reported.
+	Force bool
+	// FollowExternalLinks accepts source shards that are symlinks out of
+	// the source directory (see safetensors.DirOptions).
+	FollowExternalLinks bool
+}
+
+// Mode names.
+const (
+	ModeLink    = "link"
+	ModeRewrite = "rewrite"
+)
+
+// Module is one packed module of the source.
+type Module struct {
+	Name       string  `json:"name"`     // e.g. model.layers.1.mlp.experts.0.gate_proj
+	MLXPath    string  `json:"mlx_path"` // the module path mlx-lm sees after sanitize
+	Scheme     string  `json:"scheme"`   // config group
+	Shape      []int64 `json:"shape"`    // weight_shape: the logical [..., out, in]
+	ScaleDType string  `json:"scale_dtype"`
+	Setting
+}
+
+// Entry is one planned name in the destination.
+type Entry struct {
+	Name string `json:"name"`
+	// Kind is "link" (to Source), "config", "shard" (rewritten) or "index".
+	Kind   string `json:"kind"`
+	Source string `json:"source,omitempty"` // absolute source path, for links
+}
+
+// outTensor is one tensor of a rewritten shard.
+type outTensor struct {
+	spec safetensors.TensorSpec
+	from safetensors.Location
+	bias int // > 0: write −2^(bias−1)·from (scales → biases); 0: copy
+}
+
+// shardPlan is one rewritten shard.
+type shardPlan struct {
+	name     string
+	metadata map[string]string
+	tensors  []outTensor
+}
+
+// Plan is every decision of a repack, made from headers alone (plus the
+// few bytes of each weight_shape tensor). It holds the source shards open:
+// Close it.
+type Plan struct {
+	Src          string         `json:"src"`
+	Mode         string         `json:"mode"`
+	ModelType    string         `json:"model_type"`
+	Quantization map[string]any `json:"quantization"`
+	Global       Setting        `json:"global"`
+	Modules      []Module       `json:"modules"`
+	Entries      []Entry        `json:"entries"`
+	Opts         Options        `json:"-"`
+
+	config []byte // the new config.json
+	index  []byte // the new index (rewrite of a sharded source)
+	shards []shardPlan
+	ckpt   *safetensors.Checkpoint
+}
+
+// Close releases the source files.
+func (p *Plan) Close() error {
+	if p == nil || p.ckpt == nil {
+		return nil
+	}
+	return p.ckpt.Close()
+}
+
+// Config is the config.json the repack writes.
+func (p *Plan) Config() []byte { return p.config }
+
+// renamesPacked are the model types whose mlx-lm sanitize maps
+// weight_packed/weight_scale/weight_shape to weight/scales/biases:
+// models/deepseek_v3.py (under "Remap for int4"), the types
+// utils.MODEL_REMAPPING sends there (kimi_k2, joyai_llm_flash), and
+// kimi_k25, whose sanitize calls DeepseekV3's on the language model
+// (mlx-lm d78bf58e).
+var renamesPacked = map[string]bool{"deepseek_v3": true, "kimi_k2": true, "kimi_k25": true, "joyai_llm_flash": true}
+
+// namePreserving are model types whose mlx-lm sanitize keeps module paths
+// as they are in the checkpoint (it only drops a tied lm_head or rotary
+// buffers), so a per-layer override can be keyed by the checkpoint name.
+var namePreserving = map[string]bool{"llama": true, "qwen2": true, "qwen3": true}
+
+var expertRE = regexp.MustCompile(`\.experts\.\d+\.`)
+
+// mlxPaths maps a checkpoint module to the module path(s) mlx-lm's model
+// has after sanitize, where per-layer overrides are keyed. ok is false if
+// ferry does not know the mapping for this model type.
+func mlxPaths(modelType, module string) (paths []string, ok bool) {
+	switch {
+	case renamesPacked[modelType]:
+		// Experts are stacked into switch_mlp; kv_b_proj is split into
+		// embed_q and unembed_out (deepseek_v3.py sanitize).
+		p := expertRE.ReplaceAllString(module, ".switch_mlp.")
+		if base, ok := strings.CutSuffix(p, ".kv_b_proj"); ok {
+			return []string{base + ".embed_q", base + ".unembed_out"}, true
+		}
+		return []string{p}, true
+	case namePreserving[modelType]:
+		return []string{module}, true
+	}
+	return []string{module}, false
+}
+
+// maxShapeDims bounds what is read from a weight_shape tensor.
+const maxShapeDims = 8
+
+// PlanRepack reads src (config.json, the index, every shard header and the
+// weight_shape tensors) and decides the whole repack; nothing is written.
+// Every bad input is an *Error or a *safetensors.Error (BadInput).
+func PlanRepack(src string, opts Options) (_ *Plan, err error) {
+	abs, err := filepath.Abs(src)
+	if err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(abs, "config.json")
+	if _, err := os.Stat(cfgPath); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errf(abs, "", ErrNoConfig, "a Hugging Face checkpoint directory needs one")
+		}
+		return nil, err
+	}
+	ckpt, err := safetensors.OpenDirOptions(abs, safetensors.DirOptions{FollowExternalLinks: opts.FollowExternalLinks})
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{Src: abs, ckpt: ckpt, Opts: opts}
+	defer func() {
+		if err != nil {
+			ckpt.Close()
+		}
+	}()
+	raw := ckpt.Config.Raw
+	p.ModelType = ckpt.Config.ModelType
+	qc, ok := quantizationConfig(raw)
+	if !ok {
+		if _, has := raw["quantization"]; has {
+			return nil, errf(cfgPath, "", ErrNoQuantConfig, "it already has an MLX quantization block: the checkpoint is MLX already")
+		}
+		return nil, errf(cfgPath, "", ErrNoQuantConfig, "nothing to repack (for a float checkpoint use 'ferry mlx quantize')")
+	}
+	if _, has := raw["quantization"]; has {
+		return nil, errf(cfgPath, "", ErrFormat, "it has both quantization_config and an MLX quantization block")
+	}
+	ct, err := ParseCTConfig(qc, cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.inventory(ct, cfgPath); err != nil {
+		return nil, err
+	}
+	if err := p.decideMode(); err != nil {
+		return nil, err
+	}
+	if err := p.quantBlock(cfgPath); err != nil {
+		return nil, err
+	}
+	if p.config, err = newConfig(raw, p.Quantization); err != nil {
+		return nil, err
+	}
+	if p.Mode == ModeRewrite {
+		if err := p.planRewrite(); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.planEntries(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// packed-module tensor suffixes (compressed-tensors PackedQuantizationCompressor).
+const (
+	sfxPacked = ".weight_packed"
+	sfxScale  = ".weight_scale"
+	sfxShape  = ".weight_shape"
+	sfxZP     = ".weight_zero_point"
+	sfxGIdx   = ".weight_g_idx"
+	sfxGlobal = ".weight_global_scale"
+)
+
+// inventory finds every packed module, checks it against the declaration
+// and records its setting. The first inconsistency, in file order, is the
+// error.
+func (p *Plan) inventory(ct *CTConfig, cfgPath string) error {
+	c := p.ckpt
+	for _, l := range c.Tensors() {
+		name := l.Info.Name
+		path := l.Shard.Path
+		for _, sfx := range []string{sfxPacked, sfxScale, sfxShape, sfxZP, sfxGIdx, sfxGlobal} {
+			mod, ok := strings.CutSuffix(name, sfx)
+			if !ok {
+				continue
+			}
+			if _, packed := c.Lookup(mod + sfxPacked); !packed {
+				return errf(path, name, ErrInconsistent, "no %s beside it", mod+sfxPacked)
+			}
+			switch sfx {
+			case sfxZP:
+				return errf(path, name, ErrAsymmetric, "zero points are stored")
+			case sfxGIdx:
+				return errf(path, name, ErrActOrder, "a group index per input column is stored")
+			case sfxGlobal:
+				return errf(path, name, ErrFormat, "a global scale (nvfp4 layout)")
+			case sfxPacked:
+				m, err := p.checkModule(ct, mod, l)
+				if err != nil {
+					return err
+				}
+				p.Modules = append(p.Modules, m)
+			}
+		}
+	}
+	if len(p.Modules) == 0 {
+		return errf(cfgPath, "", ErrInconsistent, "quantization_config declares pack-quantized weights but no tensor is named *%s", sfxPacked)
+	}
+	return nil
+}
+
+func (p *Plan) checkModule(ct *CTConfig, mod string, packed safetensors.Location) (Module, error) {
+	c := p.ckpt
+	pPath := packed.Shard.Path
+	if ig, ok := ct.Ignored(mod); ok {
+		return Module{}, errf(pPath, packed.Info.Name, ErrInconsistent, "packed, but ignore entry %q says the module is not quantized", ig)
+	}
+	if w, ok := c.Lookup(mod + ".weight"); ok {
+		return Module{}, errf(w.Shard.Path, w.Info.Name, ErrInconsistent, "a float weight beside %s", packed.Info.Name)
+	}
+	sch, err := ct.SchemeFor(mod)
+	if err != nil {
+		return Module{}, &Error{Path: pPath, Tensor: packed.Info.Name, Err: err}
+	}
+	scale, ok := c.Lookup(mod + sfxScale)
+	if !ok {
+		return Module{}, errf(pPath, packed.Info.Name, ErrInconsistent, "no %s", mod+sfxScale)
+	}
+	shp, ok := c.Lookup(mod + sfxShape)
+	if !ok {
+		return Module{}, errf(pPath, packed.Info.Name, ErrInconsistent, "no %s", mod+sfxShape)
+	}
+	shape, err := readShape(shp)
+	if err != nil {
+		return Module{}, err
+	}
+	set := sch.Setting
+	m := Module{Name: mod, Scheme: sch.Name, Shape: shape, ScaleDType: string(scale.Info.DType), Setting: set}
+	nd := len(shape)
+	lead, in := shape[:nd-1], shape[nd-1]
+	pi := packed.Info
+	if pi.DType != tensor.I32 {
+		return Module{}, errf(pPath, pi.Name, ErrInconsistent, "dtype %s, want I32", pi.DType)
+	}
+	if in%int64(set.GroupSize) != 0 {
+		return Module{}, errf(shp.Shard.Path, shp.Info.Name, ErrInconsistent, "weight_shape %v: input dim %d is not a multiple of group_size %d (%s)", shape, in, set.GroupSize, sch.Name)
+	}
+	wantPacked := append(append([]int64{}, lead...), in*int64(set.Bits)/32)
+	if !equalShape(pi.Shape, wantPacked) {
+		return Module{}, errf(pPath, pi.Name, ErrInconsistent, "shape %v, want %v for weight_shape %v at %s (%s)", pi.Shape, wantPacked, shape, set, sch.Name)
+	}
+	si := scale.Info
+	if !si.DType.Convertible() || si.DType == tensor.F64 {
+		return Module{}, errf(scale.Shard.Path, si.Name, ErrInconsistent, "dtype %s, want BF16, F16 or F32", si.DType)
+	}
+	wantScale := append(append([]int64{}, lead...), in/int64(set.GroupSize))
+	if !equalShape(si.Shape, wantScale) {
+		return Module{}, errf(scale.Shard.Path, si.Name, ErrInconsistent, "shape %v, want %v for weight_shape %v at %s (%s)", si.Shape, wantScale, shape, set, sch.Name)
+	}
+	paths, _ := mlxPaths(p.ModelType, mod)
+	m.MLXPath = paths[0]
+	return m, nil
+}
+
+// readShape reads a weight_shape tensor: 2 to 8 positive int64 (or int32)
+// dimensions.
+func readShape(l safetensors.Location) ([]int64, error) {
+	t := l.Info
+	bad := func(format string, args ...any) error {
+		return errf(l.Shard.Path, t.Name, ErrInconsistent, format, args...)
+	}
+	if t.DType != tensor.I64 && t.DType != tensor.I32 {
+		return nil, bad("dtype %s, want I64", t.DType)
+	}
+	if len(t.Shape) != 1 || t.Shape[0] < 2 || t.Shape[0] > maxShapeDims {
+		return nil, bad("shape %v, want [2] (or up to [%d])", t.Shape, maxShapeDims)
+	}
+	buf := make([]byte, t.Size())
+	if _, err := l.Section().ReadAt(buf, 0); err != nil {
+		return nil, fmt.Errorf("%s: tensor %q: %w", l.Shard.Path, t.Name, err)
+	}
+	width := t.DType.Bits() / 8
+	shape := make([]int64, t.Shape[0])
+	for i := range shape {
+		if width == 8 {
+			shape[i] = int64(binary.LittleEndian.Uint64(buf[8*i:]))
+		} else {
+			shape[i] = int64(int32(binary.LittleEndian.Uint32(buf[4*i:])))
+		}
+		if shape[i] <= 0 || shape[i] > 1<<40 {
+			return nil, bad("values %v: dimension %d is not a positive size", shape, shape[i])
+		}
+	}
+	if _, err := tensor.NumElements(shape); err != nil {
+		return nil, bad("values %v: %v", shape, err)
+	}
+	return shape, nil
+}
+
+func equalShape(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// decideMode applies the model-type rule.
+func (p *Plan) decideMode() error {
+	cfgPath := p.ckpt.Config.Path
+	if p.Opts.Rewrite {
+		p.Mode = ModeRewrite
+		if !renamesPacked[p.ModelType] {
+			for _, m := range p.Modules {
+				if expertRE.MatchString(m.Name + ".") {
+					return errf(cfgPath, m.Name+sfxPacked, ErrNotBuilt,
+						"--rewrite of per-expert packed modules for model_type %q: its mlx-lm sanitize stacks experts' .weight only, so renamed scales and biases would not load; stacking experts into switch_mlp is not built", p.ModelType)
+				}
+			}
+		}
+		return nil
+	}
+	p.Mode = ModeLink
+	if !renamesPacked[p.ModelType] {
+		return errf(cfgPath, "", ErrNeedsRewrite,
+			"model_type %q: mlx-lm renames weight_packed/weight_scale to weight/scales/biases only in the deepseek_v3 sanitize (deepseek_v3, kimi_k2, kimi_k25, joyai_llm_flash); a symlink farm of this checkpoint would not load. Re-run with --rewrite to write MLX-named shards for the packed tensors and link the rest", p.ModelType)
+	}
+	for _, m := range p.Modules {
+		if m.Bits != 4 {
+			return errf(cfgPath, m.Name+sfxPacked, ErrNeedsRewrite,
+				"%d-bit: mlx-lm's deepseek_v3 sanitize sets biases = −8·scales, right for 4-bit only; re-run with --rewrite to write biases = −2^(bits−1)·scales", m.Bits)
+		}
+	}
+	return nil
+}
+
+// quantBlock derives the MLX quantization block: the most common setting
+// globally, per-layer overrides (keyed by mlx-lm module path) for the rest.
+func (p *Plan) quantBlock(cfgPath string) error {
+	type count struct {
+		s Setting
+		n int
+	}
+	bySetting := map[Setting]int{}
+	byPath := map[string]Setting{}
+	owner := map[string]string{}
+	known := true
+	for _, m := range p.Modules {
+		paths, ok := mlxPaths(p.ModelType, m.Name)
+		known = known && ok
+		for _, path := range paths {
+			if prev, seen := byPath[path]; seen {
+				if prev != m.Setting {
+					return errf(cfgPath, m.Name+sfxPacked, ErrMixed, "%s, but %s, stacked with it into %s, is %s", m.Setting, owner[path], path, prev)
+				}
+				continue
+			}
+			byPath[path] = m.Setting
+			owner[path] = m.Name
+			bySetting[m.Setting]++
+		}
+	}
+	counts := make([]count, 0, len(bySetting))
+	for s, n := range bySetting {
+		counts = append(counts, count{s, n})
+	}
+	sort.Slice(counts, func(i, j int) bool {
+		a, b := counts[i], counts[j]
+		if a.n != b.n {
+			return a.n > b.n
+		}
+		if a.s.Bits != b.s.Bits {
+			return a.s.Bits < b.s.Bits
+		}
+		return a.s.GroupSize < b.s.GroupSize
+	})
+	p.Global = counts[0].s
+	q := map[string]any{"group_size": p.Global.GroupSize, "bits": p.Global.Bits, "mode": "affine"}
+	if len(counts) > 1 {
+		if !known {
+			return errf(cfgPath, "", ErrMixed, "settings %s and %s: MLX takes per-layer overrides keyed by the module path after mlx-lm's sanitize, which ferry knows only for %s", counts[0].s, counts[1].s, knownTypes())
+		}
+		for path, s := range byPath {
+			if s != p.Global {
+				q[path] = map[string]any{"group_size": s.GroupSize, "bits": s.Bits}
+			}
+		}
+	}
+	p.Quantization = q
+	return nil
+}
+
+func knownTypes() string {
+	var t []string
+	for k := range renamesPacked {
+		t = append(t, k)
+	}
+	for k := range namePreserving {
+		t = append(t, k)
+	}
+	sort.Strings(t)
+	return strings.Join(t, ", ")
+}
+
+// newConfig is the source config plus the quantization block, with
+// quantization_config mirroring it, written as mlx-lm's save_config does
+// (keys sorted, 4-space indent).
+func newConfig(raw map[string]any, q map[string]any) ([]byte, error) {
+	out := make(map[string]any, len(raw)+2)
+	for k, v := range raw {
+		out[k] = v
+	}
+	out["quantization"] = q
+	out["quantization_config"] = q
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "    ")
+	if err := enc.Encode(out); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// planRewrite lays out the new shards: every shard holding a packed-module
+// tensor is rewritten in its own tensor order, weight_packed → weight (U32,
+// same bytes), weight_scale → scales (same bytes) followed by biases,
+// weight_shape dropped; other tensors copied.
+func (p *Plan) planRewrite() error {
+	bits := map[string]int{}
+	for _, m := range p.Modules {
+		bits[m.Name] = m.Bits
+	}
+	wm := map[string]string{}
+	var total int64
+	for _, sh := range p.ckpt.Shards {
+		var tensors []outTensor
+		touched := false
+		for _, t := range sh.Tensors {
+			l := safetensors.Location{Shard: sh, Info: t}
+			spec := safetensors.TensorSpec{Name: t.Name, DType: t.DType, Shape: t.Shape}
+			if mod, ok := strings.CutSuffix(t.Name, sfxPacked); ok && bits[mod] > 0 {
+				touched = true
+				spec.Name, spec.DType = mod+".weight", tensor.U32
+				tensors = append(tensors, outTensor{spec: spec, from: l})
+			} else if mod, ok := strings.CutSuffix(t.Name, sfxScale); ok && bits[mod] > 0 {
+				touched = true
+				spec.Name = mod + ".scales"
+				tensors = append(tensors, outTensor{spec: spec, from: l})
+				spec.Name = mod + ".biases"
+				tensors = append(tensors, outTensor{spec: spec, from: l, bias: bits[mod]})
+			} else if mod, ok := strings.CutSuffix(t.Name, sfxShape); ok && bits[mod] > 0 {
+				touched = true
+			} else {
+				tensors = append(tensors, outTensor{spec: spec, from: l})
+			}
+		}
+		for _, t := range tensors {
+			wm[t.spec.Name] = sh.Name
+			total += t.spec.Size()
+		}
+		if touched {
+			p.shards = append(p.shards, shardPlan{name: sh.Name, metadata: sh.Metadata, tensors: tensors})
+		}
+	}
+	if p.ckpt.Index == nil {
+		return nil
+	}
+	md := map[string]any{}
+	for k, v := range p.ckpt.Index.Metadata {
+		md[k] = v
+	}
+	md["total_size"] = total
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(map[string]any{"metadata": md, "weight_map": wm}); err != nil {
+		return err
+	}
+	p.index = b.Bytes()
+	return nil
+}
+
+// planEntries lists the destination: one link per source entry (hidden
+// names skipped), except config.json (new) and, when rewriting, the
+// rewritten shards and the index (new files).
+func (p *Plan) planEntries() error {
+	ents, err := os.ReadDir(p.Src)
+	if err != nil {
+		return err
+	}
+	rewritten := map[string]bool{}
+	for _, s := range p.shards {
+		rewritten[s.name] = true
+	}
+	for _, e := range ents {
+		name := e.Name()
+		switch {
+		case strings.HasPrefix(name, "."):
+			continue
+		case name == "config.json":
+			p.Entries = append(p.Entries, Entry{Name: name, Kind: "config"})
+		case rewritten[name]:
+			p.Entries = append(p.Entries, Entry{Name: name, Kind: "shard"})
+		case name == safetensors.IndexName && p.index != nil:
+			p.Entries = append(p.Entries, Entry{Name: name, Kind: "index"})
+		default:
+			p.Entries = append(p.Entries, Entry{Name: name, Kind: "link", Source: filepath.Join(p.Src, name)})
+		}
+	}
+	return nil
+}

@@ -1,0 +1,498 @@
+package mlxpack
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// Actions reported per destination entry.
+const (
+	ActionCreated   = "created"
+	ActionReplaced  = "replaced"
+	ActionUnchanged = "unchanged"
+)
+
+// EntryResult is what happened to one destination entry.
+type EntryResult struct {
+	Name   string `json:"name"`
+	Kind   string `json:"kind"`
+	Target string `json:"target,omitempty"` // link target as written
+	Bytes  int64  `json:"bytes,omitempty"`  // new files only
+	Action string `json:"action"`
+}
+
+// Result reports a repack.
+type Result struct {
+	Src           string         `json:"src"`
+	Dst           string         `json:"dst"`
+	Mode          string         `json:"mode"`
+	ModelType     string         `json:"model_type"`
+	Quantization  map[string]any `json:"quantization"`
+	PackedModules int            `json:"packed_modules"`
+	Entries       []EntryResult  `json:"entries"`
+	Foreign       []string       `json:"foreign,omitempty"` // left in place under --force
+	Changed       bool           `json:"changed"`
+	NewBytes      int64          `json:"new_bytes"` // bytes of new files (config, rewritten shards, index)
+}
+
+// Repack executes plan into dst. A dst that does not exist appears
+// complete or not at all (built in a sibling temp directory, then
+// renamed). An existing dst must be empty or an earlier repack of the same
+// plan (only the names the plan makes, links where links go), unless
+// Options.Force; stale links, shards and the config are replaced
+// atomically, and entries already right are not touched, so a re-run
+// changes nothing.
+func Repack(ctx context.Context, plan *Plan, dst string) (*Result, error) {
+	abs, err := filepath.Abs(dst)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkNotNested(plan.Src, abs); err != nil {
+		return nil, err
+	}
+	res := &Result{Src: plan.Src, Dst: abs, Mode: plan.Mode, ModelType: plan.ModelType, Quantization: plan.Quantization, PackedModules: len(plan.Modules)}
+	st, err := os.Lstat(abs)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return res, repackFresh(ctx, plan, abs, res)
+	case err != nil:
+		return nil, err
+	case !st.IsDir():
+		return nil, errf(abs, "", ErrDestination, "exists and is not a directory")
+	}
+	if err := checkExisting(plan, abs, res); err != nil {
+		return nil, err
+	}
+	return res, writeEntries(ctx, plan, abs, abs, res)
+}
+
+// checkNotNested refuses a destination that is the source, inside it, or
+// holds it: inputs are never modified.
+func checkNotNested(src, dst string) error {
+	rs, err := filepath.EvalSymlinks(src)
+	if err != nil {
+		return err
+	}
+	rd := resolveExisting(dst)
+	if within(rd, rs) || within(rs, rd) {
+		return errf(dst, "", ErrDestinationInside, "the source is %s", src)
+	}
+	return nil
+}
+
+// resolveExisting resolves symlinks in the longest existing prefix of p.
+func resolveExisting(p string) string {
+	var rest []string
+	for cur := p; ; cur = filepath.Dir(cur) {
+		if r, err := filepath.EvalSymlinks(cur); err == nil {
+			return filepath.Join(append([]string{r}, rest...)...)
+		}
+		if cur == filepath.Dir(cur) {
+			return p
+		}
+		rest = append([]string{filepath.Base(cur)}, rest...)
+	}
+}
+
+func within(p, dir string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
+// repackFresh builds dst as a sibling temp directory and renames it into
+// place.
+func repackFresh(ctx context.Context, plan *Plan, dst string, res *Result) (err error) {
+	parent := filepath.Dir(dst)
+	if _, err := os.Stat(parent); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dst)+".*"+fsutil.PartialSuffix)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return err
+	}
+	if err := writeEntries(ctx, plan, tmp, dst, res); err != nil {
+		return err
+	}
+	if err := fsutil.SyncDir(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return err
+	}
+	return fsutil.SyncDir(parent)
+}
+
+// checkExisting decides whether dst may be written: every entry must be a
+// name the plan makes (a link where a link goes), or the user said --force.
+// Leftover temp files of an interrupted run are removed.
+func checkExisting(plan *Plan, dst string, res *Result) error {
+	ents, err := os.ReadDir(dst)
+	if err != nil {
+		return err
+	}
+	planned := map[string]Entry{}
+	for _, e := range plan.Entries {
+		planned[e.Name] = e
+	}
+	var leftovers []string
+	for _, e := range ents {
+		name := e.Name()
+		if isLeftover(name, planned) {
+			leftovers = append(leftovers, name)
+			continue
+		}
+		pe, ours := planned[name]
+		fi, err := os.Lstat(filepath.Join(dst, name))
+		if err != nil {
+			return err
+		}
+		isLink := fi.Mode()&os.ModeSymlink != 0
+		switch {
+		case ours && pe.Kind == "link" && (isLink || plan.Opts.Force) && !fi.IsDir():
+		case ours && pe.Kind != "link" && (isLink || fi.Mode().IsRegular()):
+		case ours:
+			return errf(filepath.Join(dst, name), "", ErrDestination, "a %s where repack puts a %s (use --force to replace files repack did not make)", kindOf(fi), pe.Kind)
+		case !plan.Opts.Force:
+			return errf(dst, "", ErrDestination, "it holds %s, which this repack does not make; use an empty or new directory, or --force to leave such files in place", name)
+		case isWeightFile(name):
+			return errf(filepath.Join(dst, name), "", ErrDestination, "mlx-lm would load this file with the repacked weights; not even --force leaves it in place")
+		default:
+			res.Foreign = append(res.Foreign, name)
+		}
+	}
+	for _, name := range leftovers {
+		if err := os.RemoveAll(filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func kindOf(fi os.FileInfo) string {
+	switch {
+	case fi.IsDir():
+		return "directory"
+	case fi.Mode().IsRegular():
+		return "regular file"
+	case fi.Mode()&os.ModeSymlink != 0:
+		return "symlink"
+	}
+	return "special file"
+}
+
+// isLeftover matches the temp names fsutil.CreateAtomic and link
+// replacement use for planned names: ".<name>.<random>.partial".
+func isLeftover(name string, planned map[string]Entry) bool {
+	if !strings.HasPrefix(name, ".") || !strings.HasSuffix(name, fsutil.PartialSuffix) {
+		return false
+	}
+	body := strings.TrimSuffix(name[1:], fsutil.PartialSuffix)
+	i := strings.LastIndexByte(body, '.')
+	if i < 0 {
+		return false
+	}
+	_, ok := planned[body[:i]]
+	return ok
+}
+
+func isWeightFile(name string) bool {
+	return (strings.HasPrefix(name, "model") && strings.HasSuffix(name, ".safetensors")) || name == safetensors.IndexName
+}
+
+// writeEntries writes every planned entry into dir, whose final location
+// is final (link targets are relative to it). Order: rewritten shards,
+// links, index, config last (the commit point).
+func writeEntries(ctx context.Context, plan *Plan, dir, final string, res *Result) error {
+	byName := map[string]shardPlan{}
+	for _, s := range plan.shards {
+		byName[s.name] = s
+	}
+	order := map[string]int{"shard": 0, "link": 1, "index": 2, "config": 3}
+	for pass := 0; pass < 4; pass++ {
+		for _, e := range plan.Entries {
+			if order[e.Kind] != pass {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			path := filepath.Join(dir, e.Name)
+			r := EntryResult{Name: e.Name, Kind: e.Kind}
+			var err error
+			switch e.Kind {
+			case "link":
+				r.Target, err = linkTarget(plan, e.Source, final)
+				if err == nil {
+					r.Action, err = placeLink(path, r.Target)
+				}
+			case "shard":
+				s := byName[e.Name]
+				r.Bytes, r.Action, err = placeShard(ctx, path, s)
+			case "index":
+				r.Bytes, r.Action, err = placeBytes(path, plan.index)
+			case "config":
+				r.Bytes, r.Action, err = placeBytes(path, plan.config)
+			}
+			if err != nil {
+				return err
+			}
+			if r.Action != ActionUnchanged {
+				res.Changed = true
+			}
+			if e.Kind != "link" {
+				res.NewBytes += r.Bytes
+			}
+			res.Entries = append(res.Entries, r)
+		}
+	}
+	return fsutil.SyncDir(dir)
+}
+
+func linkTarget(plan *Plan, source, final string) (string, error) {
+	if !plan.Opts.Relative {
+		return source, nil
+	}
+	// Relative to where the link will live, through resolved directories
+	// so that a symlinked parent does not break the path.
+	from := resolveExisting(final)
+	to, err := filepath.EvalSymlinks(plan.Src)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Rel(from, filepath.Join(to, filepath.Base(source)))
+}
+
+// placeLink makes path a symlink to target, replacing whatever is there
+// atomically (new link under a temp name, renamed over).
+func placeLink(path, target string) (string, error) {
+	action := ActionCreated
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSymlink != 0 {
+			if cur, err := os.Readlink(path); err == nil && cur == target {
+				return ActionUnchanged, nil
+			}
+		}
+		action = ActionReplaced
+	}
+	dir, base := filepath.Split(path)
+	for i := 0; ; i++ {
+		tmp := filepath.Join(dir, fmt.Sprintf(".%s.%d%s", base, os.Getpid()+i, fsutil.PartialSuffix))
+		err := os.Symlink(target, tmp)
+		if errors.Is(err, os.ErrExist) && i < 100 {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			os.Remove(tmp)
+			return "", err
+		}
+		return action, nil
+	}
+}
+
+// placeBytes writes data to path atomically unless path already holds
+// exactly data (then nothing is touched).
+func placeBytes(path string, data []byte) (int64, string, error) {
+	action := ActionCreated
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().IsRegular() && fi.Size() == int64(len(data)) {
+			if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
+				return int64(len(data)), ActionUnchanged, nil
+			}
+		}
+		action = ActionReplaced
+	}
+	if err := fsutil.WriteFileAtomic(path, data, 0o644); err != nil {
+		return 0, "", err
+	}
+	return int64(len(data)), action, nil
+}
+
+// placeShard writes a rewritten shard unless path already holds exactly
+// its bytes (compared streaming, without writing).
+func placeShard(ctx context.Context, path string, s shardPlan) (int64, string, error) {
+	specs := make([]safetensors.TensorSpec, len(s.tensors))
+	for i, t := range s.tensors {
+		specs[i] = t.spec
+	}
+	hdr, infos, err := safetensors.EncodeHeader(s.metadata, specs)
+	if err != nil {
+		return 0, "", fmt.Errorf("%s: %w", path, err)
+	}
+	size := int64(len(hdr))
+	if n := len(infos); n > 0 {
+		size += infos[n-1].End
+	}
+	action := ActionCreated
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().IsRegular() && fi.Size() == size {
+			same, err := sameShard(ctx, path, hdr, s)
+			if err != nil {
+				return 0, "", err
+			}
+			if same {
+				return size, ActionUnchanged, nil
+			}
+		}
+		action = ActionReplaced
+	}
+	w, err := safetensors.Create(path, s.metadata, specs)
+	if err != nil {
+		return 0, "", err
+	}
+	if err := writeBody(ctx, w, s); err != nil {
+		w.Abort()
+		return 0, "", err
+	}
+	if err := w.Close(); err != nil {
+		return 0, "", err
+	}
+	return size, action, nil
+}
+
+var errDiffers = errors.New("differs")
+
+// compareWriter checks written bytes against r from offset off.
+type compareWriter struct {
+	r   io.ReaderAt
+	off int64
+	buf []byte
+}
+
+func (c *compareWriter) Write(p []byte) (int, error) {
+	if cap(c.buf) < len(p) {
+		c.buf = make([]byte, len(p))
+	}
+	b := c.buf[:len(p)]
+	if _, err := c.r.ReadAt(b, c.off); err != nil || !bytes.Equal(b, p) {
+		return 0, errDiffers
+	}
+	c.off += int64(len(p))
+	return len(p), nil
+}
+
+func sameShard(ctx context.Context, path string, hdr []byte, s shardPlan) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	cw := &compareWriter{r: f}
+	if _, err := cw.Write(hdr); err != nil {
+		return false, nil
+	}
+	bw := bufio.NewWriterSize(cw, 1<<20)
+	if err := writeBody(ctx, bw, s); err != nil {
+		if errors.Is(err, errDiffers) {
+			return false, nil
+		}
+		return false, err
+	}
+	if err := bw.Flush(); err != nil {
+		if errors.Is(err, errDiffers) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// chunk is the streaming unit: tensors are copied or transformed this many
+// bytes at a time, never held whole.
+const chunk = 1 << 20
+
+// writeBody streams the shard's tensor bodies, in order, to w.
+func writeBody(ctx context.Context, w io.Writer, s shardPlan) error {
+	buf := make([]byte, chunk)
+	for _, t := range s.tensors {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sec := t.from.Section()
+		if t.bias == 0 {
+			if _, err := io.CopyBuffer(w, io.LimitReader(sec, sec.Size()), buf); err != nil {
+				return fmt.Errorf("%s: tensor %q: %w", t.from.Shard.Path, t.from.Info.Name, err)
+			}
+			continue
+		}
+		if err := writeBiases(ctx, w, sec, t, buf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeBiases writes biases = −2^(bits−1)·scales in the scale dtype. A
+// power-of-two multiple is exact in BF16, F16 and F32 unless it overflows,
+// which is reported rather than written as infinity.
+func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, t outTensor, buf []byte) error {
+	dt := t.spec.DType
+	width := dt.Bits() / 8
+	factor := -float32(math.Ldexp(1, t.bias-1))
+	n := len(buf) / width * width
+	vals := make([]float32, n/width)
+	var off int64
+	for off < sec.Size() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		m := int(min(int64(n), sec.Size()-off))
+		b := buf[:m]
+		if _, err := sec.ReadAt(b, off); err != nil {
+			return fmt.Errorf("%s: tensor %q: %w", t.from.Shard.Path, t.from.Info.Name, err)
+		}
+		v := vals[:m/width]
+		if err := tensor.ToF32(dt, v, b); err != nil {
+			return err
+		}
+		for i, s := range v {
+			r := s * factor
+			if math.IsInf(float64(r), 0) && !math.IsInf(float64(s), 0) {
+				return errf(t.from.Shard.Path, t.from.Info.Name, ErrInconsistent, "scale %g at element %d: %g·scale overflows %s", s, (off/int64(width))+int64(i), factor, dt)
+			}
+			v[i] = r
+		}
+		if err := tensor.FromF32(dt, b, v); err != nil {
+			return err
+		}
+		if dt == tensor.F16 || dt == tensor.BF16 {
+			// The narrow cast must have been exact; check by round trip.
+			back := make([]float32, len(v))
+			if err := tensor.ToF32(dt, back, b); err != nil {
+				return err
+			}
+			for i := range v {
+				if back[i] != v[i] && !(math.IsNaN(float64(back[i])) && math.IsNaN(float64(v[i]))) {
+					return errf(t.from.Shard.Path, t.from.Info.Name, ErrInconsistent, "element %d: %g·scale is not exact in %s", (off/int64(width))+int64(i), factor, dt)
+				}
+			}
+		}
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		off += int64(m)
+	}
+	return nil
+}
