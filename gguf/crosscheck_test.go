@@ -1,0 +1,46 @@
+package gguf_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/internal/ggufcheck"
+)
+
+func TestLlamaCppFileParsesWithGGUFParserGo(t *testing.T) {
+	if err := ggufcheck.Check("testdata/qwen3-base-Q8_0.gguf"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWriterOutputParsesWithGGUFParserGo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.gguf")
+	layout, err := gguf.PlanLayout([]gguf.KV{
+		gguf.Str("general.architecture", "llama"), gguf.U32("general.file_type", 1),
+		gguf.Strings("tokenizer.ggml.tokens", []string{"a", "b"}), gguf.I32s("x.sections", []int32{1, 2, 0}),
+		gguf.F32("x.eps", 1e-6), gguf.Bool("x.b", false),
+	}, []gguf.TensorSpec{
+		{Name: "token_embd.weight", Dims: []uint64{64, 2}, Type: gguf.TypeF16},
+		{Name: "output_norm.weight", Dims: []uint64{64}, Type: gguf.TypeF32},
+		{Name: "blk.0.q", Dims: []uint64{256, 1}, Type: gguf.TypeQ6_K},
+	}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := gguf.Create(path, layout, gguf.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ti := range layout.Tensors {
+		if err := w.WriteTensorBytes(i, make([]byte, ti.Size())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ggufcheck.Check(path); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,482 @@
+package gguf
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
+)
+
+// TensorSpec declares one tensor of a file to be written.
+type TensorSpec struct {
+	Name string
+	Dims []uint64 // ggml order, ne0 first
+	Type Type
+}
+
+// Layout is a planned GGUF file: the encoded header (KVs, tensor infos and
+// the padding up to the data section) and every tensor's offset. It is
+// computed before any tensor byte is written.
+type Layout struct {
+	Header     []byte
+	Tensors    []TensorInfo // with Offset relative to DataOffset
+	Alignment  uint64
+	DataOffset int64 // == len(Header)
+	Size       int64 // total file size, the last tensor padded too
+}
+
+// TensorOffset is the absolute file offset of tensor i.
+func (l *Layout) TensorOffset(i int) int64 { return l.DataOffset + int64(l.Tensors[i].Offset) }
+
+// PlanLayout encodes the header and computes the data layout. Tensors are
+// laid out in the given order, each padded with zeros to the alignment, the
+// last one too (as gguf-py and llama.cpp write them). alignment 0 means the
+// default, 32; any other value must also be given as general.alignment.
+func PlanLayout(kvs []KV, tensors []TensorSpec, alignment uint64) (*Layout, error) {
+	if alignment == 0 {
+		alignment = DefaultAlignment
+	}
+	if alignment&(alignment-1) != 0 {
+		return nil, fmt.Errorf("gguf: alignment %d is not a power of two", alignment)
+	}
+	seenKey := map[string]bool{}
+	var b bytes.Buffer
+	le := binary.LittleEndian
+	put32 := func(v uint32) { b.Write(le.AppendUint32(nil, v)) }
+	put64 := func(v uint64) { b.Write(le.AppendUint64(nil, v)) }
+	putStr := func(s string) { put64(uint64(len(s))); b.WriteString(s) }
+	put32(Magic)
+	put32(Version)
+	put64(uint64(len(tensors)))
+	put64(uint64(len(kvs)))
+	for _, kv := range kvs {
+		if seenKey[kv.Key] {
+			return nil, fmt.Errorf("gguf: key %q twice", kv.Key)
+		}
+		seenKey[kv.Key] = true
+		if kv.Key == "general.alignment" {
+			if a, ok := kv.Value.(uint32); !ok || uint64(a) != alignment {
+				return nil, fmt.Errorf("gguf: general.alignment %v does not match the layout's %d", kv.Value, alignment)
+			}
+		}
+		putStr(kv.Key)
+		put32(uint32(kv.Type))
+		if err := encodeValue(&b, kv.Type, kv.Value); err != nil {
+			return nil, fmt.Errorf("gguf: key %q: %w", kv.Key, err)
+		}
+	}
+	if alignment != DefaultAlignment && !seenKey["general.alignment"] {
+		return nil, fmt.Errorf("gguf: alignment %d needs a general.alignment key", alignment)
+	}
+	l := &Layout{Alignment: alignment, Tensors: make([]TensorInfo, len(tensors))}
+	seen := map[string]bool{}
+	var off uint64
+	for i, t := range tensors {
+		if t.Name == "" || len(t.Name) >= MaxNameLen {
+			return nil, fmt.Errorf("gguf: tensor name %q: must be 1 to %d bytes", t.Name, MaxNameLen-1)
+		}
+		if seen[t.Name] {
+			return nil, fmt.Errorf("gguf: tensor %q twice", t.Name)
+		}
+		seen[t.Name] = true
+		if len(t.Dims) > MaxDims {
+			return nil, fmt.Errorf("gguf: tensor %q: %d dims, at most %d", t.Name, len(t.Dims), MaxDims)
+		}
+		ti := TensorInfo{Name: t.Name, Dims: append([]uint64(nil), t.Dims...), Type: t.Type, Offset: off}
+		if !t.Type.Known() {
+			return nil, fmt.Errorf("gguf: tensor %q: %w %d", t.Name, ErrUnknownType, uint32(t.Type))
+		}
+		n := ti.Size()
+		if n < 0 {
+			return nil, fmt.Errorf("gguf: tensor %q: %w (%s, dims %v)", t.Name, ErrBlockSize, t.Type, t.Dims)
+		}
+		l.Tensors[i] = ti
+		putStr(t.Name)
+		put32(uint32(len(t.Dims)))
+		for _, d := range t.Dims {
+			put64(d)
+		}
+		put32(uint32(t.Type))
+		put64(off)
+		p, _ := alignUp(uint64(n), alignment)
+		off += p
+	}
+	start, _ := alignUp(uint64(b.Len()), alignment)
+	b.Write(make([]byte, start-uint64(b.Len())))
+	l.Header = b.Bytes()
+	l.DataOffset = int64(start)
+	l.Size = int64(start + off)
+	return l, nil
+}
+
+func encodeValue(b *bytes.Buffer, t ValueType, v any) error {
+	le := binary.LittleEndian
+	bad := func() error { return fmt.Errorf("value %T does not match type %s", v, t) }
+	switch t {
+	case ValueUint8:
+		x, ok := v.(uint8)
+		if !ok {
+			return bad()
+		}
+		b.WriteByte(x)
+	case ValueInt8:
+		x, ok := v.(int8)
+		if !ok {
+			return bad()
+		}
+		b.WriteByte(byte(x))
+	case ValueBool:
+		x, ok := v.(bool)
+		if !ok {
+			return bad()
+		}
+		if x {
+			b.WriteByte(1)
+		} else {
+			b.WriteByte(0)
+		}
+	case ValueUint16:
+		x, ok := v.(uint16)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint16(nil, x))
+	case ValueInt16:
+		x, ok := v.(int16)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint16(nil, uint16(x)))
+	case ValueUint32:
+		x, ok := v.(uint32)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint32(nil, x))
+	case ValueInt32:
+		x, ok := v.(int32)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint32(nil, uint32(x)))
+	case ValueFloat32:
+		x, ok := v.(float32)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint32(nil, math.Float32bits(x)))
+	case ValueUint64:
+		x, ok := v.(uint64)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint64(nil, x))
+	case ValueInt64:
+		x, ok := v.(int64)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint64(nil, uint64(x)))
+	case ValueFloat64:
+		x, ok := v.(float64)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint64(nil, math.Float64bits(x)))
+	case ValueString:
+		x, ok := v.(string)
+		if !ok {
+			return bad()
+		}
+		b.Write(le.AppendUint64(nil, uint64(len(x))))
+		b.WriteString(x)
+	case ValueArray:
+		a, ok := v.(Array)
+		if !ok {
+			return bad()
+		}
+		if a.Elem == ValueArray || !a.Elem.Known() {
+			return fmt.Errorf("array of %s is not supported", a.Elem)
+		}
+		b.Write(le.AppendUint32(nil, uint32(a.Elem)))
+		b.Write(le.AppendUint64(nil, uint64(a.Len())))
+		if err := encodeArray(b, a); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("unknown value type %d", uint32(t))
+	}
+	return nil
+}
+
+func encodeArray(b *bytes.Buffer, a Array) error {
+	var err error
+	each := func(n int, f func(i int) any) {
+		for i := 0; i < n && err == nil; i++ {
+			err = encodeValue(b, a.Elem, f(i))
+		}
+	}
+	switch s := a.Values.(type) {
+	case []uint8:
+		each(len(s), func(i int) any { return s[i] })
+	case []int8:
+		each(len(s), func(i int) any { return s[i] })
+	case []uint16:
+		each(len(s), func(i int) any { return s[i] })
+	case []int16:
+		each(len(s), func(i int) any { return s[i] })
+	case []uint32:
+		each(len(s), func(i int) any { return s[i] })
+	case []int32:
+		each(len(s), func(i int) any { return s[i] })
+	case []float32:
+		each(len(s), func(i int) any { return s[i] })
+	case []bool:
+		each(len(s), func(i int) any { return s[i] })
+	case []string:
+		each(len(s), func(i int) any { return s[i] })
+	case []uint64:
+		each(len(s), func(i int) any { return s[i] })
+	case []int64:
+		each(len(s), func(i int) any { return s[i] })
+	case []float64:
+		each(len(s), func(i int) any { return s[i] })
+	default:
+		return fmt.Errorf("array values of Go type %T", a.Values)
+	}
+	return err
+}
+
+// Writer writes the tensor bodies of a planned layout into a file that
+// appears under its final name only when Close succeeds. Tensor bodies may
+// be written concurrently, each at its own offset.
+//
+// Resume: the file is written as path + ".partial". With Options.Resume, an
+// existing partial file of the same size whose header is byte-identical to
+// the layout's is reused; the caller then calls Skip for tensors it knows
+// to be complete (from its journal, or by hashing Section(i)) and writes
+// the rest.
+type Writer struct {
+	path   string
+	layout *Layout
+	f      *os.File
+	tmp    string
+
+	mu      sync.Mutex
+	written []bool
+	err     error // sticky
+	done    bool
+	resumed bool
+}
+
+// Options tune Create.
+type Options struct {
+	Resume bool // reuse a matching path+".partial" from an earlier run
+}
+
+// PartialPath is where a Writer for path writes until Close.
+func PartialPath(path string) string { return path + fsutil.PartialSuffix }
+
+// Create starts writing layout to path.
+func Create(path string, layout *Layout, opt Options) (*Writer, error) {
+	w := &Writer{path: path, layout: layout, tmp: PartialPath(path), written: make([]bool, len(layout.Tensors))}
+	if opt.Resume {
+		if f, ok := reusable(w.tmp, layout); ok {
+			w.f = f
+			w.resumed = true
+			return w, nil
+		}
+	}
+	f, err := os.OpenFile(w.tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	w.f = f
+	if _, err := f.WriteAt(layout.Header, 0); err != nil {
+		w.Abort()
+		return nil, err
+	}
+	// Extending the file zero-fills every padding gap.
+	if err := f.Truncate(layout.Size); err != nil {
+		w.Abort()
+		return nil, err
+	}
+	return w, nil
+}
+
+func reusable(tmp string, layout *Layout) (*os.File, bool) {
+	f, err := os.OpenFile(tmp, os.O_RDWR, 0)
+	if err != nil {
+		return nil, false
+	}
+	st, err := f.Stat()
+	if err != nil || st.Size() != layout.Size {
+		f.Close()
+		return nil, false
+	}
+	got := make([]byte, len(layout.Header))
+	if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, layout.Header) {
+		f.Close()
+		return nil, false
+	}
+	return f, true
+}
+
+// Resumed reports whether Create reused an earlier partial file.
+func (w *Writer) Resumed() bool { return w.resumed }
+
+// Layout is the plan being written.
+func (w *Writer) Layout() *Layout { return w.layout }
+
+// Section reads back tensor i's bytes in the partial file (to verify a
+// tensor before Skip on resume).
+func (w *Writer) Section(i int) *io.SectionReader {
+	return io.NewSectionReader(w.f, w.layout.TensorOffset(i), w.layout.Tensors[i].Size())
+}
+
+// Skip marks tensor i as already present (resume).
+func (w *Writer) Skip(i int) {
+	w.mu.Lock()
+	w.written[i] = true
+	w.mu.Unlock()
+}
+
+// TensorWriter returns a writer for tensor i's body, positioned at its
+// offset. Exactly Size() bytes must be written, then Finish(i) called.
+func (w *Writer) TensorWriter(i int) io.Writer {
+	return io.NewOffsetWriter(w.f, w.layout.TensorOffset(i))
+}
+
+// WriteTensor copies tensor i's body from r, which must yield exactly the
+// tensor's size. Safe for concurrent use with other tensors.
+func (w *Writer) WriteTensor(i int, r io.Reader) error {
+	if err := w.sticky(); err != nil {
+		return err
+	}
+	t := w.layout.Tensors[i]
+	size := t.Size()
+	n, err := io.Copy(w.TensorWriter(i), io.LimitReader(r, size))
+	if err != nil {
+		return w.fail(fmt.Errorf("%s: tensor %q: %w", w.path, t.Name, err))
+	}
+	if n != size {
+		return w.fail(fmt.Errorf("%s: tensor %q: %w: %d of %d", w.path, t.Name, ErrWriteSize, n, size))
+	}
+	var one [1]byte
+	if m, _ := r.Read(one[:]); m != 0 {
+		return w.fail(fmt.Errorf("%s: tensor %q: %w: more than %d", w.path, t.Name, ErrWriteSize, size))
+	}
+	return w.Finish(i)
+}
+
+// WriteTensorBytes writes tensor i's whole body from b.
+func (w *Writer) WriteTensorBytes(i int, b []byte) error {
+	if err := w.sticky(); err != nil {
+		return err
+	}
+	t := w.layout.Tensors[i]
+	if int64(len(b)) != t.Size() {
+		return w.fail(fmt.Errorf("%s: tensor %q: %w: %d of %d", w.path, t.Name, ErrWriteSize, len(b), t.Size()))
+	}
+	if _, err := w.f.WriteAt(b, w.layout.TensorOffset(i)); err != nil {
+		return w.fail(fmt.Errorf("%s: tensor %q: %w", w.path, t.Name, err))
+	}
+	return w.Finish(i)
+}
+
+// Finish marks tensor i as written (after TensorWriter).
+func (w *Writer) Finish(i int) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.written[i] = true
+	return w.err
+}
+
+func (w *Writer) sticky() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return ErrWriterDone
+	}
+	return w.err
+}
+
+func (w *Writer) fail(err error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		w.err = err
+	}
+	return w.err
+}
+
+// Sync fsyncs the partial file (a resume point).
+func (w *Writer) Sync() error { return w.f.Sync() }
+
+// Close checks every tensor was written, fsyncs, and renames the file into
+// place. On error the partial file is kept for a resume unless the error is
+// sticky from a failed write, in which case call Abort.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	if w.done {
+		w.mu.Unlock()
+		return ErrWriterDone
+	}
+	if w.err != nil {
+		w.mu.Unlock()
+		return w.err
+	}
+	for i, ok := range w.written {
+		if !ok {
+			w.mu.Unlock()
+			return fmt.Errorf("%s: tensor %q was never written", w.path, w.layout.Tensors[i].Name)
+		}
+	}
+	w.done = true
+	w.mu.Unlock()
+	if err := w.f.Sync(); err != nil {
+		w.f.Close()
+		return fmt.Errorf("%s: fsync: %w", w.tmp, err)
+	}
+	if err := w.f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(w.tmp, w.path); err != nil {
+		return err
+	}
+	return fsutil.SyncDir(filepath.Dir(w.path))
+}
+
+// Abort closes and removes the partial file.
+func (w *Writer) Abort() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	w.done = true
+	w.f.Close()
+	os.Remove(w.tmp)
+}
+
+// Detach closes the partial file and keeps it for a later resume.
+func (w *Writer) Detach() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return nil
+	}
+	w.done = true
+	err := w.f.Sync()
+	if cerr := w.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
