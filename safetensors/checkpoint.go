@@ -188,9 +188,10 @@ func OpenDirOptions(dir string, opt DirOptions) (c *Checkpoint, err error) {
 		return nil, errf(dir, "", -1, ErrNotCheckpoint, "not a directory")
 	}
 	c = &Checkpoint{Dir: dir, byName: map[string]Location{}}
+	opened := c // c is nil on the error returns; close what was opened
 	defer func() {
 		if err != nil {
-			c.Close()
+			opened.Close()
 		}
 	}()
 	entries, err := os.ReadDir(dir)
@@ -233,9 +234,16 @@ func OpenDirOptions(dir string, opt DirOptions) (c *Checkpoint, err error) {
 	if c.Index, err = ReadIndex(idxPath); err != nil {
 		return nil, err
 	}
-	// Shard names, in a stable order.
+	// Tensor and shard names in a stable order, so the first error reported
+	// is the same on every run.
+	indexed := make([]string, 0, len(c.Index.WeightMap))
+	for name := range c.Index.WeightMap {
+		indexed = append(indexed, name)
+	}
+	sort.Strings(indexed)
 	files := map[string]bool{}
-	for name, file := range c.Index.WeightMap {
+	for _, name := range indexed {
+		file := c.Index.WeightMap[name]
 		if err := checkPlainName(file); err != nil {
 			return nil, errf(idxPath, name, -1, ErrOutsideDir, "weight_map names %q: %v", file, err)
 		}
@@ -262,22 +270,36 @@ func OpenDirOptions(dir string, opt DirOptions) (c *Checkpoint, err error) {
 		}
 		shardOf[f] = sh
 	}
-	// Every tensor in exactly the shard the index names.
+	// Every tensor in exactly one shard, the one the index names.
+	where := map[string]*Shard{}
 	for _, sh := range c.Shards {
 		for _, t := range sh.Tensors {
-			want, ok := c.Index.WeightMap[t.Name]
-			if !ok {
-				return nil, errf(sh.Path, t.Name, sh.DataOffset()+t.Begin, ErrInvalidIndex, "tensor is not in %s", IndexName)
+			if prev, ok := where[t.Name]; ok {
+				return nil, errf(sh.Path, t.Name, sh.DataOffset()+t.Begin, ErrTensorTwice, "also in %s", prev.Name)
 			}
-			if want != sh.Name {
-				return nil, errf(sh.Path, t.Name, sh.DataOffset()+t.Begin, ErrTensorTwice, "the index puts it in %s", want)
-			}
-			c.add(Location{Shard: sh, Info: t})
+			where[t.Name] = sh
 		}
 	}
-	for name, file := range c.Index.WeightMap {
-		if _, ok := c.byName[name]; !ok {
-			return nil, errf(filepath.Join(dir, file), name, -1, ErrMissingTensor, "the index names this shard")
+	for _, sh := range c.Shards {
+		for _, t := range sh.Tensors {
+			if _, ok := c.Index.WeightMap[t.Name]; !ok {
+				return nil, errf(sh.Path, t.Name, sh.DataOffset()+t.Begin, ErrUnindexedTensor, "%s does not list it", IndexName)
+			}
+		}
+	}
+	for _, name := range indexed {
+		file := c.Index.WeightMap[name]
+		sh, ok := where[name]
+		if !ok {
+			return nil, errf(filepath.Join(dir, file), name, -1, ErrMissingTensor, "%s puts it in this shard, but no shard has it", IndexName)
+		}
+		if sh.Name != file {
+			return nil, errf(filepath.Join(dir, file), name, -1, ErrMissingTensor, "%s puts it in this shard, but it is in %s", IndexName, sh.Name)
+		}
+	}
+	for _, sh := range c.Shards {
+		for _, t := range sh.Tensors {
+			c.add(Location{Shard: sh, Info: t})
 		}
 	}
 	return c, nil
@@ -347,7 +369,9 @@ func checkPlainName(file string) error {
 }
 
 // checkInside rejects a shard that is a symlink resolving outside dir,
-// unless it resolves into a content-addressed blob store or opt allows it.
+// unless opt allows it or the link resolves to a content-addressed blob: a
+// file named by a hex digest (40 or 64 digits, as the Hugging Face cache
+// and ferry's store name them) under a directory called "blobs".
 func checkInside(dir, p string, opt DirOptions) error {
 	fi, err := os.Lstat(p)
 	if err != nil || fi.Mode()&os.ModeSymlink == 0 || opt.FollowExternalLinks {
@@ -364,12 +388,28 @@ func checkInside(dir, p string, opt DirOptions) error {
 	if rel, err := filepath.Rel(root, target); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 		return nil
 	}
-	for _, part := range strings.Split(filepath.ToSlash(target), "/") {
-		if part == "blobs" {
-			return nil
+	if isBlob(target) {
+		return nil
+	}
+	return errf(p, "", -1, ErrSymlinkOutside, "symlink to %s, outside %s (use --follow-links if you trust it)", target, dir)
+}
+
+func isBlob(target string) bool {
+	base := filepath.Base(target)
+	if len(base) != 40 && len(base) != 64 {
+		return false
+	}
+	for _, r := range base {
+		if !strings.ContainsRune("0123456789abcdef", r) {
+			return false
 		}
 	}
-	return errf(p, "", -1, ErrOutsideDir, "symlink to %s, outside %s (use --follow-links if you trust it)", target, dir)
+	for _, part := range strings.Split(filepath.ToSlash(filepath.Dir(target)), "/") {
+		if part == "blobs" {
+			return true
+		}
+	}
+	return false
 }
 
 func fileExists(p string) bool {

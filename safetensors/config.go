@@ -33,7 +33,7 @@ func ReadConfig(path string) (*Config, error) {
 		return nil, err
 	}
 	if len(data) > maxConfigSize {
-		return nil, errf(path, "", -1, ErrInvalidHeader, "config over %d bytes", maxConfigSize)
+		return nil, errf(path, "", -1, ErrInvalidConfig, "config over %d bytes", maxConfigSize)
 	}
 	return ParseConfig(data, path)
 }
@@ -44,7 +44,7 @@ func ParseConfig(data []byte, path string) (*Config, error) {
 	dec.UseNumber()
 	var raw map[string]any
 	if err := dec.Decode(&raw); err != nil {
-		return nil, errf(path, "", dec.InputOffset(), ErrInvalidHeader, "config is not a JSON object: %v", err)
+		return nil, errf(path, "", dec.InputOffset(), ErrInvalidConfig, "config is not a JSON object: %v", err)
 	}
 	c := &Config{Path: path, Raw: raw, merged: map[string]any{}}
 	for k, v := range raw {

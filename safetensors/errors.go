@@ -30,6 +30,16 @@ var (
 	ErrNotCheckpoint   = errors.New("not a safetensors checkpoint")
 	ErrWriteSize       = errors.New("wrote a different number of bytes than declared")
 	ErrWriteOrder      = errors.New("tensor written out of declared order")
+	ErrInvalidConfig   = errors.New("invalid config.json")
+)
+
+// Finer sentinels; each also matches the broader one it wraps, so
+// errors.Is(err, ErrInvalidOffset) holds for both an overlap and a gap.
+var (
+	ErrOverlap         = fmt.Errorf("%w: tensors overlap", ErrInvalidOffset)
+	ErrGap             = fmt.Errorf("%w: gap between tensors", ErrInvalidOffset)
+	ErrUnindexedTensor = fmt.Errorf("%w: tensor in a shard but not in the index", ErrInvalidIndex)
+	ErrSymlinkOutside  = fmt.Errorf("%w: symlink resolves outside the directory", ErrOutsideDir)
 )
 
 // Error is a bad-input error: the file (and tensor, and absolute byte

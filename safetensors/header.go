@@ -144,6 +144,9 @@ func (f *File) parseHeader(hdr []byte) error {
 		if errors.As(err, &se) {
 			off = 8 + se.Offset
 		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			err = errors.New("JSON ends before the header object is complete")
+		}
 		return errf(path, "", off, ErrInvalidHeader, "%v", err)
 	}
 	tok, err := dec.Token()
@@ -230,9 +233,9 @@ func (f *File) parseHeader(hdr []byte) error {
 		}
 		if t.Begin != end {
 			if t.Begin < end {
-				return errf(path, t.Name, data+t.Begin, ErrInvalidOffset, "data_offsets [%d, %d] overlap the previous tensor, which ends at %d", t.Begin, t.End, end)
+				return errf(path, t.Name, data+t.Begin, ErrOverlap, "data_offsets [%d, %d] overlap the previous tensor, which ends at %d", t.Begin, t.End, end)
 			}
-			return errf(path, t.Name, data+t.Begin, ErrInvalidOffset, "data_offsets [%d, %d] leave a gap after the previous tensor, which ends at %d", t.Begin, t.End, end)
+			return errf(path, t.Name, data+t.Begin, ErrGap, "data_offsets [%d, %d] leave a gap after the previous tensor, which ends at %d", t.Begin, t.End, end)
 		}
 		if t.Size() != want {
 			return errf(path, t.Name, data+t.Begin, ErrSizeMismatch, "%d bytes for %s %v, want %d", t.Size(), t.DType, t.Shape, want)
@@ -245,7 +248,7 @@ func (f *File) parseHeader(hdr []byte) error {
 		return errf(path, last.Name, data+last.Begin, ErrTruncated, "data ends at %d but the file has %d bytes", data+end, f.Size)
 	}
 	if data+end != f.Size {
-		return errf(path, "", data+end, ErrTrailingBytes, "%d bytes after the last tensor", f.Size-data-end)
+		return errf(path, "", data+end, ErrTrailingBytes, "%d extra bytes (the tensors end at %d, the file at %d)", f.Size-data-end, data+end, f.Size)
 	}
 	return nil
 }

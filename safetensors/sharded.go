@@ -11,15 +11,22 @@ import (
 	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
-// PlanShards splits specs, in order, into shards the way huggingface_hub
-// does: greedily, a new shard starting when the next tensor would push the
-// current one over maxSize; a tensor larger than maxSize gets its own shard.
+// PlanShards splits specs, in order, into shards the way huggingface_hub's
+// split_state_dict_into_shards_factory does: greedily, starting a new shard
+// when the next tensor would push the current one over maxSize. A tensor
+// larger than maxSize gets a shard of its own, appended at once, while the
+// shard being filled stays open for the tensors after it — so an oversized
+// tensor's shard comes before the shard of the smaller tensors around it.
 func PlanShards(specs []TensorSpec, maxSize int64) [][]TensorSpec {
 	var out [][]TensorSpec
 	var cur []TensorSpec
 	var curSize int64
 	for _, s := range specs {
 		sz := s.Size()
+		if sz > maxSize {
+			out = append(out, []TensorSpec{s})
+			continue
+		}
 		if len(cur) > 0 && curSize+sz > maxSize {
 			out = append(out, cur)
 			cur, curSize = nil, 0
@@ -123,9 +130,10 @@ func (sw *ShardedWriter) open() error {
 	return nil
 }
 
-// advance commits finished shards and opens the next.
-func (sw *ShardedWriter) advance() error {
-	for sw.w.Next() == "" && sw.cur < len(sw.files)-1 {
+// advance commits finished shards and opens the next, until the current
+// shard is the one that holds name (or the last).
+func (sw *ShardedWriter) advance(name string) error {
+	for sw.cur < len(sw.files)-1 && sw.w.Done() && (name == "" || !hasTensor(sw.files[sw.cur], name)) {
 		if err := sw.w.Close(); err != nil {
 			sw.err = err
 			return err
@@ -138,12 +146,21 @@ func (sw *ShardedWriter) advance() error {
 	return nil
 }
 
+func hasTensor(f ShardFile, name string) bool {
+	for _, t := range f.Tensors {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // WriteTensor writes the named tensor, which must be next in plan order.
 func (sw *ShardedWriter) WriteTensor(name string, r io.Reader) error {
 	if sw.err != nil {
 		return sw.err
 	}
-	if err := sw.advance(); err != nil {
+	if err := sw.advance(name); err != nil {
 		return err
 	}
 	if err := sw.w.WriteTensor(name, r); err != nil {
@@ -159,7 +176,7 @@ func (sw *ShardedWriter) Close() error {
 		sw.Abort()
 		return sw.err
 	}
-	if err := sw.advance(); err != nil {
+	if err := sw.advance(""); err != nil {
 		sw.Abort()
 		return err
 	}

@@ -51,9 +51,15 @@ func EncodeHeader(metadata map[string]string, specs []TensorSpec) ([]byte, []Ten
 		}
 		first = false
 	}
+	// serde_json (the reference writer) escapes only '"', '\\' and control
+	// characters; encoding/json would also escape <, > and &.
+	var jb bytes.Buffer
+	je := json.NewEncoder(&jb)
+	je.SetEscapeHTML(false)
 	enc := func(v any) {
-		j, _ := json.Marshal(v) // strings, ints: cannot fail
-		b.Write(j)
+		jb.Reset()
+		je.Encode(v) // strings, ints: cannot fail
+		b.Write(bytes.TrimSuffix(jb.Bytes(), []byte{'\n'}))
 	}
 	if len(metadata) > 0 {
 		comma()
@@ -122,8 +128,9 @@ type Writer struct {
 	af      *fsutil.AtomicFile
 	bw      *bufio.Writer
 	tensors []TensorInfo
-	cur     int   // index of the tensor being written
+	cur     int   // index of the next tensor not fully written
 	inCur   int64 // bytes of it written so far
+	last    int   // index of the last tensor with bytes, or -1
 	err     error
 }
 
@@ -137,26 +144,24 @@ func Create(path string, metadata map[string]string, specs []TensorSpec) (*Write
 	if err != nil {
 		return nil, err
 	}
-	w := &Writer{af: af, bw: bufio.NewWriterSize(af, 1<<20), tensors: infos}
+	w := &Writer{af: af, bw: bufio.NewWriterSize(af, 1<<20), tensors: infos, last: -1}
+	for i, t := range infos {
+		if t.Size() != 0 {
+			w.last = i
+		}
+	}
 	if _, err := w.bw.Write(hdr); err != nil {
 		af.Abort()
 		return nil, err
 	}
-	w.skipEmpty()
 	return w, nil
 }
 
 // Tensors returns the planned layout.
 func (w *Writer) Tensors() []TensorInfo { return w.tensors }
 
-func (w *Writer) skipEmpty() {
-	for w.cur < len(w.tensors) && w.tensors[w.cur].Size() == w.inCur {
-		w.cur++
-		w.inCur = 0
-	}
-}
-
-// Write appends tensor body bytes in declared order; it fails if p runs
+// Write appends tensor body bytes in declared order, crossing tensor
+// boundaries freely (zero-size tensors take no bytes); it fails if p runs
 // past the last declared byte.
 func (w *Writer) Write(p []byte) (int, error) {
 	if w.err != nil {
@@ -164,6 +169,10 @@ func (w *Writer) Write(p []byte) (int, error) {
 	}
 	written := 0
 	for len(p) > 0 {
+		for w.cur < len(w.tensors) && w.inCur == w.tensors[w.cur].Size() {
+			w.cur++
+			w.inCur = 0
+		}
 		if w.cur >= len(w.tensors) {
 			w.err = fmt.Errorf("%s: %w: %d bytes past the last tensor", w.af.Target(), ErrWriteSize, len(p))
 			return written, w.err
@@ -181,13 +190,16 @@ func (w *Writer) Write(p []byte) (int, error) {
 			return written, err
 		}
 		p = p[n:]
-		w.skipEmpty()
+		if w.inCur == w.tensors[w.cur].Size() {
+			w.cur++
+			w.inCur = 0
+		}
 	}
 	return written, nil
 }
 
-// Next is the name of the tensor the next Write continues, or "" when all
-// bytes are written.
+// Next is the name of the next tensor not yet written (it may be a
+// zero-size one), or "" when every tensor is written.
 func (w *Writer) Next() string {
 	if w.cur >= len(w.tensors) {
 		return ""
@@ -195,17 +207,31 @@ func (w *Writer) Next() string {
 	return w.tensors[w.cur].Name
 }
 
+// Done reports whether every declared byte has been written; only
+// zero-size tensors, if any, remain.
+func (w *Writer) Done() bool { return w.cur > w.last } // Write moves cur past a finished tensor
+
 // WriteTensor copies exactly the named tensor's bytes from r. name must be
-// the next tensor in declared order.
+// the next tensor in declared order; zero-size tensors before it may be
+// skipped (they hold no bytes).
 func (w *Writer) WriteTensor(name string, r io.Reader) error {
 	if w.err != nil {
 		return w.err
+	}
+	if w.inCur == 0 {
+		for w.cur < len(w.tensors) && w.tensors[w.cur].Name != name && w.tensors[w.cur].Size() == 0 {
+			w.cur++
+		}
 	}
 	if w.inCur != 0 || w.Next() != name {
 		w.err = fmt.Errorf("%s: tensor %q: %w (next is %q)", w.af.Target(), name, ErrWriteOrder, w.Next())
 		return w.err
 	}
 	size := w.tensors[w.cur].Size()
+	if size == 0 {
+		w.cur++
+		return nil
+	}
 	n, err := io.CopyN(w, r, size)
 	if err != nil {
 		if w.err == nil {
@@ -223,8 +249,8 @@ func (w *Writer) Close() error {
 		w.af.Abort()
 		return w.err
 	}
-	if w.cur < len(w.tensors) {
-		w.err = fmt.Errorf("%s: %w: tensor %q incomplete", w.af.Target(), ErrWriteSize, w.tensors[w.cur].Name)
+	if !w.Done() {
+		w.err = fmt.Errorf("%s: %w: tensor %q incomplete (%d of %d bytes)", w.af.Target(), ErrWriteSize, w.tensors[w.cur].Name, w.inCur, w.tensors[w.cur].Size())
 		w.af.Abort()
 		return w.err
 	}

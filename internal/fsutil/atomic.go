@@ -20,8 +20,13 @@ const PartialSuffix = ".partial"
 type AtomicFile struct {
 	*os.File
 	target string
+	perm   os.FileMode
 	done   bool
 }
+
+// DefaultPerm is the mode a committed file gets unless SetPerm says
+// otherwise (os.CreateTemp would leave 0600).
+const DefaultPerm os.FileMode = 0o644
 
 // CreateAtomic opens a temp file next to target.
 func CreateAtomic(target string) (*AtomicFile, error) {
@@ -33,8 +38,11 @@ func CreateAtomic(target string) (*AtomicFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &AtomicFile{File: f, target: target}, nil
+	return &AtomicFile{File: f, target: target, perm: DefaultPerm}, nil
 }
+
+// SetPerm sets the mode the file gets at Commit.
+func (a *AtomicFile) SetPerm(perm os.FileMode) { a.perm = perm }
 
 // Target is the final path.
 func (a *AtomicFile) Target() string { return a.target }
@@ -52,6 +60,10 @@ func (a *AtomicFile) Commit() (err error) {
 			os.Remove(tmp)
 		}
 	}()
+	if err := a.File.Chmod(a.perm); err != nil {
+		a.File.Close()
+		return fmt.Errorf("%s: chmod: %w", a.target, err)
+	}
 	if err := a.File.Sync(); err != nil {
 		a.File.Close()
 		return fmt.Errorf("%s: fsync: %w", a.target, err)
@@ -98,9 +110,6 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		a.Abort()
 		return err
 	}
-	if err := a.Chmod(perm); err != nil {
-		a.Abort()
-		return err
-	}
+	a.SetPerm(perm)
 	return a.Commit()
 }
