@@ -270,9 +270,20 @@ func CompressedDeepSeekV3(seed uint64) *CompressedCheckpoint {
 // (W4A16 group 32 by default, as llm-compressor's recipes write them),
 // embeddings, norms and lm_head in BF16, in 2 shards.
 func CompressedQwen3(seed uint64) *CompressedCheckpoint {
+	return CompressedQwen3With(seed, CompressedScheme{Bits: 4, GroupSize: 32}, nil)
+}
+
+// CompressedQwen3With is CompressedQwen3 quantized with s; when down is not
+// nil the mlp.down_proj modules use it instead, declared by a second config
+// group ("group_1", targets re:.*mlp\.down_proj$), as llm-compressor writes
+// mixed recipes.
+func CompressedQwen3With(seed uint64, s CompressedScheme, down *CompressedScheme) *CompressedCheckpoint {
 	r := &compressedRand{s: seed}
 	const hidden, inter, vocab, heads, kvHeads, headDim = 64, 128, 128, 2, 1, 32
-	s := CompressedScheme{Bits: 4, GroupSize: 32}
+	ds := s
+	if down != nil {
+		ds = *down
+	}
 	c := &CompressedCheckpoint{Shards: 2, Files: compressedCommonFiles()}
 	c.Config = map[string]any{
 		"architectures":           []any{"Qwen3ForCausalLM"},
@@ -305,10 +316,16 @@ func CompressedQwen3(seed uint64) *CompressedCheckpoint {
 		c.addPacked(r, l, p+"self_attn.o_proj", s, hidden, heads*headDim)
 		c.addPacked(r, l, p+"mlp.gate_proj", s, inter, hidden)
 		c.addPacked(r, l, p+"mlp.up_proj", s, inter, hidden)
-		c.addPacked(r, l, p+"mlp.down_proj", s, hidden, inter)
+		c.addPacked(r, l, p+"mlp.down_proj", ds, hidden, inter)
 	}
 	c.addFloat(r, 1, "model.norm.weight", bf, 1, hidden)
 	c.addFloat(r, 1, "lm_head.weight", bf, 0.1, vocab, hidden)
+	if down != nil {
+		qc := c.Config["quantization_config"].(map[string]any)
+		g1 := compressedQuantConfig(ds, nil)["config_groups"].(map[string]any)["group_0"].(map[string]any)
+		g1["targets"] = []any{`re:.*mlp\.down_proj$`}
+		qc["config_groups"].(map[string]any)["group_1"] = g1
+	}
 	return c
 }
 
