@@ -1,0 +1,701 @@
+package merge
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// ExecOptions tune Execute.
+type ExecOptions struct {
+	// Jobs is the number of row-block workers (default: the CPU count).
+	// The output bytes do not depend on it.
+	Jobs int
+	// Progress, if set, is called from one goroutine with base bytes done
+	// (read, merged and written, or copied, or verified on resume) and the
+	// total.
+	Progress func(done, total int64)
+	// BlockElems is the target row-block size in elements (default
+	// DefaultBlockElems). Blocks are whole rows; the block size depends only
+	// on this and the tensor's width, never on Jobs.
+	BlockElems int
+}
+
+// DefaultBlockElems makes a row block about 1 MiB of float32.
+const DefaultBlockElems = 1 << 18
+
+// FileDigest is one output file.
+type FileDigest struct {
+	Name   string `json:"name"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Result says what Execute did.
+type Result struct {
+	OutDir  string       `json:"out"`
+	Files   []FileDigest `json:"files"`   // shards, aux files and index, in write order
+	Resumed []string     `json:"resumed"` // shards kept from an earlier run (digest verified)
+	Written []string     `json:"written"` // shards written by this run
+}
+
+// Execute carries out the plan into outDir: aux files, then every shard
+// (copied verbatim or rewritten), each atomically and recorded with its
+// sha256 in a journal, then the index last. A killed run, re-run with the
+// same inputs, keeps finished shards whose digests verify and ends with the
+// same bytes. It makes no decisions of its own.
+func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Result, error) {
+	if opt.Jobs <= 0 {
+		opt.Jobs = runtime.NumCPU()
+	}
+	if opt.BlockElems <= 0 {
+		opt.BlockElems = DefaultBlockElems
+	}
+	if err := checkOutDir(p, outDir); err != nil {
+		return nil, err
+	}
+	j, err := openJournal(outDir, p.Key)
+	if err != nil {
+		return nil, err
+	}
+	e := &executor{p: p, out: outDir, opt: opt, j: j}
+	e.progress(0)
+	res := &Result{OutDir: outDir}
+
+	for _, a := range p.AuxFiles {
+		d, err := copyFileAtomic(filepath.Join(p.BaseDir, a), filepath.Join(outDir, a), nil)
+		if err != nil {
+			return nil, err
+		}
+		res.Files = append(res.Files, d)
+	}
+	weightMap := map[string]string{}
+	var total int64
+	for _, sp := range p.Shards {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		for _, t := range sp.Tensors {
+			weightMap[t.Name] = sp.Name
+			sz, _ := tensor.ByteSize(t.DType, t.Shape)
+			total += sz
+		}
+		if d, ok := e.finished(sp); ok {
+			e.advance(sp.Size)
+			res.Files = append(res.Files, d)
+			res.Resumed = append(res.Resumed, sp.Name)
+			continue
+		}
+		var d FileDigest
+		if sp.Rewrite {
+			d, err = e.rewriteShard(ctx, sp)
+		} else {
+			d, err = copyFileAtomic(filepath.Join(p.BaseDir, sp.Name), filepath.Join(outDir, sp.Name), e.advance)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := j.record(d); err != nil {
+			return nil, err
+		}
+		res.Files = append(res.Files, d)
+		res.Written = append(res.Written, sp.Name)
+	}
+	if !p.Single {
+		if err := safetensors.WriteIndex(outDir, weightMap, total, p.IndexMeta); err != nil {
+			return nil, err
+		}
+		d, err := digestFile(filepath.Join(outDir, safetensors.IndexName))
+		if err != nil {
+			return nil, err
+		}
+		res.Files = append(res.Files, d)
+	}
+	if err := j.complete(); err != nil {
+		return nil, err
+	}
+	e.progress(p.TotalBytes)
+	return res, nil
+}
+
+// checkOutDir refuses to write into an input, or into a directory that is
+// not empty and not an earlier run of this merge.
+func checkOutDir(p *Plan, outDir string) error {
+	abs := func(s string) string {
+		a, err := filepath.Abs(s)
+		if err != nil {
+			return s
+		}
+		if r, err := filepath.EvalSymlinks(a); err == nil {
+			return r
+		}
+		return a
+	}
+	o := abs(outDir)
+	for _, in := range []string{p.BaseDir, p.AdapterDir} {
+		if o == abs(in) {
+			return inputErr(outDir, "", -1, ErrOutputExists, "the output directory is an input (%s); inputs are never modified", in)
+		}
+	}
+	ents, err := os.ReadDir(outDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return os.MkdirAll(outDir, 0o755)
+	}
+	if err != nil {
+		return err
+	}
+	if len(ents) == 0 {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(outDir, JournalName)); err != nil {
+		return inputErr(outDir, "", -1, ErrOutputExists, "it exists and is not empty, and holds no %s of an earlier ferry merge; choose another --out or remove it", JournalName)
+	}
+	return nil
+}
+
+type executor struct {
+	p    *Plan
+	out  string
+	opt  ExecOptions
+	j    *journal
+	done int64
+	mu   sync.Mutex
+}
+
+func (e *executor) progress(done int64) {
+	if e.opt.Progress != nil {
+		e.opt.Progress(done, e.p.TotalBytes)
+	}
+}
+
+func (e *executor) advance(n int64) {
+	e.mu.Lock()
+	e.done += n
+	d := e.done
+	e.mu.Unlock()
+	e.progress(d)
+}
+
+// finished reports a shard an earlier run completed, re-hashing the file.
+func (e *executor) finished(sp ShardPlan) (FileDigest, bool) {
+	want, ok := e.j.Files[sp.Name]
+	if !ok {
+		return FileDigest{}, false
+	}
+	got, err := digestFile(filepath.Join(e.out, sp.Name))
+	if err != nil || got != want {
+		return FileDigest{}, false
+	}
+	return got, true
+}
+
+// hashingFile is an atomic output file whose bytes are hashed as written.
+type hashingFile struct {
+	af *fsutil.AtomicFile
+	bw *bufio.Writer
+	h  hash.Hash
+	n  int64
+}
+
+func createHashing(path string) (*hashingFile, error) {
+	af, err := fsutil.CreateAtomic(path)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	return &hashingFile{af: af, h: h, bw: bufio.NewWriterSize(io.MultiWriter(af, h), 1<<20)}, nil
+}
+
+func (f *hashingFile) Write(p []byte) (int, error) {
+	n, err := f.bw.Write(p)
+	f.n += int64(n)
+	return n, err
+}
+
+func (f *hashingFile) commit(name string) (FileDigest, error) {
+	if err := f.bw.Flush(); err != nil {
+		f.af.Abort()
+		return FileDigest{}, err
+	}
+	if err := f.af.Commit(); err != nil {
+		return FileDigest{}, err
+	}
+	return FileDigest{Name: name, Size: f.n, SHA256: hex.EncodeToString(f.h.Sum(nil))}, nil
+}
+
+// copyFileAtomic copies src to dst through a temp file, hashing it.
+func copyFileAtomic(src, dst string, advance func(int64)) (FileDigest, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return FileDigest{}, err
+	}
+	defer in.Close()
+	f, err := createHashing(dst)
+	if err != nil {
+		return FileDigest{}, err
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		n, rerr := in.Read(buf)
+		if n > 0 {
+			if _, err := f.Write(buf[:n]); err != nil {
+				f.af.Abort()
+				return FileDigest{}, err
+			}
+			if advance != nil {
+				advance(int64(n))
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			f.af.Abort()
+			return FileDigest{}, rerr
+		}
+	}
+	return f.commit(filepath.Base(dst))
+}
+
+func digestFile(path string) (FileDigest, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return FileDigest{}, err
+	}
+	defer fh.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, fh)
+	if err != nil {
+		return FileDigest{}, err
+	}
+	return FileDigest{Name: filepath.Base(path), Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// rewriteShard writes one shard holding adapted tensors: same tensors in the
+// same order as the base shard, the base's __metadata__, merged tensors
+// computed row block by row block.
+func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan) (FileDigest, error) {
+	var sh *safetensors.Shard
+	for _, s := range e.p.base.Shards {
+		if s.Name == sp.Name {
+			sh = s
+		}
+	}
+	specs := make([]safetensors.TensorSpec, len(sp.Tensors))
+	for i, t := range sp.Tensors {
+		specs[i] = safetensors.TensorSpec{Name: t.Name, DType: t.DType, Shape: t.Shape}
+	}
+	hdr, _, err := safetensors.EncodeHeader(sh.Metadata, specs)
+	if err != nil {
+		return FileDigest{}, fmt.Errorf("%s: %w", sp.Name, err)
+	}
+	f, err := createHashing(filepath.Join(e.out, sp.Name))
+	if err != nil {
+		return FileDigest{}, err
+	}
+	fail := func(err error) (FileDigest, error) {
+		f.af.Abort()
+		return FileDigest{}, err
+	}
+	if _, err := f.Write(hdr); err != nil {
+		return fail(err)
+	}
+	e.advance(sh.DataOffset())
+	for _, t := range sp.Tensors {
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
+		info, _ := sh.Tensor(t.Name)
+		switch t.Op {
+		case OpCopy:
+			if err := copySection(f, sh.Section(info), e.advance); err != nil {
+				return fail(fmt.Errorf("%s: tensor %q: %w", sh.Path, t.Name, err))
+			}
+		case OpMerge:
+			if err := e.mergeTensor(ctx, f, sh, info, t); err != nil {
+				return fail(err)
+			}
+		case OpBias:
+			if err := e.biasTensor(f, sh, info, t); err != nil {
+				return fail(err)
+			}
+		case OpReplace:
+			if err := e.replaceTensor(f, info, t); err != nil {
+				return fail(err)
+			}
+		default:
+			return fail(fmt.Errorf("tensor %q: unknown op %q", t.Name, t.Op))
+		}
+	}
+	return f.commit(sp.Name)
+}
+
+func copySection(w io.Writer, r *io.SectionReader, advance func(int64)) error {
+	buf := make([]byte, 1<<20)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			advance(int64(n))
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// readF32 reads a whole adapter tensor (factors, magnitudes: small) as
+// float32, the way PEFT's autocast holds adapter weights.
+func (e *executor) readF32(name string) ([]float32, error) {
+	ad := e.p.adapter
+	t, ok := ad.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("%s: tensor %q vanished", ad.Path, name)
+	}
+	buf := make([]byte, t.Size())
+	if _, err := ad.Section(t).ReadAt(buf, 0); err != nil {
+		return nil, fmt.Errorf("%s: tensor %q at offset %d: %w", ad.Path, name, ad.DataOffset()+t.Begin, err)
+	}
+	out := make([]float32, t.NumElements())
+	if err := tensor.ToF32(t.DType, out, buf); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func transposeF32(src []float32, rows, cols int) []float32 {
+	dst := make([]float32, len(src))
+	for i := 0; i < rows; i++ {
+		for j := 0; j < cols; j++ {
+			dst[j*rows+i] = src[i*cols+j]
+		}
+	}
+	return dst
+}
+
+// modMath is one module's merge in the stored layout of the base tensor:
+// ΔW_stored = s·(L·R) with L rows×r and R r×cols.
+type modMath struct {
+	rows, cols, r int
+	L, R          []float32
+	s             float32
+	mag           []float32 // DoRA magnitudes (per row or per column)
+	colwise       bool      // DoRA norm over stored dim 0 (fan_in_fan_out, Embedding)
+	colFactor     []float32 // per-column DoRA factor, from the first pass
+	doubleRound   tensor.DType
+	inDType       tensor.DType
+	outDType      tensor.DType
+}
+
+func (e *executor) prepare(m Module, in, out tensor.DType) (*modMath, error) {
+	A, err := e.readF32(m.A)
+	if err != nil {
+		return nil, err
+	}
+	B, err := e.readF32(m.B)
+	if err != nil {
+		return nil, err
+	}
+	mm := &modMath{rows: int(m.Rows), cols: int(m.Cols), r: m.Rank, s: float32(m.Scaling), inDType: in, outDType: out}
+	// Linear: W (out,in) = B (out,r) · A (r,in). fan_in_fan_out and
+	// Embedding store the transpose: Wᵀ = Aᵀ · Bᵀ.
+	if m.Kind == KindEmbedding || m.FanInFanOut {
+		mm.L = transposeF32(A, m.Rank, mm.rows)
+		mm.R = transposeF32(B, mm.cols, m.Rank)
+		mm.colwise = true
+	} else {
+		mm.L, mm.R = B, A
+	}
+	if m.DoRA {
+		if mm.mag, err = e.readF32(m.Magnitude); err != nil {
+			return nil, err
+		}
+	}
+	if m.Kind == KindEmbedding && !m.DoRA {
+		// PEFT's Embedding.merge adds delta.to(orig_dtype): ΔW is rounded
+		// to the base dtype before the sum.
+		mm.doubleRound = in
+	}
+	return mm, nil
+}
+
+// block is one worker's buffers for a row block.
+type block struct {
+	start, n int
+	raw      []byte    // base bytes, then output bytes
+	w, d     []float32 // base rows, delta rows (then V)
+	colSq    []float64 // first pass: column sums of squares
+	out      []byte
+}
+
+func (mm *modMath) blockRows(target int) int {
+	n := target / mm.cols
+	if n < 1 {
+		n = 1
+	}
+	if n > mm.rows {
+		n = mm.rows
+	}
+	return n
+}
+
+// computeV fills b.d with V = W + s·(L·R) for the block's rows.
+func (mm *modMath) computeV(b *block, sec *io.SectionReader, inSize int) error {
+	n, cols := b.n, mm.cols
+	raw := b.raw[:n*cols*inSize]
+	if _, err := sec.ReadAt(raw, int64(b.start*cols*inSize)); err != nil {
+		return err
+	}
+	w := b.w[:n*cols]
+	if err := tensor.ToF32(mm.inDType, w, raw); err != nil {
+		return err
+	}
+	d := b.d[:n*cols]
+	lowRank(d, mm.L[b.start*mm.r:(b.start+n)*mm.r], mm.R, n, mm.r, cols)
+	if mm.doubleRound != "" {
+		for j := range d {
+			d[j] = roundTo(mm.doubleRound, float32(d[j]*mm.s))
+		}
+		for j := range d {
+			d[j] = w[j] + d[j]
+		}
+		return nil
+	}
+	addScaled(d, w, d, mm.s)
+	return nil
+}
+
+// roundTo rounds f to dtype d and back (RNE).
+func roundTo(d tensor.DType, f float32) float32 {
+	switch d {
+	case tensor.BF16:
+		return tensor.BF16ToFloat32(tensor.Float32ToBF16(f))
+	case tensor.F16:
+		return tensor.F16ToFloat32(tensor.Float32ToF16(f))
+	}
+	return f
+}
+
+// mergeTensor streams one merged weight to w.
+func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors.Shard, info safetensors.TensorInfo, t TensorOp) error {
+	m := e.p.Modules[t.Module]
+	where := func(err error) error {
+		return fmt.Errorf("%s: tensor %q (module %s): %w", sh.Path, info.Name, m.Name, err)
+	}
+	mm, err := e.prepare(m, info.DType, t.DType)
+	if err != nil {
+		return where(err)
+	}
+	sec := sh.Section(info)
+	inSize := info.DType.Bits() / 8
+	outSize := t.DType.Bits() / 8
+	nb := mm.blockRows(e.opt.BlockElems)
+	nBlocks := (mm.rows + nb - 1) / nb
+	pool := sync.Pool{New: func() any {
+		sz := nb * mm.cols
+		return &block{raw: make([]byte, sz*max(inSize, outSize)), w: make([]float32, sz), d: make([]float32, sz)}
+	}}
+	span := func(i int) (int, int) {
+		s := i * nb
+		return s, min(nb, mm.rows-s)
+	}
+
+	if m.DoRA && mm.colwise {
+		// First pass: column norms of V over all rows, summed in float64
+		// in block order (deterministic for any worker count).
+		sq := make([]float64, mm.cols)
+		err := ordered(ctx, nBlocks, e.opt.Jobs, func(i int) (*block, error) {
+			b := pool.Get().(*block)
+			b.start, b.n = span(i)
+			if err := mm.computeV(b, sec, inSize); err != nil {
+				return b, err
+			}
+			if b.colSq == nil {
+				b.colSq = make([]float64, mm.cols)
+			}
+			clear(b.colSq)
+			for r := 0; r < b.n; r++ {
+				row := b.d[r*mm.cols : (r+1)*mm.cols]
+				for j, v := range row {
+					b.colSq[j] += float64(v) * float64(v)
+				}
+			}
+			return b, nil
+		}, func(b *block) error {
+			for j, v := range b.colSq {
+				sq[j] += v
+			}
+			pool.Put(b)
+			return nil
+		})
+		if err != nil {
+			return where(err)
+		}
+		mm.colFactor = make([]float32, mm.cols)
+		for j := range sq {
+			mm.colFactor[j] = mm.mag[j] / float32(math.Sqrt(sq[j]))
+		}
+	}
+
+	err = ordered(ctx, nBlocks, e.opt.Jobs, func(i int) (*block, error) {
+		b := pool.Get().(*block)
+		b.start, b.n = span(i)
+		if err := mm.computeV(b, sec, inSize); err != nil {
+			return b, err
+		}
+		v := b.d[:b.n*mm.cols]
+		switch {
+		case m.DoRA && mm.colwise:
+			for r := 0; r < b.n; r++ {
+				row := v[r*mm.cols : (r+1)*mm.cols]
+				for j := range row {
+					row[j] = mm.colFactor[j] * row[j]
+				}
+			}
+		case m.DoRA:
+			for r := 0; r < b.n; r++ {
+				row := v[r*mm.cols : (r+1)*mm.cols]
+				scaleRow(row, mm.mag[b.start+r]/rowNorm(row))
+			}
+		}
+		b.out = b.raw[:len(v)*outSize]
+		return b, tensor.FromF32(t.DType, b.out, v)
+	}, func(b *block) error {
+		if _, err := w.Write(b.out); err != nil {
+			return err
+		}
+		e.advance(int64(b.n * mm.cols * inSize))
+		pool.Put(b)
+		return nil
+	})
+	if err != nil {
+		return where(err)
+	}
+	return nil
+}
+
+// ordered runs work(i) for i in [0, n) on up to jobs goroutines and hands
+// the results to consume in index order, one at a time. At most jobs blocks
+// are alive at once.
+func ordered(ctx context.Context, n, jobs int, work func(i int) (*block, error), consume func(*block) error) error {
+	type result struct {
+		b   *block
+		err error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	slots := make([]chan result, n)
+	for i := range slots {
+		slots[i] = make(chan result, 1)
+	}
+	sem := make(chan struct{}, jobs)
+	var wg sync.WaitGroup
+	producerDone := make(chan struct{})
+	go func() {
+		defer close(producerDone)
+		for i := 0; i < n; i++ {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				b, err := work(i)
+				slots[i] <- result{b, err}
+			}(i)
+		}
+	}()
+	var first error
+	for i := 0; i < n && first == nil; i++ {
+		select {
+		case r := <-slots[i]:
+			if r.err != nil {
+				first = r.err
+			} else if err := consume(r.b); err != nil {
+				first = err
+			}
+			<-sem
+		case <-ctx.Done():
+			first = ctx.Err()
+		}
+	}
+	cancel()
+	<-producerDone
+	wg.Wait() // started workers finish before their buffers are dropped
+	return first
+}
+
+// biasTensor writes b' = b + s·lora_B.bias (float32, one rounding).
+func (e *executor) biasTensor(w io.Writer, sh *safetensors.Shard, info safetensors.TensorInfo, t TensorOp) error {
+	m := e.p.Modules[t.Module]
+	lb, err := e.readF32(m.LoraBias)
+	if err != nil {
+		return err
+	}
+	raw := make([]byte, info.Size())
+	if _, err := sh.Section(info).ReadAt(raw, 0); err != nil {
+		return fmt.Errorf("%s: tensor %q: %w", sh.Path, info.Name, err)
+	}
+	b := make([]float32, info.NumElements())
+	if err := tensor.ToF32(info.DType, b, raw); err != nil {
+		return err
+	}
+	s := float32(m.Scaling)
+	for i := range b {
+		b[i] = b[i] + float32(lb[i]*s)
+	}
+	out := make([]byte, len(b)*t.DType.Bits()/8)
+	if err := tensor.FromF32(t.DType, out, b); err != nil {
+		return err
+	}
+	_, err = w.Write(out)
+	e.advance(info.Size())
+	return err
+}
+
+// replaceTensor writes a full replacement from the adapter, converted to
+// the output dtype (bytes verbatim when the dtypes agree).
+func (e *executor) replaceTensor(w io.Writer, info safetensors.TensorInfo, t TensorOp) error {
+	ad := e.p.adapter
+	src, _ := ad.Tensor(t.Source)
+	if src.DType == t.DType {
+		if err := copySection(w, ad.Section(src), func(int64) {}); err != nil {
+			return fmt.Errorf("%s: tensor %q: %w", ad.Path, t.Source, err)
+		}
+	} else {
+		v, err := e.readF32(t.Source)
+		if err != nil {
+			return err
+		}
+		out := make([]byte, len(v)*t.DType.Bits()/8)
+		if err := tensor.FromF32(t.DType, out, v); err != nil {
+			return err
+		}
+		if _, err := w.Write(out); err != nil {
+			return err
+		}
+	}
+	e.advance(info.Size())
+	return nil
+}
