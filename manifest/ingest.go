@@ -1,0 +1,226 @@
+package manifest
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
+)
+
+// Sentinel errors of the ingest writer.
+var (
+	ErrSizeMismatch   = errors.New("manifest: size does not match")
+	ErrDigestMismatch = errors.New("manifest: digest does not match")
+	ErrWriterClosed   = errors.New("manifest: write after commit or abort")
+	ErrBadPath        = errors.New("manifest: bad output path")
+)
+
+// blobMode is the mode of a committed blob: read-only.
+const blobMode = 0o444
+
+// Writer ingests one blob: it writes a temp file inside the store while
+// hashing, and Commit checks the length, fsyncs, renames the file to its
+// digest and fsyncs the directory. Errors are sticky. Until Commit nothing
+// under blobs/ changes; Abort (or a crash) leaves only a temp file in tmp/.
+type Writer struct {
+	s   *Store
+	f   *os.File
+	h   hash.Hash
+	n   int64
+	err error
+}
+
+// NewWriter starts an ingest.
+func (s *Store) NewWriter() (*Writer, error) {
+	f, err := os.CreateTemp(filepath.Join(s.Root, "tmp"), "ingest-*"+fsutil.PartialSuffix)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", s.Root, err)
+	}
+	return &Writer{s: s, f: f, h: sha256.New()}, nil
+}
+
+// Write appends p to the blob.
+func (w *Writer) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	n, err := w.f.Write(p)
+	w.h.Write(p[:n])
+	w.n += int64(n)
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
+// Size is the number of bytes written so far.
+func (w *Writer) Size() int64 { return w.n }
+
+// Commit finishes the blob. size < 0 skips the length check; an empty
+// expected skips the digest check. A blob that already exists with that
+// digest (and is intact by its stamp) is success: the temp file is dropped.
+func (w *Writer) Commit(size int64, expected Digest) (Digest, int64, error) {
+	if w.err != nil {
+		w.Abort()
+		return "", 0, w.err
+	}
+	d := NewDigest(w.h.Sum(nil))
+	if size >= 0 && w.n != size {
+		w.Abort()
+		return "", 0, fmt.Errorf("%w: wrote %d bytes, expected %d", ErrSizeMismatch, w.n, size)
+	}
+	if expected != "" && expected != d {
+		w.Abort()
+		return "", 0, fmt.Errorf("%w: got %s, expected %s", ErrDigestMismatch, d, expected)
+	}
+	tmp := w.f.Name()
+	w.err = ErrWriterClosed
+	if err := w.f.Sync(); err != nil {
+		w.f.Close()
+		os.Remove(tmp)
+		return "", 0, fmt.Errorf("%s: fsync: %w", tmp, err)
+	}
+	if err := w.f.Close(); err != nil {
+		os.Remove(tmp)
+		return "", 0, err
+	}
+	if err := w.s.place(tmp, d, w.n); err != nil {
+		os.Remove(tmp)
+		return "", 0, err
+	}
+	return d, w.n, nil
+}
+
+// Abort drops the temp file. Safe after Commit.
+func (w *Writer) Abort() {
+	if w.f == nil || w.err == ErrWriterClosed {
+		return
+	}
+	w.err = ErrWriterClosed
+	w.f.Close()
+	os.Remove(w.f.Name())
+}
+
+// place moves the fsynced file tmp (of size n and digest d) to its blob path
+// and fsyncs the blob directory. If the blob is already there and intact by
+// its stamp, tmp is removed instead; a blob that is there but not known
+// intact is replaced by tmp, whose content is known good.
+func (s *Store) place(tmp string, d Digest, n int64) error {
+	dst := s.BlobPath(d)
+	if fi, err := os.Stat(dst); err == nil && fi.Size() == n {
+		if st, ok := s.stamp(d); ok && st == StampOf(fi) && s.Damage(d) == "" {
+			return os.Remove(tmp)
+		}
+	}
+	if err := os.Chmod(tmp, blobMode); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return err
+	}
+	if err := fsutil.SyncDir(filepath.Dir(dst)); err != nil {
+		return err
+	}
+	st, err := StatStamp(dst)
+	if err != nil {
+		return err
+	}
+	s.setStamp(d, st)
+	return nil
+}
+
+// Ingest copies r into a blob. size < 0 skips the length check.
+func (s *Store) Ingest(r io.Reader, size int64) (Digest, int64, error) {
+	w, err := s.NewWriter()
+	if err != nil {
+		return "", 0, err
+	}
+	if _, err := io.Copy(w, r); err != nil {
+		w.Abort()
+		return "", 0, err
+	}
+	return w.Commit(size, "")
+}
+
+// Adopt moves a finished file that lives on the store's file system (a
+// stage's scratch output under WorkDir) into the blobs: it hashes it,
+// fsyncs it and renames it to its digest. The file is gone from its old
+// path afterwards.
+func (s *Store) Adopt(p string) (Digest, int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err == nil {
+		err = f.Sync()
+	}
+	f.Close()
+	if err != nil {
+		return "", 0, fmt.Errorf("%s: %w", p, err)
+	}
+	d := NewDigest(h.Sum(nil))
+	if err := s.place(p, d, n); err != nil {
+		return "", 0, err
+	}
+	return d, n, nil
+}
+
+// AdoptDir adopts every regular file under dir (following symlinks) and
+// returns the outputs with paths relative to dir, in path order.
+func (s *Store) AdoptDir(dir string) ([]Output, error) {
+	var outs []Output
+	err := filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if de.IsDir() {
+			return nil
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		d, n, err := s.Adopt(p)
+		if err != nil {
+			return err
+		}
+		outs = append(outs, Output{Path: filepath.ToSlash(rel), Digest: d, Size: n})
+		return nil
+	})
+	return outs, err
+}
+
+// HashFile hashes the file at p.
+func HashFile(p string) (Digest, int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("%s: %w", p, err)
+	}
+	return NewDigest(h.Sum(nil)), n, nil
+}
+
+// checkRelPath accepts a clean, relative, slash-separated path that stays
+// inside its directory.
+func checkRelPath(p string) error {
+	if p == "" || p == "." || strings.HasPrefix(p, "/") || strings.Contains(p, "\\") ||
+		path.Clean(p) != p || p == ".." || strings.HasPrefix(p, "../") || strings.ContainsRune(p, 0) {
+		return fmt.Errorf("%w: %q", ErrBadPath, p)
+	}
+	return nil
+}

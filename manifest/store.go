@@ -1,0 +1,395 @@
+package manifest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
+)
+
+// FormatVersion is the manifest.json format this package writes.
+const FormatVersion = 1
+
+// maxManifestSize bounds manifest.json before it is read into memory.
+const maxManifestSize = 256 << 20
+
+// StatusComplete is the only status a record is ever written with: a stage
+// that has not finished leaves no record (the manifest is the commit point).
+const StatusComplete = "complete"
+
+// Output is one file a stage produced.
+type Output struct {
+	Path   string `json:"path"` // relative, slash-separated
+	Digest Digest `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
+// Input names the record of an earlier stage this one consumed.
+type Input struct {
+	Stage string `json:"stage"`
+	Key   string `json:"key"`
+	// Digest is OutputsDigest of that stage's outputs.
+	Digest Digest `json:"digest"`
+}
+
+// Record is the result of one completed stage run, keyed by
+// sha256(kind, ferry version, canonical parameters, input digests).
+type Record struct {
+	Key          string          `json:"key"`
+	Pipeline     string          `json:"pipeline"`
+	Stage        string          `json:"stage"`
+	Kind         string          `json:"kind"`
+	FerryVersion string          `json:"ferry_version"`
+	KindVersion  string          `json:"kind_version,omitempty"`
+	Params       json.RawMessage `json:"params"`
+	Inputs       []Input         `json:"inputs,omitempty"`
+	// Sources are files outside the store the stage read (import), by
+	// absolute path, with the stamp they had when read.
+	Sources  map[string]Stamp `json:"sources,omitempty"`
+	Outputs  []Output         `json:"outputs"`
+	Started  time.Time        `json:"started"`
+	Finished time.Time        `json:"finished"`
+	Status   string           `json:"status"`
+}
+
+// OutputsDigest is the digest of the record's output list (paths, digests and
+// sizes, in path order): what a downstream stage's key depends on.
+func (r *Record) OutputsDigest() Digest { return OutputsDigest(r.Outputs) }
+
+// OutputsDigest hashes a list of outputs in path order.
+func OutputsDigest(outs []Output) Digest {
+	o := append([]Output(nil), outs...)
+	sort.Slice(o, func(i, j int) bool { return o[i].Path < o[j].Path })
+	b, _ := json.Marshal(o)
+	return DigestOf(b)
+}
+
+// Manifest is the content of manifest.json.
+type Manifest struct {
+	Version int `json:"version"`
+	// Records by key.
+	Records map[string]*Record `json:"records"`
+	// Pipelines maps pipeline name → stage name → key of its latest record.
+	Pipelines map[string]map[string]string `json:"pipelines"`
+	// Blobs maps a blob's hex digest to the stamp it had when committed or
+	// last verified.
+	Blobs map[string]Stamp `json:"blobs"`
+	// Damaged maps a blob's hex digest to what `store verify` found wrong.
+	Damaged map[string]string `json:"damaged,omitempty"`
+}
+
+func newManifest() *Manifest {
+	return &Manifest{
+		Version:   FormatVersion,
+		Records:   map[string]*Record{},
+		Pipelines: map[string]map[string]string{},
+		Blobs:     map[string]Stamp{},
+		Damaged:   map[string]string{},
+	}
+}
+
+// Store is a content-addressed store directory:
+//
+//	<root>/blobs/sha256/<hex>   committed blobs, read-only
+//	<root>/manifest.json        stage records (the commit point)
+//	<root>/tmp/                 ingest temp files (garbage after a crash)
+//	<root>/ingest/<key>/<ref>/  resume journals of unfinished big outputs
+//	<root>/work/<key>/          scratch space of running stages
+//	<root>/views/<stage>/       default views (symlinks into blobs)
+//	<root>/lock                 the store lock
+//
+// A Store's methods are safe for concurrent use by the stages of one run;
+// two processes must hold the Lock to write one store.
+type Store struct {
+	Root string
+
+	mu sync.Mutex
+	m  *Manifest
+}
+
+// ErrCorruptManifest reports a manifest.json that cannot be read.
+var ErrCorruptManifest = errors.New("manifest: corrupt manifest.json")
+
+// Open opens (creating if needed) the store at root for writing.
+func Open(root string) (*Store, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"blobs/" + Algorithm, "tmp", "ingest", "work", "views"} {
+		if err := os.MkdirAll(filepath.Join(abs, d), 0o755); err != nil {
+			return nil, fmt.Errorf("store %s: %w", abs, err)
+		}
+	}
+	return Load(abs)
+}
+
+// Load reads the store at root without creating anything; a store that does
+// not exist yet reads as empty. Plan and status use it.
+func Load(root string) (*Store, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{Root: abs, m: newManifest()}
+	p := s.ManifestPath()
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() > maxManifestSize {
+		return nil, fmt.Errorf("%s: %w: %d bytes is over the %d-byte limit", p, ErrCorruptManifest, fi.Size(), maxManifestSize)
+	}
+	m, err := decodeManifest(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	s.m = m
+	return s, nil
+}
+
+func decodeManifest(r interface{ Read([]byte) (int, error) }) (*Manifest, error) {
+	m := newManifest()
+	dec := json.NewDecoder(r)
+	if err := dec.Decode(m); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptManifest, err)
+	}
+	if m.Version != FormatVersion {
+		return nil, fmt.Errorf("%w: format version %d, want %d", ErrCorruptManifest, m.Version, FormatVersion)
+	}
+	if m.Records == nil {
+		m.Records = map[string]*Record{}
+	}
+	if m.Pipelines == nil {
+		m.Pipelines = map[string]map[string]string{}
+	}
+	if m.Blobs == nil {
+		m.Blobs = map[string]Stamp{}
+	}
+	if m.Damaged == nil {
+		m.Damaged = map[string]string{}
+	}
+	for k, r := range m.Records {
+		if r == nil || r.Key != k {
+			return nil, fmt.Errorf("%w: record %q does not carry its key", ErrCorruptManifest, k)
+		}
+		for _, o := range r.Outputs {
+			if err := o.Digest.Validate(); err != nil {
+				return nil, fmt.Errorf("%w: record %q output %q: %v", ErrCorruptManifest, k, o.Path, err)
+			}
+			if err := checkRelPath(o.Path); err != nil {
+				return nil, fmt.Errorf("%w: record %q: %v", ErrCorruptManifest, k, err)
+			}
+			if o.Size < 0 {
+				return nil, fmt.Errorf("%w: record %q output %q: negative size", ErrCorruptManifest, k, o.Path)
+			}
+		}
+	}
+	return m, nil
+}
+
+// ManifestPath is <root>/manifest.json.
+func (s *Store) ManifestPath() string { return filepath.Join(s.Root, "manifest.json") }
+
+// BlobPath is where the blob with digest d lives.
+func (s *Store) BlobPath(d Digest) string {
+	return filepath.Join(s.Root, "blobs", Algorithm, d.Hex())
+}
+
+// ViewsDir is the default parent of stage views.
+func (s *Store) ViewsDir() string { return filepath.Join(s.Root, "views") }
+
+// WorkDir is the scratch directory of the stage run with key.
+func (s *Store) WorkDir(key string) string { return filepath.Join(s.Root, "work", key) }
+
+// IngestDir holds the resume journals of the stage run with key.
+func (s *Store) IngestDir(key string) string { return filepath.Join(s.Root, "ingest", key) }
+
+// Record returns a copy of the record with key, or nil.
+func (s *Store) Record(key string) *Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.m.Records[key]
+	if r == nil {
+		return nil
+	}
+	c := *r
+	return &c
+}
+
+// StageRecord returns a copy of the latest record of a pipeline's stage, or nil.
+func (s *Store) StageRecord(pipeline, stage string) *Record {
+	s.mu.Lock()
+	key := s.m.Pipelines[pipeline][stage]
+	s.mu.Unlock()
+	if key == "" {
+		return nil
+	}
+	return s.Record(key)
+}
+
+// Records returns copies of all records, sorted by key.
+func (s *Store) Records() []*Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Record, 0, len(s.m.Records))
+	for _, r := range s.m.Records {
+		c := *r
+		out = append(out, &c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// Damage returns what `store verify` found wrong with blob d ("" if nothing).
+func (s *Store) Damage(d Digest) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m.Damaged[d.Hex()]
+}
+
+// CheckBlob says what is wrong with blob d of the given size, or "" when it
+// is intact. Without rehash it compares the stamp recorded at commit (size,
+// mtime, inode) and reads no data; with rehash it reads and hashes the blob.
+func (s *Store) CheckBlob(d Digest, size int64, rehash bool) string {
+	if why := s.Damage(d); why != "" {
+		return "damaged (" + why + ")"
+	}
+	p := s.BlobPath(d)
+	fi, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "missing"
+	}
+	if err != nil {
+		return err.Error()
+	}
+	if fi.Size() != size {
+		return fmt.Sprintf("size %d, recorded %d", fi.Size(), size)
+	}
+	if rehash {
+		got, n, err := HashFile(p)
+		if err != nil {
+			return err.Error()
+		}
+		if got != d || n != size {
+			return "content does not match its digest"
+		}
+		s.setStamp(d, StampOf(fi))
+		return ""
+	}
+	s.mu.Lock()
+	st, ok := s.m.Blobs[d.Hex()]
+	s.mu.Unlock()
+	if !ok {
+		return "no stamp recorded"
+	}
+	if st != StampOf(fi) {
+		return "changed on disk (size/mtime/inode differ from when it was written)"
+	}
+	return ""
+}
+
+func (s *Store) setStamp(d Digest, st Stamp) {
+	s.mu.Lock()
+	s.m.Blobs[d.Hex()] = st
+	delete(s.m.Damaged, d.Hex())
+	s.mu.Unlock()
+}
+
+func (s *Store) stamp(d Digest) (Stamp, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.m.Blobs[d.Hex()]
+	return st, ok
+}
+
+// Commit records rec as the latest run of its pipeline stage and rewrites
+// manifest.json atomically. Every output blob must already be committed (it
+// is checked): a record never refers to a blob that is not durable.
+func (s *Store) Commit(rec *Record) error {
+	for _, o := range rec.Outputs {
+		if err := checkRelPath(o.Path); err != nil {
+			return err
+		}
+		fi, err := os.Stat(s.BlobPath(o.Digest))
+		if err != nil {
+			return fmt.Errorf("commit %s: output %q: blob %s: %w", rec.Stage, o.Path, o.Digest.Short(), err)
+		}
+		if fi.Size() != o.Size {
+			return fmt.Errorf("commit %s: output %q: blob %s is %d bytes, record says %d", rec.Stage, o.Path, o.Digest.Short(), fi.Size(), o.Size)
+		}
+	}
+	rec.Status = StatusComplete
+	c := *rec
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m.Records[rec.Key] = &c
+	if rec.Pipeline != "" {
+		if s.m.Pipelines[rec.Pipeline] == nil {
+			s.m.Pipelines[rec.Pipeline] = map[string]string{}
+		}
+		s.m.Pipelines[rec.Pipeline][rec.Stage] = rec.Key
+	}
+	return s.saveLocked()
+}
+
+// Save rewrites manifest.json atomically.
+func (s *Store) Save() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.saveLocked()
+}
+
+func (s *Store) saveLocked() error {
+	b, err := json.MarshalIndent(s.m, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	return fsutil.WriteFileAtomic(s.ManifestPath(), b, 0o644)
+}
+
+// PipelineStages returns stage name → key for a pipeline.
+func (s *Store) PipelineStages(pipeline string) map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]string{}
+	for k, v := range s.m.Pipelines[pipeline] {
+		out[k] = v
+	}
+	return out
+}
+
+// Link points a pipeline stage at an existing record (a run that found its
+// key already done, perhaps by another stage or pipeline) and saves the
+// manifest if that changed anything.
+func (s *Store) Link(pipeline, stage, key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m.Records[key] == nil {
+		return fmt.Errorf("link %s/%s: no record %s", pipeline, stage, key)
+	}
+	if s.m.Pipelines[pipeline][stage] == key {
+		return nil
+	}
+	if s.m.Pipelines[pipeline] == nil {
+		s.m.Pipelines[pipeline] = map[string]string{}
+	}
+	s.m.Pipelines[pipeline][stage] = key
+	return s.saveLocked()
+}

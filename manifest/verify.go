@@ -1,0 +1,254 @@
+package manifest
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
+	"os"
+	"path/filepath"
+	"sort"
+)
+
+// Problem is one thing `store verify` found wrong.
+type Problem struct {
+	Digest Digest `json:"digest,omitempty"`
+	Record string `json:"record,omitempty"`
+	Stage  string `json:"stage,omitempty"`
+	Path   string `json:"path,omitempty"`
+	What   string `json:"what"`
+}
+
+func (p Problem) String() string {
+	s := p.What
+	if p.Stage != "" {
+		s = fmt.Sprintf("stage %s output %s: %s", p.Stage, p.Path, s)
+	}
+	if p.Digest != "" {
+		s = fmt.Sprintf("blob %s: %s", p.Digest.Short(), s)
+	}
+	return s
+}
+
+// VerifyReport is the result of Verify.
+type VerifyReport struct {
+	Blobs        int       `json:"blobs"`
+	Bytes        int64     `json:"bytes"`
+	Records      int       `json:"records"`
+	Unreferenced int       `json:"unreferenced_blobs"`
+	Problems     []Problem `json:"problems"`
+}
+
+// OK reports whether nothing is wrong.
+func (r *VerifyReport) OK() bool { return len(r.Problems) == 0 }
+
+// Verify re-hashes every blob and checks every record's outputs against the
+// blobs (like `restic check --read-data`). What it finds is also written to
+// the manifest (blobs marked damaged, so plan says which stages must re-run;
+// good blobs re-stamped); the caller must hold the lock. progress, if not
+// nil, is called with the bytes hashed.
+func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport, error) {
+	rep := &VerifyReport{Problems: []Problem{}}
+	dir := filepath.Join(s.Root, "blobs", Algorithm)
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	present := map[string]bool{}
+	damaged := map[string]string{}
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		d := Digest(Algorithm + ":" + e.Name())
+		if d.Validate() != nil || !e.Type().IsRegular() {
+			rep.Problems = append(rep.Problems, Problem{Path: filepath.Join(dir, e.Name()), What: "stray entry in the blob directory"})
+			continue
+		}
+		present[d.Hex()] = true
+		p := s.BlobPath(d)
+		got, n, err := hashFileProgress(ctx, p, progress)
+		if err != nil {
+			return nil, err
+		}
+		rep.Blobs++
+		rep.Bytes += n
+		if got != d {
+			damaged[d.Hex()] = "content does not match its digest"
+			rep.Problems = append(rep.Problems, Problem{Digest: d, What: "content does not match its digest (hashes to " + got.Short() + ")"})
+			continue
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		s.setStamp(d, StampOf(fi))
+	}
+	referenced := map[string]bool{}
+	for _, r := range s.Records() {
+		rep.Records++
+		for _, o := range r.Outputs {
+			referenced[o.Digest.Hex()] = true
+			switch {
+			case !present[o.Digest.Hex()]:
+				damaged[o.Digest.Hex()] = "missing"
+				rep.Problems = append(rep.Problems, Problem{Digest: o.Digest, Record: r.Key, Stage: r.Stage, Path: o.Path, What: "blob missing"})
+			case damaged[o.Digest.Hex()] != "":
+				rep.Problems = append(rep.Problems, Problem{Digest: o.Digest, Record: r.Key, Stage: r.Stage, Path: o.Path, What: "blob damaged"})
+			default:
+				st, _ := s.stamp(o.Digest)
+				if st.Size != o.Size {
+					damaged[o.Digest.Hex()] = "size differs from record"
+					rep.Problems = append(rep.Problems, Problem{Digest: o.Digest, Record: r.Key, Stage: r.Stage, Path: o.Path,
+						What: fmt.Sprintf("blob is %d bytes, record says %d", st.Size, o.Size)})
+				}
+			}
+		}
+	}
+	for h := range present {
+		if !referenced[h] {
+			rep.Unreferenced++
+		}
+	}
+	s.mu.Lock()
+	s.m.Damaged = damaged
+	for h := range s.m.Blobs {
+		if !present[h] {
+			delete(s.m.Blobs, h)
+		}
+	}
+	s.mu.Unlock()
+	sort.SliceStable(rep.Problems, func(i, j int) bool { return rep.Problems[i].Digest < rep.Problems[j].Digest })
+	if err := s.Save(); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+func hashFileProgress(ctx context.Context, p string, progress func(int64)) (Digest, int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return "", 0, err
+		}
+		k, err := f.Read(buf)
+		h.Write(buf[:k])
+		n += int64(k)
+		if progress != nil && k > 0 {
+			progress(int64(k))
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return "", 0, fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return NewDigest(h.Sum(nil)), n, nil
+}
+
+// GCReport is the result of GC.
+type GCReport struct {
+	RemovedBlobs int   `json:"removed_blobs"`
+	RemovedBytes int64 `json:"removed_bytes"`
+	RemovedTemp  int   `json:"removed_temp"`
+	KeptBlobs    int   `json:"kept_blobs"`
+}
+
+// GC removes blobs no record refers to, leftover temp files and scratch
+// directories, and (with journals) unfinished resume journals. The caller
+// must hold the lock.
+func (s *Store) GC(journals bool) (*GCReport, error) {
+	rep := &GCReport{}
+	referenced := map[string]bool{}
+	for _, r := range s.Records() {
+		for _, o := range r.Outputs {
+			referenced[o.Digest.Hex()] = true
+		}
+	}
+	dir := filepath.Join(s.Root, "blobs", Algorithm)
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	for _, e := range entries {
+		if referenced[e.Name()] {
+			rep.KeptBlobs++
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil, err
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			return nil, err
+		}
+		rep.RemovedBlobs++
+		rep.RemovedBytes += fi.Size()
+		s.mu.Lock()
+		delete(s.m.Blobs, e.Name())
+		delete(s.m.Damaged, e.Name())
+		s.mu.Unlock()
+	}
+	if err := fsyncDirIfExists(dir); err != nil {
+		return nil, err
+	}
+	sub := []string{"tmp", "work"}
+	if journals {
+		sub = append(sub, "ingest")
+	}
+	for _, d := range sub {
+		n, err := clearDir(filepath.Join(s.Root, d))
+		if err != nil {
+			return nil, err
+		}
+		rep.RemovedTemp += n
+	}
+	if err := s.Save(); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// ClearTemp removes leftover ingest temp files; the runner calls it once it
+// holds the lock (no other writer can be using them).
+func (s *Store) ClearTemp() error {
+	_, err := clearDir(filepath.Join(s.Root, "tmp"))
+	return err
+}
+
+func clearDir(dir string) (int, error) {
+	entries, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return 0, err
+		}
+	}
+	return len(entries), nil
+}
+
+func fsyncDirIfExists(dir string) error {
+	if _, err := os.Stat(dir); err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	return fsutil.SyncDir(dir)
+}

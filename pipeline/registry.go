@@ -1,0 +1,38 @@
+package pipeline
+
+import "sort"
+
+// Registry maps every stage kind a pipeline file may name to its
+// implementation: an explicit map, one entry per kind, each implemented in
+// stage_<kind>.go. A kind whose package has not landed yet stays listed
+// with NotBuilt, so `plan` says so and `run` refuses before doing anything.
+var Registry = map[string]Kind{
+	"import": {New: newImport, Version: "1",
+		Summary: "ingest a local file or directory into the store"},
+	"synth": {New: newSynth, Version: "1",
+		Summary: "test/benchmark stage: deterministic pseudo-random bytes written in journaled units"},
+	"merge": {NotBuilt: "issue 4 (merge/)", RefKeys: []string{"base", "adapter"},
+		Summary: "merge a LoRA/DoRA adapter into a base checkpoint"},
+	"gguf": {NotBuilt: "issue 5 (gguf/, gguf/convert/)", RefKeys: []string{"from"},
+		Summary: "convert a checkpoint to GGUF"},
+	"quantize": {NotBuilt: "gguf/quant/ (K-quants)", RefKeys: []string{"from"},
+		Summary: "quantize a GGUF file"},
+	"verify_mtp": {NotBuilt: "issue 6 (verify/)", RefKeys: []string{"from"},
+		Summary: "check MTP tensors across formats"},
+	"mlx_repack": {NotBuilt: "issue 7 (mlxpack/)", RefKeys: []string{"from"},
+		Summary: "repack a compressed-tensors checkpoint for MLX"},
+	"mlx_quantize": {NotBuilt: "issue 7 (mlxpack/)", RefKeys: []string{"from"},
+		Summary: "MLX affine quantization"},
+	"transfer": {NotBuilt: "transfer/", RefKeys: []string{"from"},
+		Summary: "send outputs to serving hosts over SSH"},
+}
+
+// KindNames lists the registered kinds, sorted.
+func KindNames() []string {
+	var out []string
+	for k := range Registry {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,556 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-llm/ferry/manifest"
+)
+
+// FerryVersion is part of every stage key; the CLI sets it from its
+// stamped version.
+var FerryVersion = "dev"
+
+// Options select and tune a run or plan.
+type Options struct {
+	Force  []string // re-run these stages even if up to date
+	Only   string   // run only this stage (its inputs must be complete)
+	From   string   // re-run this stage and everything that depends on it
+	Verify bool     // re-hash outputs instead of trusting their stamps
+	Jobs   int      // stages run at once (default: core count)
+	// LockWait is how long run waits for a store held by another run.
+	LockWait time.Duration
+	// Progress makes the progress reporter of a running stage; if it also
+	// implements io.Closer it is closed when the stage ends.
+	Progress func(stage string) Progress
+	Log      *slog.Logger
+}
+
+// Actions a stage can get in a plan or a run.
+const (
+	ActionRun         = "run"          // will run / ran
+	ActionSkip        = "skip"         // up to date
+	ActionPending     = "pending"      // (plan) runs only if an input that re-runs first changes
+	ActionNotBuilt    = "not-built"    // its kind is not built yet
+	ActionBlocked     = "blocked"      // an input cannot be made
+	ActionNotSelected = "not-selected" // outside --only / --from
+	ActionFailed      = "failed"       // (run) it ran and failed
+)
+
+// StageReport is one stage's line in a plan or a run.
+type StageReport struct {
+	Stage   string            `json:"stage"`
+	Kind    string            `json:"kind"`
+	Action  string            `json:"action"`
+	Reason  string            `json:"reason"`
+	Key     string            `json:"key,omitempty"`
+	View    string            `json:"view,omitempty"`
+	Outputs []manifest.Output `json:"outputs,omitempty"`
+	Seconds float64           `json:"seconds,omitempty"`
+	Error   string            `json:"error,omitempty"`
+}
+
+// Report is the result of Plan or Run.
+type Report struct {
+	Pipeline string        `json:"pipeline"`
+	Store    string        `json:"store"`
+	Stages   []StageReport `json:"stages"`
+}
+
+type decision struct {
+	action string
+	reason string
+	key    string
+	params json.RawMessage
+	ins    []manifest.Input
+	rec    *manifest.Record // the matching complete record (skip)
+}
+
+type runner struct {
+	spec  *Spec
+	store *manifest.Store
+	opts  Options
+	log   *slog.Logger
+}
+
+func newRunner(spec *Spec, store *manifest.Store, opts Options) *runner {
+	l := opts.Log
+	if l == nil {
+		l = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.Jobs <= 0 {
+		opts.Jobs = runtime.NumCPU()
+	}
+	return &runner{spec: spec, store: store, opts: opts, log: l}
+}
+
+// selection returns the stages to consider and the stages to force.
+func (r *runner) selection() (map[string]bool, map[string]bool, error) {
+	sel := map[string]bool{}
+	forced := map[string]bool{}
+	for _, n := range r.opts.Force {
+		if r.spec.Lookup(n) == nil {
+			return nil, nil, fmt.Errorf("%w: --force %q: no such stage in %s", ErrUsage, n, r.spec.File)
+		}
+		forced[n] = true
+	}
+	switch {
+	case r.opts.Only != "" && r.opts.From != "":
+		return nil, nil, fmt.Errorf("%w: --only and --from cannot be combined", ErrUsage)
+	case r.opts.Only != "":
+		if r.spec.Lookup(r.opts.Only) == nil {
+			return nil, nil, fmt.Errorf("%w: --only %q: no such stage in %s", ErrUsage, r.opts.Only, r.spec.File)
+		}
+		sel[r.opts.Only] = true
+	case r.opts.From != "":
+		if r.spec.Lookup(r.opts.From) == nil {
+			return nil, nil, fmt.Errorf("%w: --from %q: no such stage in %s", ErrUsage, r.opts.From, r.spec.File)
+		}
+		for n := range r.spec.Dependents(r.opts.From) {
+			sel[n] = true
+			forced[n] = true
+		}
+	default:
+		for _, st := range r.spec.Stages {
+			sel[st.Name] = true
+		}
+	}
+	return sel, forced, nil
+}
+
+// ErrUsage marks a bad flag value (exit 2).
+var ErrUsage = errors.New("usage")
+
+func (r *runner) key(st *StageSpec, inputs []Input) (string, json.RawMessage, []manifest.Input, error) {
+	params, err := json.Marshal(st.Stage.Params())
+	if err != nil {
+		return "", nil, nil, err
+	}
+	var ins []manifest.Input
+	var digests []manifest.Digest
+	for _, in := range inputs {
+		ins = append(ins, manifest.Input{Stage: in.Stage, Key: in.Key, Digest: in.Digest})
+		digests = append(digests, in.Digest)
+	}
+	payload, err := json.Marshal(struct {
+		Kind        string            `json:"kind"`
+		KindVersion string            `json:"kind_version"`
+		Ferry       string            `json:"ferry"`
+		Params      json.RawMessage   `json:"params"`
+		Inputs      []manifest.Digest `json:"inputs"`
+	}{st.Kind, Registry[st.Kind].Version, FerryVersion, params, digests})
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return manifest.DigestOf(payload).Hex(), params, ins, nil
+}
+
+// decide says whether st must run, given its inputs' outputs.
+func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, error) {
+	key, params, ins, err := r.key(st, inputs)
+	if err != nil {
+		return decision{}, err
+	}
+	d := decision{action: ActionRun, key: key, params: params, ins: ins}
+	if forced {
+		d.reason = "forced"
+		return d, nil
+	}
+	rec := r.store.Record(key)
+	if rec == nil {
+		d.reason = r.whyNoRecord(st, params, ins)
+		return d, nil
+	}
+	for _, o := range rec.Outputs {
+		if why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify); why != "" {
+			d.reason = fmt.Sprintf("output %s %s", o.Path, why)
+			return d, nil
+		}
+	}
+	if p, ok := st.Stage.(Prober); ok {
+		why, err := p.Probe(rec)
+		if err != nil {
+			return decision{}, err
+		}
+		if why != "" {
+			d.reason = why
+			return d, nil
+		}
+	}
+	d.action, d.reason, d.rec = ActionSkip, "up to date", rec
+	return d, nil
+}
+
+func (r *runner) whyNoRecord(st *StageSpec, params json.RawMessage, ins []manifest.Input) string {
+	prev := r.store.StageRecord(r.spec.Name, st.Name)
+	if prev == nil {
+		return "new"
+	}
+	if prev.Kind != st.Kind {
+		return fmt.Sprintf("kind changed (%s -> %s)", prev.Kind, st.Kind)
+	}
+	if !jsonEqual(prev.Params, params) {
+		return "parameters changed"
+	}
+	var changed []string
+	for i, in := range ins {
+		if i >= len(prev.Inputs) || prev.Inputs[i].Digest != in.Digest {
+			changed = append(changed, in.Stage)
+		}
+	}
+	if len(changed) > 0 || len(prev.Inputs) != len(ins) {
+		if len(changed) == 0 {
+			return "inputs changed"
+		}
+		return "input changed: " + strings.Join(changed, ", ")
+	}
+	if prev.FerryVersion != FerryVersion || prev.KindVersion != Registry[st.Kind].Version {
+		return fmt.Sprintf("ferry version changed (%s -> %s)", prev.FerryVersion, FerryVersion)
+	}
+	return "no record for this key"
+}
+
+func jsonEqual(a, b json.RawMessage) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	ax, _ := json.Marshal(x)
+	by, _ := json.Marshal(y)
+	return string(ax) == string(by)
+}
+
+// recordInput turns a record into the Input a downstream stage sees.
+func (r *runner) recordInput(st *StageSpec, rec *manifest.Record) Input {
+	return Input{Stage: st.Name, Dir: r.spec.ViewDir(st), Outputs: rec.Outputs, Digest: rec.OutputsDigest(), Key: rec.Key}
+}
+
+// existingInput is a stage outside the selection that a selected stage
+// reads: its latest record must be complete with outputs intact.
+func (r *runner) existingInput(st *StageSpec) (Input, error) {
+	rec := r.store.StageRecord(r.spec.Name, st.Name)
+	if rec == nil {
+		return Input{}, fmt.Errorf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name)
+	}
+	for _, o := range rec.Outputs {
+		if why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify); why != "" {
+			return Input{}, fmt.Errorf("stage %s: output %s %s; re-run it first", st.Name, o.Path, why)
+		}
+	}
+	return r.recordInput(st, rec), nil
+}
+
+// Plan says, per stage, whether a run would run it and why. It reads the
+// manifest and stats files; it reads no weight data and writes nothing.
+func Plan(spec *Spec, opts Options) (*Report, error) {
+	store, err := manifest.Load(spec.Store)
+	if err != nil {
+		return nil, err
+	}
+	r := newRunner(spec, store, opts)
+	sel, forced, err := r.selection()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Pipeline: spec.Name, Store: spec.Store}
+	state := map[string]StageReport{}
+	inputs := map[string]*Input{}
+	for _, st := range spec.Order() {
+		sr := StageReport{Stage: st.Name, Kind: st.Kind, View: spec.ViewDir(st)}
+		kind := Registry[st.Kind]
+		var ins []Input
+		var waiting []string
+		blocked := ""
+		for _, dep := range st.Deps {
+			if in := inputs[dep.Name]; in != nil {
+				ins = append(ins, *in)
+				continue
+			}
+			switch ds := state[dep.Name]; ds.Action {
+			case ActionRun, ActionPending:
+				waiting = append(waiting, dep.Name)
+			case ActionNotSelected:
+				blocked = fmt.Sprintf("input %s has no usable record (%s)", dep.Name, ds.Reason)
+			default:
+				blocked = fmt.Sprintf("input %s cannot be made (%s)", dep.Name, ds.Action)
+			}
+		}
+		switch {
+		case !sel[st.Name]:
+			sr.Action = ActionNotSelected
+			if in, err := r.existingInput(st); err == nil {
+				inputs[st.Name] = &in
+				sr.Reason = "not selected; has a complete record"
+				sr.Key = in.Key
+			} else {
+				sr.Reason = err.Error()
+			}
+		case !kind.Built():
+			sr.Action = ActionNotBuilt
+			sr.Reason = fmt.Sprintf("kind %q is not built yet (comes with %s)", st.Kind, kind.NotBuilt)
+		case blocked != "":
+			sr.Action, sr.Reason = ActionBlocked, blocked
+		case len(waiting) > 0:
+			if forced[st.Name] {
+				sr.Action, sr.Reason = ActionRun, "forced (after "+strings.Join(waiting, ", ")+")"
+			} else {
+				sr.Action = ActionPending
+				sr.Reason = fmt.Sprintf("%s re-runs first; this stage runs if its outputs change", strings.Join(waiting, ", "))
+			}
+		default:
+			d, err := r.decide(st, ins, forced[st.Name])
+			if err != nil {
+				return nil, fmt.Errorf("stage %s: %w", st.Name, err)
+			}
+			sr.Action, sr.Reason, sr.Key = d.action, d.reason, d.key
+			if d.rec != nil {
+				sr.Outputs = d.rec.Outputs
+				in := r.recordInput(st, d.rec)
+				inputs[st.Name] = &in
+			}
+		}
+		state[st.Name] = sr
+	}
+	for _, st := range spec.Stages {
+		rep.Stages = append(rep.Stages, state[st.Name])
+	}
+	return rep, nil
+}
+
+// Run executes the pipeline: stages in dependency order, independent ones
+// concurrently (up to Jobs), skipping stages whose key matches a complete
+// record with intact outputs. Each finished stage is committed to the
+// manifest at once, so a cancelled or killed run resumes from there.
+func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
+	store, err := manifest.Open(spec.Store)
+	if err != nil {
+		return nil, err
+	}
+	r := newRunner(spec, store, opts)
+	sel, forced, err := r.selection()
+	if err != nil {
+		return nil, err
+	}
+	// Refuse before anything runs when a selected stage cannot.
+	var notBuilt []string
+	for _, st := range spec.Stages {
+		if sel[st.Name] && !Registry[st.Kind].Built() {
+			notBuilt = append(notBuilt, fmt.Sprintf("%s (%s: %s)", st.Name, st.Kind, Registry[st.Kind].NotBuilt))
+		}
+	}
+	if len(notBuilt) > 0 {
+		return nil, fmt.Errorf("%w: %s; nothing was run (see 'ferry pipeline plan')", ErrNotBuilt, strings.Join(notBuilt, ", "))
+	}
+	lock, err := store.LockWait(ctx, "ferry pipeline run "+spec.File, r.opts.LockWait)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Unlock()
+	if lock.TookOver != nil {
+		r.log.Warn("took over a stale store lock", "pid", lock.TookOver.PID, "host", lock.TookOver.Host, "since", lock.TookOver.Started)
+	}
+	if err := store.ClearTemp(); err != nil {
+		return nil, err
+	}
+	// Inputs from outside the selection must exist before anything runs.
+	outside := map[string]*Input{}
+	for _, st := range spec.Stages {
+		if !sel[st.Name] {
+			continue
+		}
+		for _, dep := range st.Deps {
+			if sel[dep.Name] || outside[dep.Name] != nil {
+				continue
+			}
+			ds := spec.Lookup(dep.Name)
+			in, err := r.existingInput(ds)
+			if err != nil {
+				return nil, fmt.Errorf("stage %s needs %w", st.Name, err)
+			}
+			if err := store.MakeView(in.Dir, in.Outputs); err != nil {
+				return nil, err
+			}
+			outside[dep.Name] = &in
+		}
+	}
+
+	type slot struct {
+		done chan struct{}
+		in   *Input // nil if the stage did not complete
+	}
+	slots := map[string]*slot{}
+	for _, st := range spec.Stages {
+		slots[st.Name] = &slot{done: make(chan struct{})}
+	}
+	var mu sync.Mutex
+	reports := map[string]StageReport{}
+	sem := make(chan struct{}, r.opts.Jobs)
+	g, gctx := errgroup.WithContext(ctx)
+	for _, st := range spec.Order() {
+		sl := slots[st.Name]
+		if !sel[st.Name] {
+			close(sl.done)
+			sl.in = outside[st.Name]
+			reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionNotSelected, Reason: "not selected"}
+			continue
+		}
+		g.Go(func() error {
+			defer close(sl.done)
+			var ins []Input
+			for _, dep := range st.Deps {
+				ds := slots[dep.Name]
+				select {
+				case <-ds.done:
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+				if ds.in == nil {
+					mu.Lock()
+					reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: "input " + dep.Name + " did not complete"}
+					mu.Unlock()
+					return nil
+				}
+				ins = append(ins, *ds.in)
+			}
+			sr, in, err := r.runStage(gctx, st, ins, forced[st.Name], sem)
+			mu.Lock()
+			reports[st.Name] = sr
+			mu.Unlock()
+			if err != nil {
+				return fmt.Errorf("stage %s: %w", st.Name, err)
+			}
+			sl.in = in
+			return nil
+		})
+	}
+	err = g.Wait()
+	rep := &Report{Pipeline: spec.Name, Store: spec.Store}
+	for _, st := range spec.Stages {
+		sr, ok := reports[st.Name]
+		if !ok {
+			sr = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: "cancelled before it started"}
+		}
+		rep.Stages = append(rep.Stages, sr)
+	}
+	return rep, err
+}
+
+func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sem chan struct{}) (StageReport, *Input, error) {
+	sr := StageReport{Stage: st.Name, Kind: st.Kind, View: r.spec.ViewDir(st)}
+	d, err := r.decide(st, ins, forced)
+	if err != nil {
+		sr.Action, sr.Error = ActionFailed, err.Error()
+		return sr, nil, err
+	}
+	sr.Key, sr.Reason = d.key, d.reason
+	if d.action == ActionSkip {
+		sr.Action, sr.Outputs = ActionSkip, d.rec.Outputs
+		if err := r.store.Link(r.spec.Name, st.Name, d.key); err != nil {
+			return sr, nil, err
+		}
+		if err := r.store.MakeView(sr.View, d.rec.Outputs); err != nil {
+			return sr, nil, err
+		}
+		r.log.Info("stage up to date", "stage", st.Name, "key", d.key[:12])
+		in := r.recordInput(st, d.rec)
+		return sr, &in, nil
+	}
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		return sr, nil, ctx.Err()
+	}
+	defer func() { <-sem }()
+	sr.Action = ActionRun
+	r.log.Info("stage start", "stage", st.Name, "kind", st.Kind, "why", d.reason, "key", d.key[:12])
+	start := time.Now()
+	rec, err := r.execute(ctx, st, d, ins, forced)
+	sr.Seconds = time.Since(start).Seconds()
+	if err != nil {
+		sr.Action, sr.Error = ActionFailed, err.Error()
+		return sr, nil, err
+	}
+	sr.Outputs = rec.Outputs
+	if err := r.store.MakeView(sr.View, rec.Outputs); err != nil {
+		return sr, nil, err
+	}
+	var total int64
+	for _, o := range rec.Outputs {
+		total += o.Size
+	}
+	r.log.Info("stage done", "stage", st.Name, "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", sr.Seconds))
+	in := r.recordInput(st, rec)
+	return sr, &in, nil
+}
+
+// execute runs one stage and commits its record: blobs first (the stage
+// made them durable), then manifest.json, then the journals go.
+func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []Input, forced bool) (*manifest.Record, error) {
+	damaged := strings.HasPrefix(d.reason, "output ")
+	if forced || damaged {
+		// Start from scratch: a journal could hold the damaged bytes.
+		if err := r.store.RemoveIngest(d.key); err != nil {
+			return nil, err
+		}
+	}
+	work := r.store.WorkDir(d.key)
+	if err := os.RemoveAll(work); err != nil {
+		return nil, err
+	}
+	var prog Progress = nopProgress{}
+	if r.opts.Progress != nil {
+		prog = r.opts.Progress(st.Name)
+	}
+	if c, ok := prog.(io.Closer); ok {
+		defer c.Close()
+	}
+	env := &Env{
+		Pipeline: r.spec.Name, Stage: st.Name, Key: d.key, Dir: r.spec.Dir,
+		Inputs: ins, Store: r.store, Progress: prog, Log: r.log.With("stage", st.Name),
+		Prev: r.store.StageRecord(r.spec.Name, st.Name), Verify: r.opts.Verify || forced || damaged,
+		Jobs: r.opts.Jobs,
+	}
+	started := time.Now().UTC()
+	res, err := st.Stage.Run(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	outs := append([]manifest.Output(nil), res.Outputs...)
+	sort.Slice(outs, func(i, j int) bool { return outs[i].Path < outs[j].Path })
+	for i := 1; i < len(outs); i++ {
+		if outs[i].Path == outs[i-1].Path {
+			return nil, fmt.Errorf("stage produced %q twice", outs[i].Path)
+		}
+	}
+	rec := &manifest.Record{
+		Key: d.key, Pipeline: r.spec.Name, Stage: st.Name, Kind: st.Kind,
+		FerryVersion: FerryVersion, KindVersion: Registry[st.Kind].Version,
+		Params: d.params, Inputs: d.ins, Sources: res.Sources, Outputs: outs,
+		Started: started, Finished: time.Now().UTC(),
+	}
+	if err := r.store.Commit(rec); err != nil {
+		return nil, err
+	}
+	if err := r.store.RemoveIngest(d.key); err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(work); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}

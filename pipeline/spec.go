@@ -1,0 +1,351 @@
+// Package pipeline reads pipeline files (a named list of stages, each one
+// kind with parameters, referring to earlier stages by name), checks them,
+// and runs, plans and reports them against a manifest.Store.
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// maxSpecSize bounds a pipeline file before it is read.
+const maxSpecSize = 1 << 20
+
+// Spec is a parsed, checked pipeline file.
+type Spec struct {
+	Name   string
+	File   string // absolute path of the file
+	Dir    string // its directory: relative paths start here
+	Store  string // absolute store directory
+	Stages []*StageSpec
+	byName map[string]*StageSpec
+}
+
+// StageSpec is one stage of a Spec.
+type StageSpec struct {
+	Name  string
+	Kind  string
+	Line  int    // line of the stage's list item
+	Out   string // absolute view directory ("" = <store>/views/<name>)
+	Stage Stage  // nil when the kind is not built yet
+	Deps  []Ref  // stages it reads, in order
+	index int
+}
+
+// Lookup returns the stage called name, or nil.
+func (s *Spec) Lookup(name string) *StageSpec { return s.byName[name] }
+
+// ViewDir is where the stage's outputs appear.
+func (s *Spec) ViewDir(st *StageSpec) string {
+	if st.Out != "" {
+		return st.Out
+	}
+	return filepath.Join(s.Store, "views", st.Name)
+}
+
+var stageNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+
+// Load reads and checks the pipeline file at path.
+func Load(path string) (*Spec, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(abs)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSpecSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxSpecSize {
+		return nil, &SpecError{File: path, Msg: fmt.Sprintf("file is over %d bytes", maxSpecSize)}
+	}
+	return Parse(path, filepath.Dir(abs), b)
+}
+
+var yamlLineRE = regexp.MustCompile(`line (\d+)`)
+
+// Parse checks a pipeline file's content. name is used in error messages;
+// dir is the directory relative paths start from.
+func Parse(name, dir string, b []byte) (*Spec, error) {
+	fail := func(line int, format string, args ...any) error {
+		return &SpecError{File: name, Line: line, Msg: fmt.Sprintf(format, args...)}
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		line := 0
+		if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+			line, _ = strconv.Atoi(m[1])
+			msg = strings.TrimSpace(strings.Replace(msg, m[0]+":", "", 1))
+		}
+		if line == 0 {
+			line = 1
+		}
+		return nil, fail(line, "invalid YAML: %s", msg)
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return nil, fail(1, "empty file: expected name, store and stages")
+	}
+	if len(doc.Content) > 1 {
+		return nil, fail(doc.Content[1].Line, "more than one YAML document")
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, fail(root.Line, "the file must be a mapping with name, store and stages")
+	}
+	absDir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	spec := &Spec{File: filepath.Join(absDir, filepath.Base(name)), Dir: absDir, byName: map[string]*StageSpec{}}
+	var stagesNode *yaml.Node
+	seen := map[string]int{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		if l, dup := seen[k.Value]; dup {
+			return nil, fail(k.Line, "%q given twice (first at line %d)", k.Value, l)
+		}
+		seen[k.Value] = k.Line
+		switch k.Value {
+		case "name":
+			if v.Kind != yaml.ScalarNode || !stageNameRE.MatchString(v.Value) {
+				return nil, fail(v.Line, "name must be a word of letters, digits, '_', '-' or '.'")
+			}
+			spec.Name = v.Value
+		case "store":
+			if v.Kind != yaml.ScalarNode || v.Value == "" {
+				return nil, fail(v.Line, "store must be a directory path")
+			}
+			p, err := ResolvePath(absDir, v.Value)
+			if err != nil {
+				return nil, fail(v.Line, "store: %v", err)
+			}
+			spec.Store = p
+		case "stages":
+			if v.Kind != yaml.SequenceNode {
+				return nil, fail(v.Line, "stages must be a list")
+			}
+			stagesNode = v
+		default:
+			return nil, fail(k.Line, "unknown key %q (expected name, store, stages)", k.Value)
+		}
+	}
+	if spec.Name == "" {
+		return nil, fail(root.Line, "missing name")
+	}
+	if spec.Store == "" {
+		spec.Store = filepath.Join(absDir, ".ferry")
+	}
+	if stagesNode == nil || len(stagesNode.Content) == 0 {
+		line := root.Line
+		if stagesNode != nil {
+			line = stagesNode.Line
+		}
+		return nil, fail(line, "no stages")
+	}
+	for _, n := range stagesNode.Content {
+		st, err := parseStage(name, absDir, n)
+		if err != nil {
+			return nil, err
+		}
+		if prev, dup := spec.byName[st.Name]; dup {
+			return nil, &SpecError{File: name, Line: st.Line, Stage: st.Name,
+				Msg: fmt.Sprintf("duplicate stage name (first defined at line %d)", prev.Line)}
+		}
+		st.index = len(spec.Stages)
+		spec.Stages = append(spec.Stages, st)
+		spec.byName[st.Name] = st
+	}
+	for _, st := range spec.Stages {
+		for _, r := range st.Deps {
+			if spec.byName[r.Name] == nil {
+				return nil, &SpecError{File: name, Line: r.Line, Stage: st.Name,
+					Msg: fmt.Sprintf("refers to unknown stage %q", r.Name)}
+			}
+		}
+	}
+	if err := spec.checkCycles(name); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+func parseStage(file, dir string, n *yaml.Node) (*StageSpec, error) {
+	if n.Kind != yaml.MappingNode {
+		return nil, &SpecError{File: file, Line: n.Line, Msg: "a stage must be a mapping with name, one kind and optional out"}
+	}
+	st := &StageSpec{Line: n.Line}
+	var kindKey, kindVal *yaml.Node
+	var outNode *yaml.Node
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if l, dup := seen[k.Value]; dup {
+			return nil, &SpecError{File: file, Line: k.Line, Msg: fmt.Sprintf("%q given twice in one stage (first at line %d)", k.Value, l)}
+		}
+		seen[k.Value] = k.Line
+		switch k.Value {
+		case "name":
+			if v.Kind != yaml.ScalarNode || !stageNameRE.MatchString(v.Value) {
+				return nil, &SpecError{File: file, Line: v.Line, Msg: "stage name must be a word of letters, digits, '_', '-' or '.'"}
+			}
+			st.Name = v.Value
+		case "out":
+			outNode = v
+		default:
+			if kindKey != nil {
+				return nil, &SpecError{File: file, Line: k.Line,
+					Msg: fmt.Sprintf("a stage has exactly one kind, but this one has %q (line %d) and %q", kindKey.Value, kindKey.Line, k.Value)}
+			}
+			kindKey, kindVal = k, v
+		}
+	}
+	if st.Name == "" {
+		return nil, &SpecError{File: file, Line: n.Line, Msg: "stage without a name"}
+	}
+	if kindKey == nil {
+		return nil, &SpecError{File: file, Line: n.Line, Stage: st.Name,
+			Msg: fmt.Sprintf("no kind given (one of %s)", strings.Join(KindNames(), ", "))}
+	}
+	st.Kind = kindKey.Value
+	kind, ok := Registry[st.Kind]
+	if !ok {
+		return nil, &SpecError{File: file, Line: kindKey.Line, Stage: st.Name,
+			Msg: fmt.Sprintf("unknown kind %q (known: %s)", st.Kind, strings.Join(KindNames(), ", "))}
+	}
+	if outNode != nil {
+		if outNode.Kind != yaml.ScalarNode || outNode.Value == "" {
+			return nil, &SpecError{File: file, Line: outNode.Line, Stage: st.Name, Msg: "out must be a directory path"}
+		}
+		p, err := ResolvePath(dir, outNode.Value)
+		if err != nil {
+			return nil, &SpecError{File: file, Line: outNode.Line, Stage: st.Name, Msg: err.Error()}
+		}
+		st.Out = p
+	}
+	p, err := newParams(file, dir, st.Name, st.Kind, kindVal)
+	if err != nil {
+		return nil, err
+	}
+	if kind.Built() {
+		s, err := kind.New(p)
+		if err != nil {
+			var se *SpecError
+			if !errors.As(err, &se) {
+				err = &SpecError{File: file, Line: p.line, Stage: st.Name, Msg: err.Error()}
+			}
+			return nil, err
+		}
+		st.Stage = s
+	} else {
+		for _, k := range kind.RefKeys {
+			if _, err := p.Refs(k, false); err != nil {
+				return nil, err
+			}
+		}
+		p.IgnoreAll()
+	}
+	if err := p.unused(); err != nil {
+		return nil, err
+	}
+	st.Deps = p.refs
+	return st, nil
+}
+
+// checkCycles reports the first dependency cycle, at the line of the stage
+// that closes it.
+func (s *Spec) checkCycles(file string) error {
+	const (
+		white = iota
+		grey
+		black
+	)
+	color := map[string]int{}
+	var stack []string
+	var visit func(st *StageSpec) error
+	visit = func(st *StageSpec) error {
+		color[st.Name] = grey
+		stack = append(stack, st.Name)
+		for _, r := range st.Deps {
+			switch color[r.Name] {
+			case grey:
+				i := len(stack) - 1
+				for stack[i] != r.Name {
+					i--
+				}
+				cyc := append(append([]string(nil), stack[i:]...), r.Name)
+				return &SpecError{File: file, Line: r.Line, Stage: st.Name,
+					Msg: "dependency cycle: " + strings.Join(cyc, " -> ")}
+			case white:
+				if err := visit(s.byName[r.Name]); err != nil {
+					return err
+				}
+			}
+		}
+		stack = stack[:len(stack)-1]
+		color[st.Name] = black
+		return nil
+	}
+	for _, st := range s.Stages {
+		if color[st.Name] == white {
+			if err := visit(st); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Order returns the stages in a dependency order (file order where free).
+func (s *Spec) Order() []*StageSpec {
+	done := map[string]bool{}
+	var out []*StageSpec
+	var add func(st *StageSpec)
+	add = func(st *StageSpec) {
+		if done[st.Name] {
+			return
+		}
+		done[st.Name] = true
+		for _, r := range st.Deps {
+			add(s.byName[r.Name])
+		}
+		out = append(out, st)
+	}
+	for _, st := range s.Stages {
+		add(st)
+	}
+	return out
+}
+
+// Dependents returns name and every stage that depends on it, transitively.
+func (s *Spec) Dependents(name string) map[string]bool {
+	set := map[string]bool{name: true}
+	for changed := true; changed; {
+		changed = false
+		for _, st := range s.Stages {
+			if set[st.Name] {
+				continue
+			}
+			for _, r := range st.Deps {
+				if set[r.Name] {
+					set[st.Name] = true
+					changed = true
+					break
+				}
+			}
+		}
+	}
+	return set
+}

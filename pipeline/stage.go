@@ -1,0 +1,127 @@
+package pipeline
+
+import (
+	"context"
+	"log/slog"
+	"os"
+
+	"github.com/ferry-llm/ferry/manifest"
+)
+
+// Stage is one configured step of a pipeline. A kind's constructor (see
+// Kind) parses and validates the parameters into a Stage before anything
+// runs; Run then does the work through the Env it is given.
+//
+// The stages a Stage reads are the ones its constructor asked for through
+// Params.Ref / Params.Refs; they arrive, in that order, as Env.Inputs.
+type Stage interface {
+	// Params returns the canonical parameters: they are marshaled to JSON
+	// (sorted keys) into the stage key, so they must hold every setting
+	// that changes the output and nothing that does not.
+	Params() any
+	// Run makes the stage's outputs. Each output is written into the store
+	// through env (Ingest, Journal, or files made in env.WorkDir and
+	// adopted) and returned in Result. Run must honour ctx; a cancelled or
+	// failed run leaves no record, and whatever it journaled is resumed
+	// next time.
+	Run(ctx context.Context, env *Env) (*Result, error)
+}
+
+// Prober is implemented by stages that read files outside the store
+// (import). Probe compares those files with what the record saw, by
+// stamp only (no data read), and returns why the stage must re-run ("" if
+// nothing changed).
+type Prober interface {
+	Probe(rec *manifest.Record) (string, error)
+}
+
+// Result is what a stage made.
+type Result struct {
+	Outputs []manifest.Output
+	// Sources are files outside the store the stage read, with their
+	// stamps at the time (so plan can tell when they change).
+	Sources map[string]manifest.Stamp
+}
+
+// Input is an earlier stage's outputs as this stage sees them.
+type Input struct {
+	Stage string
+	// Dir is the stage's view: a directory of symlinks into the store,
+	// laid out like the stage's output tree (open it like any model dir).
+	Dir     string
+	Outputs []manifest.Output
+	Digest  manifest.Digest // OutputsDigest of Outputs
+	Key     string          // key of the record that made them
+}
+
+// Progress receives a running stage's byte counts.
+type Progress interface {
+	SetTotal(total int64)
+	Add(n int64)
+}
+
+type nopProgress struct{}
+
+func (nopProgress) SetTotal(int64) {}
+func (nopProgress) Add(int64)      {}
+
+// Env is what a running stage gets from the runner.
+type Env struct {
+	Pipeline string
+	Stage    string
+	Key      string // the stage key: names its journals and scratch space
+	Dir      string // directory of the pipeline file
+	Inputs   []Input
+	Store    *manifest.Store
+	Progress Progress
+	Log      *slog.Logger
+	// Prev is the latest earlier record of this pipeline stage (any key),
+	// or nil: import uses it to skip re-hashing files whose stamps match.
+	Prev *manifest.Record
+	// Verify asks stages that reuse earlier results by stamp to re-hash.
+	Verify bool
+	// Jobs bounds the stage's own worker count.
+	Jobs int
+}
+
+// Input returns the input from stage name, or nil.
+func (e *Env) Input(name string) *Input {
+	for i := range e.Inputs {
+		if e.Inputs[i].Stage == name {
+			return &e.Inputs[i]
+		}
+	}
+	return nil
+}
+
+// Journal opens (or resumes) a journaled big output at relative path rel.
+func (e *Env) Journal(rel string) (*manifest.Journal, error) {
+	return e.Store.OpenJournal(e.Key, rel)
+}
+
+// WorkDir returns the stage's scratch directory inside the store (same file
+// system as the blobs, so finished files are adopted by rename). The runner
+// empties it before the stage starts and removes it after a commit.
+func (e *Env) WorkDir() (string, error) {
+	d := e.Store.WorkDir(e.Key)
+	return d, os.MkdirAll(d, 0o755)
+}
+
+// Kind describes a stage kind in the registry.
+type Kind struct {
+	// New parses params into a Stage. Nil means the kind is not built yet.
+	New func(p *Params) (Stage, error)
+	// Version is part of every stage key: bump it when the kind's output
+	// bytes change for the same inputs and parameters.
+	Version string
+	// NotBuilt says where the kind will come from while New is nil.
+	NotBuilt string
+	// RefKeys are the parameters of a not-built kind that name stages, so
+	// the graph can still be checked.
+	RefKeys []string
+	// Summary is one line for help and plan output.
+	Summary string
+}
+
+// Built reports whether the kind can run.
+func (k Kind) Built() bool { return k.New != nil }

@@ -1,0 +1,208 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/ferry-llm/ferry/manifest"
+)
+
+// importStage ingests a local file or directory into the store, recording
+// every file's digest. Its outputs keep the directory's layout, so its view
+// is a copy of the directory made of symlinks into the store.
+//
+//	import: { path: ~/models/Qwen3.5-27B }
+//
+// Entries whose names start with "." (.git, .cache, …) are not imported.
+// Symlinks to files are followed (a Hugging Face cache snapshot is a farm of
+// them); symlinks to directories are an error.
+type importStage struct {
+	Path string `json:"path"`
+}
+
+var _ Stage = (*importStage)(nil)
+var _ Prober = (*importStage)(nil)
+
+func newImport(p *Params) (Stage, error) {
+	path, err := p.Path("path", true)
+	if err != nil {
+		return nil, err
+	}
+	return &importStage{Path: path}, nil
+}
+
+func (s *importStage) Params() any { return s }
+
+type sourceFile struct {
+	rel   string // slash-separated, relative to the import root
+	abs   string
+	stamp manifest.Stamp
+}
+
+// listSources lists the files to import with their stamps; it reads no data.
+func (s *importStage) listSources() ([]sourceFile, error) {
+	fi, err := os.Stat(s.Path)
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", s.Path, err)
+	}
+	if !fi.IsDir() {
+		if !fi.Mode().IsRegular() {
+			return nil, fmt.Errorf("import %s: not a regular file or directory", s.Path)
+		}
+		return []sourceFile{{rel: filepath.Base(s.Path), abs: s.Path, stamp: manifest.StampOf(fi)}}, nil
+	}
+	var out []sourceFile
+	err = filepath.WalkDir(s.Path, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != s.Path && strings.HasPrefix(de.Name(), ".") {
+			if de.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if de.IsDir() {
+			return nil
+		}
+		fi, err := os.Stat(p) // follows symlinks
+		if err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			return fmt.Errorf("%s: symlink to a directory is not supported in an import", p)
+		}
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("%s: not a regular file", p)
+		}
+		rel, err := filepath.Rel(s.Path, p)
+		if err != nil {
+			return err
+		}
+		out = append(out, sourceFile{rel: filepath.ToSlash(rel), abs: p, stamp: manifest.StampOf(fi)})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", s.Path, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("import %s: no files to import", s.Path)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].rel < out[j].rel })
+	return out, nil
+}
+
+// Probe says whether the imported files changed since rec, by stamp.
+func (s *importStage) Probe(rec *manifest.Record) (string, error) {
+	files, err := s.listSources()
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "source missing: " + s.Path, nil
+		}
+		return "", err
+	}
+	seen := map[string]bool{}
+	for _, f := range files {
+		seen[f.abs] = true
+		old, ok := rec.Sources[f.abs]
+		if !ok {
+			return "source file added: " + f.rel, nil
+		}
+		if old != f.stamp {
+			return "source file changed: " + f.rel, nil
+		}
+	}
+	var gone []string
+	for p := range rec.Sources {
+		if !seen[p] {
+			gone = append(gone, p)
+		}
+	}
+	if len(gone) > 0 {
+		sort.Strings(gone)
+		return "source file removed: " + gone[0], nil
+	}
+	return "", nil
+}
+
+func (s *importStage) Run(ctx context.Context, env *Env) (*Result, error) {
+	files, err := s.listSources()
+	if err != nil {
+		return nil, err
+	}
+	var total int64
+	for _, f := range files {
+		total += f.stamp.Size
+	}
+	env.Progress.SetTotal(total)
+	prevOut := map[string]manifest.Output{}
+	if env.Prev != nil && !env.Verify {
+		for _, o := range env.Prev.Outputs {
+			prevOut[o.Path] = o
+		}
+	}
+	res := &Result{Sources: map[string]manifest.Stamp{}}
+	for _, f := range files {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		// An unchanged file (same stamp as last import, blob intact) is
+		// not read again.
+		if o, ok := prevOut[f.rel]; ok && env.Prev.Sources[f.abs] == f.stamp && o.Size == f.stamp.Size &&
+			env.Store.CheckBlob(o.Digest, o.Size, false) == "" {
+			res.Outputs = append(res.Outputs, o)
+			res.Sources[f.abs] = f.stamp
+			env.Progress.Add(f.stamp.Size)
+			continue
+		}
+		o, err := ingestFile(ctx, env, f)
+		if err != nil {
+			return nil, err
+		}
+		res.Outputs = append(res.Outputs, o)
+		res.Sources[f.abs] = f.stamp
+		env.Log.Debug("imported", "file", f.rel, "digest", o.Digest.Short(), "size", o.Size)
+	}
+	return res, nil
+}
+
+func ingestFile(ctx context.Context, env *Env, f sourceFile) (manifest.Output, error) {
+	in, err := os.Open(f.abs)
+	if err != nil {
+		return manifest.Output{}, err
+	}
+	defer in.Close()
+	d, n, err := env.Store.Ingest(&ctxReader{ctx: ctx, r: in, p: env.Progress}, f.stamp.Size)
+	if err != nil {
+		return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
+	}
+	// A file rewritten while we read it would record a digest of neither
+	// version: refuse.
+	if st, err := manifest.StatStamp(f.abs); err != nil || st != f.stamp {
+		return manifest.Output{}, fmt.Errorf("import %s: file changed while it was being read", f.abs)
+	}
+	return manifest.Output{Path: f.rel, Digest: d, Size: n}, nil
+}
+
+// ctxReader stops a copy when ctx ends and reports progress.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+	p   Progress
+}
+
+func (c *ctxReader) Read(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := c.r.Read(b)
+	c.p.Add(int64(n))
+	return n, err
+}
