@@ -1,0 +1,629 @@
+package verify
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// sideFileRE matches an MTP side file next to an MLX directory's weights
+// (mlx-lm PR #1543's layout): mlx-lm's loader reads only model*.safetensors,
+// so tensors here are invisible to it.
+var sideFileRE = regexp.MustCompile(`^mtp(-\d{5}-of-\d{5})?\.safetensors$`)
+
+// checkpointDir resolves PATH to the directory to open: a directory, or the
+// directory of a *.safetensors or index file named directly.
+func checkpointDir(path string, fi fs.FileInfo) (string, error) {
+	if fi.IsDir() {
+		return path, nil
+	}
+	base := filepath.Base(path)
+	if base == safetensors.IndexName || strings.HasSuffix(base, ".safetensors") {
+		return filepath.Dir(path), nil
+	}
+	return "", badf(path, ErrNotModel, "")
+}
+
+// verifyCheckpoint checks a Hugging Face safetensors checkpoint or an MLX
+// directory.
+func verifyCheckpoint(path string, fi fs.FileInfo, opts Options) (*Report, error) {
+	dir, err := checkpointDir(path, fi)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) && !errors.Is(err, fs.ErrNotExist) {
+			// Unreadable shard or index (permissions, I/O): still the
+			// input's fault as far as a user is concerned.
+			return nil, &Error{Path: dir, Err: err}
+		}
+		return nil, err
+	}
+	defer ck.Close()
+	if ck.Config == nil {
+		return nil, badf(dir, ErrNoConfig, "")
+	}
+	var ts []*wTensor
+	for _, l := range ck.Tensors() {
+		ts = append(ts, &wTensor{name: l.Info.Name, dtype: l.Info.DType, shape: l.Info.Shape, loc: l, file: l.Shard.Name})
+	}
+	rep := &Report{Path: path, Format: FormatSafetensors, TemplateLayer: -1}
+	if isMLX(ck) {
+		rep.Format = FormatMLX
+		side, closeSide, err := openSideFiles(dir, rep)
+		if err != nil {
+			return nil, err
+		}
+		defer closeSide()
+		for _, t := range side {
+			if _, dup := findTensor(ts, t.name); dup {
+				return nil, badf(filepath.Join(dir, t.file), ErrBadMetadata, "tensor %q is both in the side file and in the model weights", t.name)
+			}
+		}
+		ts = append(ts, side...)
+	}
+	w := newWeights(ts)
+	if rep.Format == FormatMLX {
+		if err := w.readQuantization(ck.Config); err != nil {
+			return nil, err
+		}
+	}
+	a := &ckAnalysis{rep: rep, w: w, cfg: ck.Config, opts: opts}
+	if err := a.run(); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+func findTensor(ts []*wTensor, name string) (*wTensor, bool) {
+	for _, t := range ts {
+		if t.name == name {
+			return t, true
+		}
+	}
+	return nil, false
+}
+
+// isMLX recognises a directory mlx-lm wrote: a "quantization" block in
+// config.json (HF checkpoints use quantization_config), or shards stamped
+// {"format": "mlx"} by mlx's save_safetensors.
+func isMLX(ck *safetensors.Checkpoint) bool {
+	if _, ok := ck.Config.Raw["quantization"]; ok {
+		return true
+	}
+	for _, s := range ck.Shards {
+		if s.Metadata["format"] == "mlx" {
+			return true
+		}
+	}
+	return false
+}
+
+// openSideFiles opens mtp*.safetensors side files of an MLX directory.
+func openSideFiles(dir string, rep *Report) ([]*wTensor, func(), error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, nil, &Error{Path: dir, Err: err}
+	}
+	var files []*safetensors.File
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	var out []*wTensor
+	for _, e := range entries {
+		if !sideFileRE.MatchString(e.Name()) {
+			continue
+		}
+		f, err := safetensors.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		files = append(files, f)
+		sh := &safetensors.Shard{Name: e.Name(), File: f}
+		for _, t := range f.Tensors {
+			out = append(out, &wTensor{name: t.Name, dtype: t.DType, shape: t.Shape, loc: safetensors.Location{Shard: sh, Info: t}, file: e.Name()})
+		}
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%s is an MTP side file: mlx-lm's loader reads only model*.safetensors, so a loader must be told about it", e.Name()))
+	}
+	return out, closeAll, nil
+}
+
+// readQuantization reads config.json "quantization" (mlx.md §1): global
+// group_size/bits/mode plus per-module entries (false or a dict).
+func (w *weights) readQuantization(cfg *safetensors.Config) error {
+	raw, ok := cfg.Raw["quantization"]
+	if !ok {
+		return nil
+	}
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return badf(cfg.Path, ErrBadMetadata, "\"quantization\" is not an object")
+	}
+	parse := func(key string, v map[string]any, base quantParams) (quantParams, error) {
+		q := base
+		for k, x := range v {
+			switch k {
+			case "group_size", "bits":
+				n, ok := x.(json.Number)
+				i, err := n.Int64()
+				if !ok || err != nil || i <= 0 || i > 1<<20 {
+					return q, badf(cfg.Path, ErrBadMetadata, "quantization %s: %s = %v is not a positive integer", key, k, x)
+				}
+				if k == "bits" {
+					q.bits = i
+				} else {
+					q.groupSize = i
+				}
+			case "mode":
+				s, ok := x.(string)
+				if !ok {
+					return q, badf(cfg.Path, ErrBadMetadata, "quantization %s: mode %v is not a string", key, x)
+				}
+				q.mode = s
+			}
+		}
+		return q, nil
+	}
+	// Defaults per mode (mlx.md §1): affine 64/4.
+	global, err := parse("(global)", m, quantParams{groupSize: 64, bits: 4, mode: "affine"})
+	if err != nil {
+		return err
+	}
+	w.quant = &global
+	w.quantFor = map[string]*quantParams{}
+	for k, v := range m {
+		switch v := v.(type) {
+		case bool:
+			if !v {
+				w.quantFor[k] = nil
+			}
+		case map[string]any:
+			q, err := parse(strconv.Quote(k), v, global)
+			if err != nil {
+				return err
+			}
+			w.quantFor[k] = &q
+		}
+	}
+	return nil
+}
+
+// ckAnalysis checks one checkpoint's head.
+type ckAnalysis struct {
+	rep  *Report
+	w    *weights
+	cfg  *safetensors.Config
+	opts Options
+
+	trunkPrefix string // "model.", "model.language_model.", "language_model.model."
+	hidden      int64
+	vocab       int64
+	present     []*wTensor // head tensors found, for --deep
+	// countMismatch: head layers beyond the promised count.
+	countMismatch bool
+}
+
+// trunkPrefixes are where decoder layers live: HF causal LM, HF
+// *ForConditionalGeneration, MLX after sanitize.
+var trunkPrefixes = []string{"model.language_model.", "language_model.model.", "model.", ""}
+
+// qwenMTPPrefixes are where Qwen keeps the head: HF top level (also in
+// ConditionalGeneration checkpoints), an older model.mtp., MLX after
+// sanitize (language_model.mtp.).
+var qwenMTPPrefixes = []string{"mtp.", "model.mtp.", "language_model.mtp.", "model.language_model.mtp.", "language_model.model.mtp."}
+
+func (a *ckAnalysis) run() error {
+	rep, w, cfg := a.rep, a.w, a.cfg
+	rep.Arch = cfg.Architecture()
+	if rep.Arch == "" {
+		rep.Arch = cfg.ModelType
+	}
+	for _, p := range trunkPrefixes {
+		if len(w.layerIndices(p+"layers.")) > 0 {
+			a.trunkPrefix = p
+			break
+		}
+	}
+	if a.trunkPrefix == "" && len(w.layerIndices("layers.")) == 0 {
+		return badf(rep.Path, ErrNotModel, "no decoder layers (model.layers.N.*) in the weight index")
+	}
+	nHidden, ok := cfg.Int("num_hidden_layers")
+	if !ok || nHidden <= 0 {
+		return badf(cfg.Path, ErrBadMetadata, "num_hidden_layers is missing or not a positive integer")
+	}
+	if nHidden > 1<<20 {
+		return badf(cfg.Path, ErrBadMetadata, "num_hidden_layers = %d is implausible", nHidden)
+	}
+	rep.TrunkLayers = int(nHidden)
+	a.hidden, _ = cfg.Int("hidden_size")
+	a.vocab, _ = cfg.Int("vocab_size")
+
+	// What the config promises.
+	qwenN, qwenKey := cfg.Int("mtp_num_hidden_layers")
+	nextnN, nextnKey := cfg.Int("num_nextn_predict_layers")
+	for _, n := range []int64{qwenN, nextnN} {
+		if n < 0 || n > 1024 {
+			return badf(cfg.Path, ErrBadMetadata, "MTP layer count %d is implausible", n)
+		}
+	}
+	mtpPrefix, mtpNames := a.findQwenHead()
+	switch {
+	case qwenKey:
+		rep.Convention, rep.Promised, rep.PromisedBy = ConvQwen, int(qwenN), "mtp_num_hidden_layers"
+	case len(mtpNames) > 0:
+		rep.Convention = ConvQwen
+		if nextnKey {
+			rep.Promised, rep.PromisedBy = int(nextnN), "num_nextn_predict_layers"
+		}
+	case nextnKey:
+		rep.Convention, rep.Promised, rep.PromisedBy = ConvNextN, int(nextnN), "num_nextn_predict_layers"
+	default:
+		if extra := a.nextnLayers(); len(extra) > 0 {
+			rep.Convention = ConvNextN
+		}
+	}
+	switch rep.Convention {
+	case ConvQwen:
+		if mtpPrefix == "" {
+			mtpPrefix = a.defaultQwenPrefix()
+		}
+		a.checkQwen(mtpPrefix)
+	case ConvNextN:
+		a.checkNextN()
+	}
+	if rep.Format == FormatMLX {
+		a.mlxNotes(mtpNames)
+	}
+	if a.opts.Deep {
+		rep.Deep = true
+		if err := a.deep(); err != nil {
+			return err
+		}
+	}
+	decide(rep, a.countMismatch)
+	a.explain()
+	return nil
+}
+
+// findQwenHead finds mtp.* tensors under any known prefix.
+func (a *ckAnalysis) findQwenHead() (prefix string, names []string) {
+	for _, p := range qwenMTPPrefixes {
+		if ns := a.w.withPrefix(p); len(ns) > 0 {
+			if prefix == "" {
+				prefix = p
+			}
+			names = append(names, ns...)
+		}
+	}
+	return prefix, names
+}
+
+// defaultQwenPrefix is where the head would be if it were there.
+func (a *ckAnalysis) defaultQwenPrefix() string {
+	if a.trunkPrefix == "language_model.model." {
+		return "language_model.mtp."
+	}
+	return "mtp."
+}
+
+// nextnLayers lists decoder layers at index >= num_hidden_layers.
+func (a *ckAnalysis) nextnLayers() []int {
+	var out []int
+	for _, i := range a.w.layerIndices(a.trunkPrefix + "layers.") {
+		if i >= a.rep.TrunkLayers {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// templateLayer is the trunk layer the head's decoder block should match:
+// the last trunk layer with full attention (self_attn.*). Qwen3.5 hybrids
+// interleave linear-attention layers; MTP layers are always full attention.
+func (a *ckAnalysis) templateLayer() int {
+	idx := a.w.layerIndices(a.trunkPrefix + "layers.")
+	for k := len(idx) - 1; k >= 0; k-- {
+		i := idx[k]
+		if i >= a.rep.TrunkLayers {
+			continue
+		}
+		if len(a.w.withPrefix(fmt.Sprintf("%slayers.%d.self_attn.", a.trunkPrefix, i))) > 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// hiddenSize is hidden_size, or the trunk's final norm width.
+func (a *ckAnalysis) hiddenSize() int64 {
+	if a.hidden > 0 {
+		return a.hidden
+	}
+	if t, ok := a.w.get(a.trunkPrefix + "norm.weight"); ok && len(t.shape) == 1 {
+		return t.shape[0]
+	}
+	return 0
+}
+
+func (a *ckAnalysis) vocabSize() int64 {
+	if a.vocab > 0 {
+		return a.vocab
+	}
+	if t, ok := a.w.get(a.trunkPrefix + "embed_tokens.weight"); ok && len(t.shape) == 2 {
+		return t.shape[0]
+	}
+	return 0
+}
+
+// special is a head tensor outside the decoder block, with the shape the
+// trunk implies (0 = unknown dimension).
+type special struct {
+	rel      string
+	want     []int64
+	required bool
+}
+
+func (a *ckAnalysis) checkQwen(prefix string) {
+	rep := a.rep
+	h := a.hiddenSize()
+	specials := []special{
+		{"fc.weight", []int64{h, 2 * h}, true}, // Linear 2H → H: [out, in]
+		{"pre_fc_norm_embedding.weight", []int64{h}, true},
+		{"pre_fc_norm_hidden.weight", []int64{h}, true},
+		{"norm.weight", []int64{h}, true},
+	}
+	for _, s := range specials {
+		a.checkSpecial(prefix+s.rel, s)
+	}
+	found := a.w.layerIndices(prefix + "layers.")
+	rep.FoundLayers = found
+	a.checkLayers(found, func(i int) string { return fmt.Sprintf("%slayers.%d.", prefix, i) }, nil, rep.Promised)
+	// Anything else under the head's prefix is unexpected.
+	known := map[string]bool{}
+	for _, s := range specials {
+		known[prefix+s.rel] = true
+	}
+	for _, n := range a.w.withPrefix(prefix) {
+		if known[n] || strings.HasPrefix(n, prefix+"layers.") {
+			continue
+		}
+		if base, ok := companionOf(n); ok && known[base+".weight"] {
+			continue
+		}
+		a.addPresent(n, "", nil)
+		rep.Problems = append(rep.Problems, fmt.Sprintf("%s: not part of a Qwen MTP head", n))
+	}
+}
+
+func (a *ckAnalysis) checkNextN() {
+	rep := a.rep
+	h, v := a.hiddenSize(), a.vocabSize()
+	specials := []special{
+		{"embed_tokens.weight", []int64{v, h}, true},
+		{"enorm.weight", []int64{h}, true},
+		{"hnorm.weight", []int64{h}, true},
+		{"eh_proj.weight", []int64{h, 2 * h}, true}, // 2H → H
+		{"shared_head.norm.weight", []int64{h}, true},
+		{"shared_head.head.weight", []int64{v, h}, true},
+	}
+	skip := map[string]bool{}
+	for _, s := range specials {
+		skip[s.rel] = true
+	}
+	found := a.nextnLayers()
+	rep.FoundLayers = found
+	layerPrefix := func(i int) string { return fmt.Sprintf("%slayers.%d.", a.trunkPrefix, rep.TrunkLayers+i) }
+	n := rep.Promised
+	if k := len(found); k > 0 && found[k-1]-rep.TrunkLayers+1 > n {
+		n = found[k-1] - rep.TrunkLayers + 1
+	}
+	for i := 0; i < n; i++ {
+		for _, s := range specials {
+			a.checkSpecial(layerPrefix(i)+s.rel, s)
+		}
+	}
+	// checkLayers wants MTP-relative indices.
+	rel := make([]int, len(found))
+	for k, i := range found {
+		rel[k] = i - rep.TrunkLayers
+	}
+	a.checkLayers(rel, layerPrefix, skip, rep.Promised)
+}
+
+// checkSpecial checks one head tensor outside the decoder block.
+func (a *ckAnalysis) checkSpecial(name string, s special) {
+	rep := a.rep
+	t, ok := a.w.get(name)
+	if !ok {
+		rep.Tensors = append(rep.Tensors, Tensor{Name: name, Required: s.required, Want: known(s.want)})
+		if s.required {
+			rep.Expected++
+			rep.Missing = append(rep.Missing, name)
+		}
+		return
+	}
+	if s.required {
+		rep.Expected++
+		rep.Present++
+	}
+	shape, q, problem := a.w.logical(t)
+	for _, c := range a.w.missingCompanions(t) {
+		rep.Expected++
+		rep.Missing = append(rep.Missing, c)
+		rep.Tensors = append(rep.Tensors, Tensor{Name: c, Required: true})
+	}
+	if problem == "" {
+		if want := known(s.want); want != nil && !slices.Equal(shape, want) {
+			problem = fmt.Sprintf("shape %v, want %v", shape, want)
+		}
+	}
+	if problem == "" && !q && !floatDType(t.dtype) && !a.sameAsTrunk(t.dtype) {
+		problem = fmt.Sprintf("dtype %s is neither a float type nor the trunk's", t.dtype)
+	}
+	if problem != "" {
+		rep.Problems = append(rep.Problems, name+": "+problem)
+	}
+	a.addPresentTensor(t, known(s.want), problem, true)
+}
+
+// known returns want unless a dimension of it is unknown (0).
+func known(want []int64) []int64 {
+	for _, d := range want {
+		if d <= 0 {
+			return nil
+		}
+	}
+	return want
+}
+
+// sameAsTrunk reports whether some trunk weight has dtype d (FP8 heads of
+// FP8 checkpoints are consistent).
+func (a *ckAnalysis) sameAsTrunk(d tensor.DType) bool {
+	for _, n := range a.w.withPrefix(a.trunkPrefix + "layers.") {
+		if a.w.byName[n].dtype == d {
+			return true
+		}
+	}
+	return false
+}
+
+// checkLayers compares each head decoder layer with the trunk template.
+// found holds MTP-relative layer indices that have tensors; promised is how
+// many the config promises.
+func (a *ckAnalysis) checkLayers(found []int, prefixOf func(int) string, skip map[string]bool, promised int) {
+	rep := a.rep
+	n := promised
+	if k := len(found); k > 0 && found[k-1]+1 > n {
+		n = found[k-1] + 1
+	}
+	if n > promised && promised > 0 {
+		a.countMismatch = true
+	}
+	if len(found) > promised {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("%d MTP layer(s) in the weight index but the config promises %d", len(found), promised))
+	} else if n > promised {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("MTP layer %d is in the weight index but the config promises %d layer(s)", n-1, promised))
+	}
+	tl := a.templateLayer()
+	rep.TemplateLayer = tl
+	var tmpl map[string]*slot
+	tmplPrefix := ""
+	if tl >= 0 {
+		tmplPrefix = fmt.Sprintf("%slayers.%d.", a.trunkPrefix, tl)
+		tmpl, _ = a.w.layerSlots(tmplPrefix, nil)
+	} else if n > 0 {
+		rep.Problems = append(rep.Problems, "no trunk layer with full attention (self_attn.*) to compare the MTP layer with")
+	}
+	keys := make([]string, 0, len(tmpl))
+	for k := range tmpl {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for i := 0; i < n; i++ {
+		p := prefixOf(i)
+		got, missing := a.w.layerSlots(p, skip)
+		for _, m := range missing {
+			rep.Expected++
+			rep.Missing = append(rep.Missing, m)
+			rep.Tensors = append(rep.Tensors, Tensor{Name: m, Required: true})
+		}
+		for _, k := range keys {
+			ts := tmpl[k]
+			gs, ok := got[k]
+			if !ok {
+				for _, name := range expectedNames(ts, tmplPrefix, p) {
+					rep.Expected++
+					rep.Missing = append(rep.Missing, name)
+					rep.Tensors = append(rep.Tensors, Tensor{Name: name, Required: true, Want: ts.shape})
+				}
+				continue
+			}
+			rep.Expected += len(gs.names)
+			rep.Present += len(gs.names)
+			problem := strings.Join(gs.problems, "; ")
+			if problem == "" && !slices.Equal(gs.shape, ts.shape) {
+				problem = fmt.Sprintf("shape %v, but trunk layer %d has %v", gs.shape, tl, ts.shape)
+			}
+			if problem == "" && !gs.quantized && !floatDType(gs.dtype) && gs.dtype != ts.dtype {
+				problem = fmt.Sprintf("dtype %s, but trunk layer %d has %s", gs.dtype, tl, ts.dtype)
+			}
+			if problem != "" {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("%s%s: %s", p, k, problem))
+			}
+			for _, name := range gs.names {
+				a.addPresentTensor(a.w.byName[name], ts.shape, problem, true)
+			}
+		}
+		extra := make([]string, 0)
+		for k := range got {
+			if _, ok := tmpl[k]; !ok && tmpl != nil {
+				extra = append(extra, k)
+			}
+		}
+		sort.Strings(extra)
+		for _, k := range extra {
+			gs := got[k]
+			rep.Problems = append(rep.Problems, fmt.Sprintf("%s%s: not in trunk layer %d", p, k, tl))
+			for _, name := range gs.names {
+				a.addPresentTensor(a.w.byName[name], nil, "not in the trunk template layer", false)
+			}
+		}
+		if tmpl == nil {
+			for _, k := range sortedKeys(got) {
+				for _, name := range got[k].names {
+					a.addPresentTensor(a.w.byName[name], nil, "", false)
+				}
+			}
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// addPresent records a present tensor by name.
+func (a *ckAnalysis) addPresent(name, problem string, want []int64) {
+	if t, ok := a.w.get(name); ok {
+		a.addPresentTensor(t, want, problem, false)
+	}
+}
+
+// addPresentTensor records a present head tensor and its companions (which
+// --deep reads too).
+func (a *ckAnalysis) addPresentTensor(t *wTensor, want []int64, problem string, required bool) {
+	a.rep.Tensors = append(a.rep.Tensors, Tensor{Name: t.name, Required: required, Present: true, DType: string(t.dtype), Shape: t.shape, Want: want, Problem: problem})
+	a.present = append(a.present, t)
+	for _, s := range companionSuffixes {
+		base := strings.TrimSuffix(t.name, ".weight")
+		if c, ok := a.w.get(base + s); ok && c != t {
+			a.rep.Tensors = append(a.rep.Tensors, Tensor{Name: c.name, Required: required, Present: true, DType: string(c.dtype), Shape: c.shape})
+			a.present = append(a.present, c)
+			if required {
+				a.rep.Expected++
+				a.rep.Present++
+			}
+		}
+	}
+}
