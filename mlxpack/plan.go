@@ -328,8 +328,10 @@ func readShape(l safetensors.Location) ([]int64, error) {
 		} else {
 			shape[i] = int64(int32(binary.LittleEndian.Uint32(buf[4*i:])))
 		}
-		if shape[i] <= 0 || shape[i] > 1<<40 {
-			return nil, bad("values %v: dimension %d is not a positive size", shape, shape[i])
+	}
+	for _, d := range shape {
+		if d <= 0 || d > 1<<40 {
+			return nil, bad("values %v: dimension %d is not a positive size", shape, d)
 		}
 	}
 	if _, err := tensor.NumElements(shape); err != nil {

@@ -568,6 +568,7 @@ func TestBadInputs(t *testing.T) {
 			if !errors.Is(err, tc.sentinel) || !isBadInput(err) {
 				t.Fatalf("err = %v (%T), want %v, bad input", err, err, tc.sentinel)
 			}
+			t.Log(err)
 			if tc.mention != "" && !strings.Contains(err.Error(), tc.mention) {
 				t.Errorf("error %q does not mention %q", err, tc.mention)
 			}

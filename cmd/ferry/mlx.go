@@ -1,19 +1,135 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"sort"
+	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/ferry-llm/ferry/mlxpack"
 )
 
-// mlxCommand is not built yet: it says so and exits 1 rather than pretend.
 func mlxCommand() *cli.Command {
 	return &cli.Command{
-		Name:            "mlx",
-		Usage:           "MLX repack and quantization (not built yet)",
+		Name:  "mlx",
+		Usage: "MLX repack (compressed-tensors, no requantizing) and quantization",
+		Subcommands: []*cli.Command{
+			mlxRepackCommand(),
+			mlxQuantizeCommand(),
+		},
+	}
+}
+
+func mlxRepackCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "repack",
+		Usage:     "compressed-tensors pack-quantized checkpoint → MLX directory, no weight bytes changed",
+		UsageText: "ferry mlx repack --src DIR --dst DIR [--relative] [--rewrite] [--force] [--json]",
+		Description: "Writes DST as a farm of symlinks to SRC's files plus a config.json with the MLX\n" +
+			"quantization block derived from SRC's quantization_config. mlx-lm reads the packed\n" +
+			"weights directly for deepseek_v3, kimi_k2, kimi_k25 and joyai_llm_flash; for other\n" +
+			"model types --rewrite writes MLX-named shards for the packed tensors (weight as the\n" +
+			"uint32 view, scales, biases = -2^(bits-1)*scales) and links the rest.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "src", Usage: "source checkpoint directory (compressed-tensors)"},
+			&cli.StringFlag{Name: "dst", Usage: "destination directory (created; an existing one must be empty or an earlier repack)"},
+			&cli.BoolFlag{Name: "relative", Usage: "relative symlinks (relocatable trees)"},
+			&cli.BoolFlag{Name: "rewrite", Usage: "write MLX-named shards for packed tensors (model types mlx-lm does not rename)"},
+			&cli.BoolFlag{Name: "force", Usage: "accept a destination holding other files (left in place)"},
+			&cli.BoolFlag{Name: "follow-links", Usage: "accept source shards that are symlinks out of the source directory"},
+			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
+		},
+		Action: mlxRepack,
+		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {
+			return usageErrorf("mlx repack: %v", err)
+		},
+	}
+}
+
+func mlxRepack(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return usageErrorf("mlx repack: unexpected arguments %q (use --src and --dst)", c.Args().Slice())
+	}
+	src, dst := c.String("src"), c.String("dst")
+	if src == "" || dst == "" {
+		return usageErrorf("mlx repack: --src and --dst are required")
+	}
+	opts := mlxpack.Options{
+		Rewrite:             c.Bool("rewrite"),
+		Relative:            c.Bool("relative"),
+		Force:               c.Bool("force"),
+		FollowExternalLinks: c.Bool("follow-links"),
+	}
+	plan, err := mlxpack.PlanRepack(src, opts)
+	if err != nil {
+		return err
+	}
+	defer plan.Close()
+	res, err := mlxpack.Repack(c.Context, plan, dst)
+	if err != nil {
+		return err
+	}
+	out := c.App.Writer
+	if c.Bool("json") {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		return enc.Encode(res)
+	}
+	counts := map[string]map[string]int{}
+	for _, e := range res.Entries {
+		if counts[e.Kind] == nil {
+			counts[e.Kind] = map[string]int{}
+		}
+		counts[e.Kind][e.Action]++
+	}
+	fmt.Fprintf(out, "%s → %s\n", res.Src, res.Dst)
+	fmt.Fprintf(out, "  mode %s, model_type %s, %d packed modules\n", res.Mode, res.ModelType, res.PackedModules)
+	fmt.Fprintf(out, "  quantization %s\n", quantSummary(res.Quantization))
+	kinds := make([]string, 0, len(counts))
+	for k := range counts {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		var parts []string
+		for _, a := range []string{mlxpack.ActionCreated, mlxpack.ActionReplaced, mlxpack.ActionUnchanged} {
+			if n := counts[k][a]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", n, a))
+			}
+		}
+		fmt.Fprintf(out, "  %-6s %s\n", k, strings.Join(parts, ", "))
+	}
+	fmt.Fprintf(out, "  new bytes: %d\n", res.NewBytes)
+	for _, f := range res.Foreign {
+		fmt.Fprintf(out, "  left in place (--force): %s\n", f)
+	}
+	if !res.Changed {
+		fmt.Fprintln(out, "  already up to date: nothing written")
+	}
+	return nil
+}
+
+func quantSummary(q map[string]any) string {
+	s := fmt.Sprintf("bits %v, group_size %v, mode %v", q["bits"], q["group_size"], q["mode"])
+	if n := len(q) - 3; n > 0 {
+		s += fmt.Sprintf(", %d per-layer overrides", n)
+	}
+	return s
+}
+
+// mlxQuantizeCommand is not built yet: it says so and exits 1 rather than
+// pretend.
+func mlxQuantizeCommand() *cli.Command {
+	return &cli.Command{
+		Name:            "quantize",
+		Usage:           "float checkpoint → MLX affine quantized (not built yet)",
 		SkipFlagParsing: true,
 		Action: func(*cli.Context) error {
-			return fmt.Errorf("'ferry mlx' is not built yet (issue 7)")
+			return errors.New("'ferry mlx quantize' is not built yet")
 		},
 	}
 }
