@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 )
 
@@ -77,6 +78,7 @@ func (s *Store) TryLock(command string) (*Lock, error) {
 		err = os.Link(tmp.Name(), lp)
 		os.Remove(tmp.Name())
 		if err == nil {
+			held.Store(lp, true)
 			return &Lock{path: lp, info: info, TookOver: tookOver}, nil
 		}
 		if !errors.Is(err, fs.ErrExist) {
@@ -89,7 +91,10 @@ func (s *Store) TryLock(command string) (*Lock, error) {
 		if rerr != nil {
 			return nil, fmt.Errorf("%s: unreadable lock file: %w", lp, rerr)
 		}
-		if holder.Host != host || (holder.PID != os.Getpid() && processAlive(holder.PID)) {
+		// Our own pid holds it only if this process took it (heldHere);
+		// otherwise the pid was reused after the holder died.
+		ours := holder.PID == os.Getpid()
+		if holder.Host != host || (!ours && processAlive(holder.PID)) || (ours && heldHere(lp)) {
 			return nil, &LockedError{Path: lp, Holder: holder}
 		}
 		// Stale. Move it aside under a name of our own, and check that
@@ -169,5 +174,11 @@ func (l *Lock) Unlock() error {
 	if info.PID != l.info.PID || info.Host != l.info.Host || !info.Started.Equal(l.info.Started) {
 		return fmt.Errorf("%s: lock is no longer ours", l.path)
 	}
+	held.Delete(l.path)
 	return os.Remove(l.path)
 }
+
+// held records the lock paths this process holds.
+var held sync.Map
+
+func heldHere(p string) bool { _, ok := held.Load(p); return ok }
