@@ -556,6 +556,7 @@ func (a *ckAnalysis) checkLayers(found []int, prefixOf func(int) string, skip ma
 			}
 			rep.Expected += len(gs.names)
 			rep.Present += len(gs.names)
+			a.missingExperts(p, k, gs, ts)
 			problem := strings.Join(gs.problems, "; ")
 			if problem == "" && !slices.Equal(gs.shape, ts.shape) {
 				problem = fmt.Sprintf("shape %v, but trunk layer %d has %v", gs.shape, tl, ts.shape)
@@ -626,4 +627,24 @@ func (a *ckAnalysis) addPresentTensor(t *wTensor, want []int64, problem string, 
 			}
 		}
 	}
+}
+
+// missingExperts names the experts a per-expert head slot lacks at its end
+// (a gap in the middle is found by layerSlots), when the trunk has more:
+// the head is then partial, not merely a different shape.
+func (a *ckAnalysis) missingExperts(prefix, key string, got, tmpl *slot) {
+	rel, ok := strings.CutPrefix(key, "mlp.experts.*")
+	if !ok || len(got.shape) < 1 || len(tmpl.shape) != len(got.shape) || got.shape[0] >= tmpl.shape[0] {
+		return
+	}
+	if !slices.Equal(got.shape[1:], tmpl.shape[1:]) || len(got.names) != int(got.shape[0]) {
+		return // fused or stacked: a shape problem, reported by the caller
+	}
+	for e := got.shape[0]; e < tmpl.shape[0]; e++ {
+		name := fmt.Sprintf("%smlp.experts.%d%s", prefix, e, rel)
+		a.rep.Expected++
+		a.rep.Missing = append(a.rep.Missing, name)
+		a.rep.Tensors = append(a.rep.Tensors, Tensor{Name: name, Required: true, Want: tmpl.shape[1:]})
+	}
+	got.shape = slices.Clone(tmpl.shape) // the missing ones are reported as missing
 }
