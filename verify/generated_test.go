@@ -88,10 +88,14 @@ func TestGeneratedCheckpoints(t *testing.T) {
 		// Qwen3.5 dense: mtp.* at the top level.
 		{name: "qwen dense ok", build: dense, verdict: OK, conv: ConvQwen},
 		{name: "qwen dense merge dropped the head", verdict: Dropped, conv: ConvQwen,
-			build:   func(t *testing.T) string { return gen(t, testmodel.Qwen35Options{Hybrid: testmodel.Hybrid{OmitMTPTensors: true}}) },
+			build: func(t *testing.T) string {
+				return gen(t, testmodel.Qwen35Options{Hybrid: testmodel.Hybrid{OmitMTPTensors: true}})
+			},
 			message: "ferry merge"},
 		{name: "qwen dense no head", verdict: Absent,
-			build: func(t *testing.T) string { return gen(t, testmodel.Qwen35Options{Hybrid: testmodel.Hybrid{NoMTP: true}}) }},
+			build: func(t *testing.T) string {
+				return gen(t, testmodel.Qwen35Options{Hybrid: testmodel.Hybrid{NoMTP: true}})
+			}},
 		{name: "qwen dense partial", verdict: Partial, conv: ConvQwen,
 			build: func(t *testing.T) string {
 				return rewrite(t, dense(t), dropIf(func(n string) bool {
