@@ -188,9 +188,10 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 	}
 	p = &Plan{BaseDir: baseDir, AdapterDir: adapterDir, AdapterWeights: wpath, Config: cfg,
 		DoRA: cfg.UseDoRA, RSLoRA: cfg.UseRSLoRA, DType: opt.DType}
+	opened := p // the named result is nil by the time an error return runs this
 	defer func() {
 		if err != nil {
-			p.Close()
+			opened.Close()
 		}
 	}()
 	if p.adapter, err = safetensors.Open(wpath); err != nil {
@@ -329,10 +330,6 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 		if isEmb {
 			aKey, bKey, kind = k[roleEmbA], k[roleEmbB], KindEmbedding
 		}
-		if aKey == "" || bKey == "" {
-			have := aKey + bKey
-			return nil, inputErr(wpath, have, -1, ErrMissingFactor, "module %q has only one of its two LoRA factors", m)
-		}
 		loc, target, ok := lookup(m + ".weight")
 		if !ok {
 			for _, v := range allKeys() {
@@ -340,6 +337,10 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 			}
 			p.Warnings = append(p.Warnings, fmt.Sprintf("module %s: no base tensor %s.weight", m, m))
 			continue
+		}
+		if aKey == "" || bKey == "" {
+			have := aKey + bKey
+			return nil, inputErr(wpath, have, -1, ErrMissingFactor, "module %q has only one of its two LoRA factors", m)
 		}
 		if !loc.Info.DType.Convertible() || loc.Info.DType == tensor.F64 {
 			return nil, inputErr(loc.Shard.Path, target, loc.Shard.DataOffset()+loc.Info.Begin, ErrUnsupported, "merging into a %s base tensor (want BF16, F16 or F32; quantized bases are not supported)", loc.Info.DType)
