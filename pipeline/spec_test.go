@@ -1,0 +1,128 @@
+package pipeline
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const goodSpec = `name: demo
+store: .ferry
+stages:
+  - name: base
+    import: { path: models/base }
+  - name: adapter
+    import: { path: ~/adapters/a }
+  - name: merged
+    merge: { base: base, adapter: adapter }
+    out: out/merged
+`
+
+func TestParseGood(t *testing.T) {
+	s, err := Parse("demo.yaml", "/p", []byte(goodSpec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "demo" || s.Store != "/p/.ferry" || len(s.Stages) != 3 {
+		t.Fatalf("%+v", s)
+	}
+	m := s.Lookup("merged")
+	if m.Kind != "merge" || m.Out != "/p/out/merged" || len(m.Deps) != 2 || m.Deps[0].Name != "base" || m.Deps[0].Line != 9 {
+		t.Fatalf("merged: %+v", m)
+	}
+	if got := s.Lookup("base").Stage.(*importStage).Path; got != "/p/models/base" {
+		t.Errorf("base path %q", got)
+	}
+	if got := s.Lookup("adapter").Stage.(*importStage).Path; strings.HasPrefix(got, "~") || !strings.HasSuffix(got, "/adapters/a") {
+		t.Errorf("~ not expanded: %q", got)
+	}
+	if v := s.ViewDir(s.Lookup("base")); v != "/p/.ferry/views/base" {
+		t.Errorf("default view %q", v)
+	}
+}
+
+// Every bad file gives one error, with the line it is about, exit 2.
+func TestParseBad(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		line int
+		msg  string
+	}{
+		{"bad yaml", "name: x\nstages:\n  - name: a\n    import: { path: p\n", 3, "invalid YAML"}, // yaml.v3 reports the flow context a line early
+		{"bad yaml tab", "name: x\n\tstages: []\n", 2, "invalid YAML"},
+		{"unknown kind", "name: x\nstages:\n  - name: a\n    imprt: { path: p }\n", 4, `unknown kind "imprt"`},
+		{"missing reference", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: b\n    synth: { size: 10, from: nope }\n", 6, `unknown stage "nope"`},
+		{"missing reference in list", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: c\n    verify_mtp:\n      from:\n        - a\n        - zz\n", 9, `unknown stage "zz"`},
+		{"cycle", "name: x\nstages:\n  - name: a\n    synth: { size: 10, from: b }\n  - name: b\n    synth: { size: 10, from: a }\n", 6, "dependency cycle: a -> b -> a"},
+		{"self cycle", "name: x\nstages:\n  - name: a\n    synth: { size: 10, from: a }\n", 4, "dependency cycle: a -> a"},
+		{"duplicate name", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: a\n    import: { path: q }\n", 5, "duplicate stage name (first defined at line 3)"},
+		{"two kinds", "name: x\nstages:\n  - name: a\n    import: { path: p }\n    synth: { size: 1 }\n", 5, "exactly one kind"},
+		{"no kind", "name: x\nstages:\n  - name: a\n    out: o\n", 3, "no kind given"},
+		{"no name", "name: x\nstages:\n  - import: { path: p }\n", 3, "stage without a name"},
+		{"unknown param", "name: x\nstages:\n  - name: a\n    import:\n      path: p\n      pth: q\n", 6, `unknown parameter "pth"`},
+		{"missing param", "name: x\nstages:\n  - name: a\n    import: {}\n", 4, `needs "path"`},
+		{"bad size", "name: x\nstages:\n  - name: a\n    synth: { size: lots }\n", 4, "must be a size"},
+		{"unknown top key", "name: x\nstage: []\n", 2, `unknown key "stage"`},
+		{"no stages", "name: x\nstages: []\n", 2, "no stages"},
+		{"missing name", "stages:\n  - name: a\n    import: { path: p }\n", 1, "missing name"},
+		{"empty", "", 1, "empty file"},
+		{"not a mapping", "- a\n- b\n", 1, "must be a mapping"},
+		{"stages not a list", "name: x\nstages: { a: 1 }\n", 2, "stages must be a list"},
+		{"bad stage name", "name: x\nstages:\n  - name: 'a b'\n    import: { path: p }\n", 3, "stage name must be"},
+		{"params not mapping", "name: x\nstages:\n  - name: a\n    import: [p]\n", 4, "must be a mapping"},
+		{"ref not a name", "name: x\nstages:\n  - name: a\n    merge: { base: [1, [2]], adapter: a }\n", 4, "every item must be"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("p.yaml", "/d", []byte(tc.src))
+			var se *SpecError
+			if !errors.As(err, &se) {
+				t.Fatalf("err %v (%T), want *SpecError", err, err)
+			}
+			if se.Line != tc.line {
+				t.Errorf("line %d, want %d (%v)", se.Line, tc.line, err)
+			}
+			if !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("error %q does not say %q", err, tc.msg)
+			}
+			if !strings.HasPrefix(err.Error(), "p.yaml:") || !errors.Is(err, ErrSpec) || !se.BadInput() {
+				t.Errorf("error %q: want file:line prefix, ErrSpec, BadInput", err)
+			}
+		})
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"10": 10, "1KB": 1000, "2 MiB": 2 << 20, "3GB": 3e9, "0": 0} {
+		if got, ok := parseSize(in); !ok || got != want {
+			t.Errorf("%q: %d %v", in, got, ok)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1", "1TB", "99999999999GiB"} {
+		if _, ok := parseSize(bad); ok {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// FuzzSpec: any bytes give a Spec or a *SpecError with a line, never a panic.
+func FuzzSpec(f *testing.F) {
+	f.Add([]byte(goodSpec))
+	f.Add([]byte("name: x\nstages:\n  - name: a\n    synth: { size: 10, from: b }\n  - name: b\n    synth: { size: 10, from: a }\n"))
+	f.Add([]byte("name: x\nstages:\n  - name: a\n    import: { path: p\n"))
+	f.Add([]byte("&a [*a]"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := Parse("f.yaml", "/d", b)
+		if err != nil {
+			var se *SpecError
+			if errors.As(err, &se) && se.Line < 1 {
+				t.Fatalf("error without a line: %v", err)
+			}
+			return
+		}
+		if len(s.Order()) != len(s.Stages) {
+			t.Fatal("order lost stages")
+		}
+	})
+}
