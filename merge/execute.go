@@ -72,6 +72,12 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	if err != nil {
 		return nil, err
 	}
+	// Temp files of a killed earlier run are garbage: remove them.
+	if stale, _ := filepath.Glob(filepath.Join(outDir, ".*"+fsutil.PartialSuffix)); len(stale) > 0 {
+		for _, f := range stale {
+			os.Remove(f)
+		}
+	}
 	e := &executor{p: p, out: outDir, opt: opt, j: j}
 	e.progress(0)
 	res := &Result{OutDir: outDir}
