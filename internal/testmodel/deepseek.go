@@ -28,7 +28,12 @@ type DeepSeekV3Options struct {
 }
 
 // Write generates the checkpoint into dir.
-func (o DeepSeekV3Options) Write(dir string) (*Model, error) {
+func (o DeepSeekV3Options) Write(dir string) (*Model, error) { return finish(dir)(o.build()) }
+
+// Layout returns the Model Write would produce, writing nothing.
+func (o DeepSeekV3Options) Layout() (*Model, error) { return finish("")(o.build()) }
+
+func (o DeepSeekV3Options) build() (*builder, error) {
 	def := func(v *int, d int) {
 		if *v == 0 {
 			*v = d
@@ -164,5 +169,5 @@ func (o DeepSeekV3Options) Write(dir string) (*Model, error) {
 		cfg["num_nextn_predict_layers"] = o.NextNLayers
 	}
 	b.config, b.text = cfg, cfg
-	return b.write(dir)
+	return b, nil
 }

@@ -45,15 +45,30 @@ const (
 )
 
 // Write generates the checkpoint into dir.
-func (o LlamaOptions) Write(dir string) (*Model, error) { return writeDense(dir, o.Common, kindLlama) }
+func (o LlamaOptions) Write(dir string) (*Model, error) {
+	return finish(dir)(buildDense(o.Common, kindLlama))
+}
+
+// Layout returns the Model Write would produce, writing nothing.
+func (o LlamaOptions) Layout() (*Model, error) { return finish("")(buildDense(o.Common, kindLlama)) }
 
 // Write generates the checkpoint into dir.
-func (o Qwen2Options) Write(dir string) (*Model, error) { return writeDense(dir, o.Common, kindQwen2) }
+func (o Qwen2Options) Write(dir string) (*Model, error) {
+	return finish(dir)(buildDense(o.Common, kindQwen2))
+}
+
+// Layout returns the Model Write would produce, writing nothing.
+func (o Qwen2Options) Layout() (*Model, error) { return finish("")(buildDense(o.Common, kindQwen2)) }
 
 // Write generates the checkpoint into dir.
-func (o Qwen3Options) Write(dir string) (*Model, error) { return writeDense(dir, o.Common, kindQwen3) }
+func (o Qwen3Options) Write(dir string) (*Model, error) {
+	return finish(dir)(buildDense(o.Common, kindQwen3))
+}
 
-func writeDense(dir string, c Common, kind denseKind) (*Model, error) {
+// Layout returns the Model Write would produce, writing nothing.
+func (o Qwen3Options) Layout() (*Model, error) { return finish("")(buildDense(o.Common, kindQwen3)) }
+
+func buildDense(c Common, kind denseKind) (*builder, error) {
 	d := denseDefaults
 	if kind == kindQwen2 {
 		h := c.HiddenSize
@@ -160,7 +175,7 @@ func writeDense(dir string, c Common, kind denseKind) (*Model, error) {
 	cfg["architectures"] = []string{b.arch}
 	cfg["model_type"] = b.modelType
 	b.config, b.text = cfg, cfg
-	return b.write(dir)
+	return b, nil
 }
 
 // torchDType is the config.json "dtype" value for c.DType.

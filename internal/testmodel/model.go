@@ -294,15 +294,28 @@ var (
 	zeroInit = NormalInit(0, 0.05)
 )
 
-func (b *builder) write(dir string) (*Model, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+// finish turns a builder into a Model: written into dir, or only laid out
+// when dir is "".
+func finish(dir string) func(*builder, error) (*Model, error) {
+	return func(b *builder, err error) (*Model, error) {
+		if err != nil {
+			return nil, err
+		}
+		m, files, err := b.plan(dir)
+		if err != nil || dir == "" {
+			return m, err
+		}
+		return b.write(m, files)
 	}
+}
+
+// plan lays the tensors out in shards; it reads and writes nothing.
+func (b *builder) plan(dir string) (*Model, []safetensors.ShardFile, error) {
 	all := append(append([]Tensor(nil), b.tensors...), b.tail...)
 	seen := map[string]bool{}
 	for _, t := range all {
 		if seen[t.Name] {
-			return nil, fmt.Errorf("testmodel: duplicate tensor %q (generator bug)", t.Name)
+			return nil, nil, fmt.Errorf("testmodel: duplicate tensor %q (generator bug)", t.Name)
 		}
 		seen[t.Name] = true
 	}
@@ -346,14 +359,34 @@ func (b *builder) write(dir string) (*Model, error) {
 		m.index[t.Name] = len(m.Tensors)
 		m.Tensors = append(m.Tensors, t)
 	}
+	for _, f := range files {
+		m.Shards = append(m.Shards, f.Name)
+		m.Files = append(m.Files, f.Name)
+	}
+	if len(files) > 1 {
+		m.Files = append(m.Files, safetensors.IndexName)
+	}
+	m.Files = append(m.Files, "config.json", "generation_config.json")
+	if !b.c.NoTokenizer {
+		m.Files = append(m.Files, "tokenizer.json", "tokenizer_config.json")
+	}
+	sort.Strings(m.Files)
+	return m, files, nil
+}
+
+// write generates the planned files into m.Dir: shards (each atomic), the
+// index, then config, generation config and tokenizer.
+func (b *builder) write(m *Model, files []safetensors.ShardFile) (*Model, error) {
+	dir := m.Dir
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	extra := map[string]any{"total_parameters": m.TotalParameters()}
 	sw, err := safetensors.CreateShardedFiles(dir, map[string]string{"format": "pt"}, files, extra)
 	if err != nil {
 		return nil, fmt.Errorf("testmodel: %w", err)
 	}
 	for _, f := range files {
-		m.Shards = append(m.Shards, f.Name)
-		m.Files = append(m.Files, f.Name)
 		for _, s := range f.Tensors {
 			t, _ := m.Lookup(s.Name)
 			if err := sw.WriteTensor(s.Name, newTensorReader(m.Seed, t, m.RepeatBlock)); err != nil {
@@ -364,9 +397,6 @@ func (b *builder) write(dir string) (*Model, error) {
 	}
 	if err := sw.Close(); err != nil {
 		return nil, fmt.Errorf("testmodel: %w", err)
-	}
-	if len(files) > 1 {
-		m.Files = append(m.Files, safetensors.IndexName)
 	}
 	if err := writeJSON(filepath.Join(dir, "config.json"), b.config); err != nil {
 		return nil, err
@@ -379,14 +409,11 @@ func (b *builder) write(dir string) (*Model, error) {
 	if err := writeJSON(filepath.Join(dir, "generation_config.json"), gen); err != nil {
 		return nil, err
 	}
-	m.Files = append(m.Files, "config.json", "generation_config.json")
 	if !b.c.NoTokenizer {
 		if err := writeTokenizer(dir, b.c.VocabSize); err != nil {
 			return nil, err
 		}
-		m.Files = append(m.Files, "tokenizer.json", "tokenizer_config.json")
 	}
-	sort.Strings(m.Files)
 	return m, nil
 }
 

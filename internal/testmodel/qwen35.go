@@ -121,20 +121,35 @@ func Large27B(layers int) Qwen35Options {
 }
 
 // Write generates the checkpoint into dir.
-func (o Qwen35Options) Write(dir string) (*Model, error) {
-	return writeHybrid(dir, o.Common, o.Hybrid, nil, hybridQwen35, o.ConditionalGeneration)
+func (o Qwen35Options) Write(dir string) (*Model, error) { return finish(dir)(o.build()) }
+
+// Layout returns the Model Write would produce, writing nothing.
+func (o Qwen35Options) Layout() (*Model, error) { return finish("")(o.build()) }
+
+func (o Qwen35Options) build() (*builder, error) {
+	return buildHybrid(o.Common, o.Hybrid, nil, hybridQwen35, o.ConditionalGeneration)
 }
 
 // Write generates the checkpoint into dir.
-func (o Qwen35MoEOptions) Write(dir string) (*Model, error) {
+func (o Qwen35MoEOptions) Write(dir string) (*Model, error) { return finish(dir)(o.build()) }
+
+// Layout returns the Model Write would produce, writing nothing.
+func (o Qwen35MoEOptions) Layout() (*Model, error) { return finish("")(o.build()) }
+
+func (o Qwen35MoEOptions) build() (*builder, error) {
 	moe := o.MoE
-	return writeHybrid(dir, o.Common, o.Hybrid, &moe, hybridQwen35, o.ConditionalGeneration)
+	return buildHybrid(o.Common, o.Hybrid, &moe, hybridQwen35, o.ConditionalGeneration)
 }
 
 // Write generates the checkpoint into dir.
-func (o Qwen3NextOptions) Write(dir string) (*Model, error) {
+func (o Qwen3NextOptions) Write(dir string) (*Model, error) { return finish(dir)(o.build()) }
+
+// Layout returns the Model Write would produce, writing nothing.
+func (o Qwen3NextOptions) Layout() (*Model, error) { return finish("")(o.build()) }
+
+func (o Qwen3NextOptions) build() (*builder, error) {
 	moe := o.MoE
-	return writeHybrid(dir, o.Common, o.Hybrid, &moe, hybridNext, false)
+	return buildHybrid(o.Common, o.Hybrid, &moe, hybridNext, false)
 }
 
 type hybridKind int
@@ -198,7 +213,7 @@ func mropeSection(headDim int, prf float64) []int {
 	return []int{a, b, rest - b}
 }
 
-func writeHybrid(dir string, c Common, h Hybrid, moe *MoE, kind hybridKind, condGen bool) (*Model, error) {
+func buildHybrid(c Common, h Hybrid, moe *MoE, kind hybridKind, condGen bool) (*builder, error) {
 	c = c.withDefaults(hybridDefaults)
 	if err := c.check(); err != nil {
 		return nil, err
@@ -410,5 +425,5 @@ func writeHybrid(dir string, c Common, h Hybrid, moe *MoE, kind hybridKind, cond
 			"transformers_version": transformersVersion,
 		}
 	}
-	return b.write(dir)
+	return b, nil
 }

@@ -47,6 +47,9 @@ func byteSymbols() [256]rune {
 // reference merges, then, for larger vocabularies, synthetic merges that
 // append a lower-case letter to an earlier merged token.
 func tokenizerVocab(vocab int) (tokens []string, merges [][2]string, err error) {
+	if vocab < minTokenizerVocab {
+		return nil, nil, fmt.Errorf("testmodel: vocab_size %d is too small for a byte-level tokenizer (need >= %d)", vocab, minTokenizerVocab)
+	}
 	n := vocab - len(specialTokens)
 	syms := byteSymbols()
 	runes := syms[:]
