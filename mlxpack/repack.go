@@ -423,9 +423,16 @@ func sameShard(ctx context.Context, path string, hdr []byte, s shardPlan) (bool,
 // bytes at a time, never held whole.
 const chunk = 1 << 20
 
+// scratch is writeBody's working memory, fixed whatever the tensor sizes.
+type scratch struct {
+	buf        []byte
+	vals, back []float32
+}
+
 // writeBody streams the shard's tensor bodies, in order, to w.
 func writeBody(ctx context.Context, w io.Writer, s shardPlan) error {
 	buf := make([]byte, chunk)
+	sc := &scratch{buf: buf}
 	for _, t := range s.tensors {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -437,7 +444,7 @@ func writeBody(ctx context.Context, w io.Writer, s shardPlan) error {
 			}
 			continue
 		}
-		if err := writeBiases(ctx, w, sec, t, buf); err != nil {
+		if err := writeBiases(ctx, w, sec, t, sc); err != nil {
 			return err
 		}
 	}
@@ -447,12 +454,17 @@ func writeBody(ctx context.Context, w io.Writer, s shardPlan) error {
 // writeBiases writes biases = −2^(bits−1)·scales in the scale dtype. A
 // power-of-two multiple is exact in BF16, F16 and F32 unless it overflows,
 // which is reported rather than written as infinity.
-func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, t outTensor, buf []byte) error {
+func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, t outTensor, sc *scratch) error {
 	dt := t.spec.DType
 	width := dt.Bits() / 8
 	factor := -float32(math.Ldexp(1, t.bias-1))
+	buf := sc.buf
 	n := len(buf) / width * width
-	vals := make([]float32, n/width)
+	if len(sc.vals) < n/width {
+		sc.vals = make([]float32, n/width)
+		sc.back = make([]float32, n/width)
+	}
+	vals := sc.vals
 	var off int64
 	for off < sec.Size() {
 		if err := ctx.Err(); err != nil {
@@ -479,7 +491,7 @@ func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, t outT
 		}
 		if dt == tensor.F16 || dt == tensor.BF16 {
 			// The narrow cast must have been exact; check by round trip.
-			back := make([]float32, len(v))
+			back := sc.back[:len(v)]
 			if err := tensor.ToF32(dt, back, b); err != nil {
 				return err
 			}
