@@ -43,6 +43,7 @@ type Result struct {
 	PackedModules int            `json:"packed_modules"`
 	Entries       []EntryResult  `json:"entries"`
 	Foreign       []string       `json:"foreign,omitempty"` // left in place under --force
+	Removed       []string       `json:"removed,omitempty"` // stale links to source files that are gone
 	Changed       bool           `json:"changed"`
 	NewBytes      int64          `json:"new_bytes"` // bytes of new files (config, rewritten shards, index)
 }
@@ -64,6 +65,12 @@ func Repack(ctx context.Context, plan *Plan, dst string) (*Result, error) {
 	}
 	res := &Result{Src: plan.Src, Dst: abs, Mode: plan.Mode, ModelType: plan.ModelType, Quantization: plan.Quantization, PackedModules: len(plan.Modules)}
 	st, err := os.Lstat(abs)
+	if err == nil && st.Mode()&os.ModeSymlink != 0 {
+		st, err = os.Stat(abs) // a link to a directory is that directory
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errf(abs, "", ErrDestination, "a dangling symlink")
+		}
+	}
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return res, repackFresh(ctx, plan, abs, res)
@@ -167,6 +174,13 @@ func checkExisting(plan *Plan, dst string, res *Result) error {
 			return err
 		}
 		isLink := fi.Mode()&os.ModeSymlink != 0
+		if !ours && isLink && linksIntoSource(plan.Src, dst, name) {
+			// A link an earlier repack made to a source file that has
+			// since gone: stale, removed.
+			leftovers = append(leftovers, name)
+			res.Removed = append(res.Removed, name)
+			continue
+		}
 		switch {
 		case ours && pe.Kind == "link" && (isLink || plan.Opts.Force) && !fi.IsDir():
 		case ours && pe.Kind != "link" && (isLink || fi.Mode().IsRegular()):
@@ -185,7 +199,29 @@ func checkExisting(plan *Plan, dst string, res *Result) error {
 			return err
 		}
 	}
+	if len(res.Removed) > 0 {
+		res.Changed = true
+	}
 	return nil
+}
+
+// linksIntoSource reports whether dst/name is a symlink whose target names
+// an entry directly inside src (the given path or the resolved one), as the
+// links repack writes do.
+func linksIntoSource(src, dst, name string) bool {
+	target, err := os.Readlink(filepath.Join(dst, name))
+	if err != nil {
+		return false
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(resolveExisting(dst), target)
+	}
+	dir := filepath.Dir(filepath.Clean(target))
+	if dir == src {
+		return true
+	}
+	rs, err := filepath.EvalSymlinks(src)
+	return err == nil && dir == rs
 }
 
 func kindOf(fi os.FileInfo) string {

@@ -773,3 +773,104 @@ func TestPlanIsDeterministic(t *testing.T) {
 		}
 	}
 }
+
+func TestStaleLinkOfRemovedSourceFile(t *testing.T) {
+	src := writeFixture(t, testmodel.CompressedDeepSeekV3(19))
+	dst := filepath.Join(t.TempDir(), "mlx")
+	if _, err := repack(t, src, dst, Options{Relative: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(src, "tiktoken.model")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := repack(t, src, dst, Options{Relative: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(res.Removed, []string{"tiktoken.model"}) || !res.Changed {
+		t.Errorf("removed %v, changed %v", res.Removed, res.Changed)
+	}
+	checkLinks(t, src, dst, true, nil)
+}
+
+func TestDestinationIsLinkToDirectory(t *testing.T) {
+	src := writeFixture(t, testmodel.CompressedDeepSeekV3(20))
+	real := t.TempDir()
+	dst := filepath.Join(t.TempDir(), "via-link")
+	if err := os.Symlink(real, dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repack(t, src, dst, Options{Relative: true}); err != nil {
+		t.Fatal(err)
+	}
+	checkLinks(t, src, real, true, nil)
+}
+
+// kimi_k25 nests quantization_config in text_config and prefixes the
+// language model's names; mlx-lm lifts the nested block and runs the
+// deepseek_v3 sanitize on the language model.
+func TestKimiK25(t *testing.T) {
+	c := testmodel.CompressedDeepSeekV3(21)
+	qc := c.Config["quantization_config"]
+	delete(c.Config, "quantization_config")
+	c.Config = map[string]any{
+		"architectures": []any{"KimiK25ForConditionalGeneration"},
+		"model_type":    "kimi_k25",
+		"text_config":   c.Config,
+	}
+	c.Config["text_config"].(map[string]any)["quantization_config"] = qc
+	c.Config["text_config"].(map[string]any)["model_type"] = "kimi_k2"
+	for _, tn := range c.Tensors {
+		tn.Name = "language_model." + tn.Name
+	}
+	// The ignore regexes are unanchored at the end and start with .*, so
+	// they still match the prefixed names.
+	src := writeFixture(t, c)
+	dst := filepath.Join(t.TempDir(), "mlx")
+	res, err := repack(t, src, dst, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Mode != ModeLink || res.PackedModules != 12 {
+		t.Errorf("%+v", res)
+	}
+	checkConfig(t, src, dst, q4g32)
+	d := readJSON(t, filepath.Join(dst, "config.json"))
+	if _, ok := d["text_config"].(map[string]any)["quantization_config"]; !ok {
+		t.Error("text_config.quantization_config dropped")
+	}
+}
+
+func TestMLXPaths(t *testing.T) {
+	cases := []struct {
+		modelType, module string
+		want              []string
+		ok                bool
+	}{
+		{"deepseek_v3", "model.layers.3.mlp.experts.17.down_proj", []string{"model.layers.3.mlp.switch_mlp.down_proj"}, true},
+		{"kimi_k25", "language_model.model.layers.3.mlp.experts.0.gate_proj", []string{"language_model.model.layers.3.mlp.switch_mlp.gate_proj"}, true},
+		{"kimi_k2", "model.layers.3.self_attn.kv_b_proj", []string{"model.layers.3.self_attn.embed_q", "model.layers.3.self_attn.unembed_out"}, true},
+		{"deepseek_v3", "model.layers.3.self_attn.o_proj", []string{"model.layers.3.self_attn.o_proj"}, true},
+		{"qwen3", "model.layers.0.mlp.down_proj", []string{"model.layers.0.mlp.down_proj"}, true},
+		{"qwen3_5", "model.language_model.layers.0.mlp.down_proj", []string{"model.language_model.layers.0.mlp.down_proj"}, false},
+	}
+	for _, tc := range cases {
+		got, ok := mlxPaths(tc.modelType, tc.module)
+		if !reflect.DeepEqual(got, tc.want) || ok != tc.ok {
+			t.Errorf("mlxPaths(%q, %q) = %v, %v; want %v, %v", tc.modelType, tc.module, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestRewriteExpertsNotBuilt(t *testing.T) {
+	c := testmodel.CompressedQwen3(22)
+	c.Config["model_type"] = "qwen3_moe"
+	for _, tn := range c.Tensors {
+		tn.Name = strings.Replace(tn.Name, ".mlp.", ".mlp.experts.0.", 1)
+	}
+	src := writeFixture(t, c)
+	_, err := repack(t, src, filepath.Join(t.TempDir(), "mlx"), Options{Rewrite: true})
+	if !errors.Is(err, ErrNotBuilt) || isBadInput(err) {
+		t.Fatalf("err = %v", err)
+	}
+}
