@@ -62,40 +62,75 @@ func fma32Slow(p, c, s float64) float32 {
 // element of R is loaded once per four rows.
 func lowRank(d, L, R []float32, n, r, cols int) {
 	d = d[:n*cols]
-	clear(d)
+	done := lowRankFast(d, L, R, n, r, cols)
+	if done == cols {
+		return
+	}
+	// The columns the assembly did not cover (or all of them).
+	lowRankGo(d, L, R[done:], n, r, cols, cols-done, done)
+}
+
+// forceGo makes lowRank use only the pure-Go kernel (tests compare both).
+var forceGo bool
+
+// lowRankGo computes columns [off, off+w) of d (row stride cols) from R
+// (row stride cols, already offset to column off).
+func lowRankGo(d, L, R []float32, n, r, cols, w, off int) {
+	for i := 0; i < n; i++ {
+		clear(d[i*cols+off : i*cols+off+w])
+	}
 	i := 0
 	for ; i+4 <= n; i += 4 {
-		d0 := d[i*cols : (i+1)*cols]
-		d1 := d[(i+1)*cols : (i+2)*cols]
-		d2 := d[(i+2)*cols : (i+3)*cols]
-		d3 := d[(i+3)*cols : (i+4)*cols]
+		d0 := d[i*cols+off : i*cols+off+w]
+		d1 := d[(i+1)*cols+off : (i+1)*cols+off+w]
+		d2 := d[(i+2)*cols+off : (i+2)*cols+off+w]
+		d3 := d[(i+3)*cols+off : (i+3)*cols+off+w]
 		for k := 0; k < r; k++ {
 			l0 := float64(L[i*r+k])
 			l1 := float64(L[(i+1)*r+k])
 			l2 := float64(L[(i+2)*r+k])
 			l3 := float64(L[(i+3)*r+k])
-			rk := R[k*cols : (k+1)*cols]
+			rk := R[k*cols : k*cols+w]
 			d0, d1, d2, d3 := d0[:len(rk)], d1[:len(rk)], d2[:len(rk)], d3[:len(rk)]
 			for j, rv := range rk {
 				x := float64(rv)
-				d0[j] = fmaF(l0*x, d0[j])
-				d1[j] = fmaF(l1*x, d1[j])
-				d2[j] = fmaF(l2*x, d2[j])
-				d3[j] = fmaF(l3*x, d3[j])
+				p0, p1, p2, p3 := l0*x, l1*x, l2*x, l3*x
+				s0 := p0 + float64(d0[j])
+				s1 := p1 + float64(d1[j])
+				s2 := p2 + float64(d2[j])
+				s3 := p3 + float64(d3[j])
+				// One test for the rare cases that need the exact error
+				// term (see fma32); otherwise the float32 conversion is
+				// the single correct rounding.
+				if needsFix(s0) || needsFix(s1) || needsFix(s2) || needsFix(s3) {
+					s0 = float64(fma32Slow(p0, float64(d0[j]), s0))
+					s1 = float64(fma32Slow(p1, float64(d1[j]), s1))
+					s2 = float64(fma32Slow(p2, float64(d2[j]), s2))
+					s3 = float64(fma32Slow(p3, float64(d3[j]), s3))
+				}
+				d0[j], d1[j], d2[j], d3[j] = float32(s0), float32(s1), float32(s2), float32(s3)
 			}
 		}
 	}
 	for ; i < n; i++ {
-		di := d[i*cols : (i+1)*cols]
+		di := d[i*cols+off : i*cols+off+w]
 		for k := 0; k < r; k++ {
 			l := float64(L[i*r+k])
-			rk := R[k*cols : (k+1)*cols]
+			rk := R[k*cols : k*cols+w]
 			di := di[:len(rk)]
 			for j, rv := range rk {
 				di[j] = fmaF(l*float64(rv), di[j])
 			}
 		}
 	}
+}
+
+// needsFix reports a float64 sum whose rounding to float32 could differ
+// from a single rounding of the exact sum: it sits exactly halfway between
+// two float32 values, or below the float32 normal range.
+func needsFix(s float64) bool {
+	b := math.Float64bits(s)
+	return b&0x1fffffff == 0x10000000 || (b>>52)&0x7ff <= 0x380
 }
 
 // fmaF adds c to the exact product p (a float32 × float32 in float64) and
