@@ -155,7 +155,26 @@ func (j *Journal) load() error {
 			return j.reset()
 		}
 	}
-	data, err := os.OpenFile(filepath.Join(j.dir, "data"), os.O_RDWR|os.O_CREATE, 0o644)
+	dataPath := filepath.Join(j.dir, "data")
+	if last != nil {
+		// A crash between Commit's rename and its journal line leaves no
+		// data file but the blob: the hash state of the last unit names it.
+		if _, err := os.Stat(dataPath); errors.Is(err, fs.ErrNotExist) {
+			h := sha256.New()
+			if h.(encoding.BinaryUnmarshaler).UnmarshalBinary(last.State) == nil {
+				d := NewDigest(h.Sum(nil))
+				if st, err := StatStamp(j.s.BlobPath(d)); err == nil && st.Size == j.off {
+					if err := j.appendLine(journalLine{Commit: d, Size: j.off, Stamp: &st}); err != nil {
+						return err
+					}
+					j.commit = &Output{Path: j.ref, Digest: d, Size: j.off}
+					return nil
+				}
+			}
+		}
+	}
+	os.Chmod(dataPath, 0o644) // a crash inside Commit may have left it read-only
+	data, err := os.OpenFile(dataPath, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
 	}

@@ -430,3 +430,26 @@ func TestLoadRejectsCorruptManifest(t *testing.T) {
 		})
 	}
 }
+
+// A crash between Commit's rename into the blobs and its journal line must
+// not redo the units: the resumed journal finds the blob by its hash state.
+func TestJournalCrashAfterRename(t *testing.T) {
+	s := openTemp(t)
+	j, _ := s.OpenJournal("k", "f")
+	j.Write([]byte("all the data"))
+	j.EndUnit("u0")
+	j.Close()
+	dp := filepath.Join(s.IngestDir("k"), DigestOf([]byte("f")).Short(), "data")
+	want := DigestOf([]byte("all the data"))
+	if err := s.place(dp, want, 12); err != nil {
+		t.Fatal(err)
+	}
+	j, err := s.OpenJournal("k", "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := j.Committed()
+	if !ok || o.Digest != want || o.Size != 12 {
+		t.Fatalf("committed %v %+v", ok, o)
+	}
+}

@@ -457,6 +457,10 @@ func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, force
 	sr.Key, sr.Reason = d.key, d.reason
 	if d.action == ActionSkip {
 		sr.Action, sr.Outputs = ActionSkip, d.rec.Outputs
+		// Journals left by a run killed after its commit are garbage now.
+		if err := r.store.RemoveIngest(d.key); err != nil {
+			return sr, nil, err
+		}
 		if err := r.store.Link(r.spec.Name, st.Name, d.key); err != nil {
 			return sr, nil, err
 		}

@@ -59,21 +59,27 @@ type unitLog struct {
 	begin map[string]int
 }
 
-func (u *unitLog) Enabled(context.Context, slog.Level) bool { return true }
-func (u *unitLog) WithAttrs([]slog.Attr) slog.Handler      { return u }
-func (u *unitLog) WithGroup(string) slog.Handler           { return u }
-func (u *unitLog) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != "synth unit begin" {
-		return nil
-	}
-	r.Attrs(func(a slog.Attr) bool {
+type unitLogHandler struct {
+	u     *unitLog
+	stage string
+}
+
+func (h unitLogHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h unitLogHandler) WithGroup(string) slog.Handler            { return h }
+func (h unitLogHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	for _, a := range as {
 		if a.Key == "stage" {
-			u.mu.Lock()
-			u.begin[a.Value.String()]++
-			u.mu.Unlock()
+			h.stage = a.Value.String()
 		}
-		return true
-	})
+	}
+	return h
+}
+func (h unitLogHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "synth unit begin" {
+		h.u.mu.Lock()
+		h.u.begin[h.stage]++
+		h.u.mu.Unlock()
+	}
 	return nil
 }
 
@@ -249,7 +255,7 @@ stages:
 	ul := &unitLog{begin: map[string]int{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	prog := &cancelAfter{n: 3 << 20, cancel: cancel}
-	_, err = Run(ctx, spec, Options{Log: slog.New(ul), Progress: func(string) Progress { return prog }})
+	_, err = Run(ctx, spec, Options{Log: slog.New(unitLogHandler{u: ul}), Progress: func(string) Progress { return prog }})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled run: %v", err)
 	}
@@ -261,7 +267,7 @@ stages:
 	if st.StageRecord("t", "big") != nil {
 		t.Fatal("a cancelled stage left a record")
 	}
-	rep, err = Run(context.Background(), spec, Options{Log: slog.New(ul)})
+	rep, err = Run(context.Background(), spec, Options{Log: slog.New(unitLogHandler{u: ul})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,7 @@ func (s *synthStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	base := h.Sum(nil)
 	buf := make([]byte, 1<<20)
 	for i := int64(len(done)); i < s.Units; i++ {
-		env.Log.Debug("synth unit begin", "stage", env.Stage, "unit", i)
+		env.Log.Debug("synth unit begin", "unit", i)
 		var seed [32]byte
 		uh := sha256.New()
 		uh.Write(base)
@@ -120,7 +120,7 @@ func (s *synthStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		if err := j.EndUnit(unitName(i)); err != nil {
 			return nil, err
 		}
-		env.Log.Debug("synth unit done", "stage", env.Stage, "unit", i)
+		env.Log.Debug("synth unit done", "unit", i)
 	}
 	o, err := j.Commit(s.Size)
 	if err != nil {
