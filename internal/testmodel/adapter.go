@@ -151,6 +151,18 @@ func sourceFromModel(m *Model) *baseSource {
 	s.chunks = func(name string, fn func([]float32)) error {
 		t := s.info[name]
 		g := newGen(m.Seed, t.Name, t.Init, m.RepeatBlock)
+		if b := m.RepeatBlock; b > 0 && t.NumElements() > b {
+			// Generate the block once and feed it again and again.
+			blk := make([]float32, b)
+			g.fill(blk)
+			roundTrip(t.DType, blk)
+			for left := t.NumElements(); left > 0; {
+				k := min(left, b)
+				fn(blk[:k])
+				left -= k
+			}
+			return nil
+		}
 		buf := make([]float32, chunkElems)
 		for left := t.NumElements(); left > 0; {
 			k := min(left, int64(chunkElems))

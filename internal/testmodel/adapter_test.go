@@ -94,6 +94,10 @@ func TestAdapterOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	repeated, err := LlamaOptions{Common{RepeatBlock: 1000, Seed: 8}}.Write(filepath.Join(root, "repeated"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		base    *Model
@@ -169,6 +173,12 @@ func TestAdapterOptions(t *testing.T) {
 						t.Errorf("magnitude key %q", m.Magnitude)
 					}
 					checkMagnitude(t, qwen35, a, m, false)
+				}
+			}},
+		{name: "dora-repeat-block-base", base: repeated, opt: AdapterOptions{DoRA: true, TargetModules: []string{"up_proj", "embed_tokens"}},
+			check: func(t *testing.T, a *Adapter, cfg map[string]any) {
+				for _, m := range a.Modules {
+					checkMagnitude(t, repeated, a, m, m.Embedding)
 				}
 			}},
 		{name: "magnitude-weight-suffix", base: qwen3, opt: AdapterOptions{DoRA: true, MagnitudeWeightSuffix: true},
@@ -334,28 +344,32 @@ func checkMagnitude(t *testing.T, base *Model, a *Adapter, m AdapterModule, perC
 // TestAdapterForDir: an adapter generated from a checkpoint directory is
 // byte-identical to one generated from the in-memory Model.
 func TestAdapterForDir(t *testing.T) {
-	root := t.TempDir()
-	m, err := Qwen35Options{Common: Common{Seed: 9}}.Write(filepath.Join(root, "base"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt := AdapterOptions{Seed: 4, R: 4, Alpha: 8, DoRA: true, TargetModules: []string{"in_proj_qkv", "o_proj", "down_proj"},
-		ModulesToSave: []string{"lm_head"}}
-	if _, err := opt.Write(filepath.Join(root, "a"), m); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := opt.WriteForDir(filepath.Join(root, "b"), filepath.Join(root, "base")); err != nil {
-		t.Fatal(err)
-	}
-	da, db := dirDigest(t, filepath.Join(root, "a")), dirDigest(t, filepath.Join(root, "b"))
-	if !reflect.DeepEqual(da, db) {
-		t.Errorf("adapters differ:\n%v\n%v", da, db)
-	}
-	cfg, err := os.ReadFile(filepath.Join(root, "a", "adapter_config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(cfg), `"base_model_name_or_path": "../base"`) {
-		t.Errorf("base_model_name_or_path not relative: %s", cfg)
+	for _, c := range []Common{{Seed: 9}, {Seed: 10, RepeatBlock: 333}} {
+		t.Run(fmt.Sprintf("repeat-%d", c.RepeatBlock), func(t *testing.T) {
+			root := t.TempDir()
+			m, err := Qwen35Options{Common: c}.Write(filepath.Join(root, "base"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			opt := AdapterOptions{Seed: 4, R: 4, Alpha: 8, DoRA: true, TargetModules: []string{"in_proj_qkv", "o_proj", "down_proj", "embed_tokens"},
+				ModulesToSave: []string{"lm_head"}}
+			if _, err := opt.Write(filepath.Join(root, "a"), m); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := opt.WriteForDir(filepath.Join(root, "b"), filepath.Join(root, "base")); err != nil {
+				t.Fatal(err)
+			}
+			da, db := dirDigest(t, filepath.Join(root, "a")), dirDigest(t, filepath.Join(root, "b"))
+			if !reflect.DeepEqual(da, db) {
+				t.Errorf("adapters differ:\n%v\n%v", da, db)
+			}
+			cfg, err := os.ReadFile(filepath.Join(root, "a", "adapter_config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(cfg), `"base_model_name_or_path": "../base"`) {
+				t.Errorf("base_model_name_or_path not relative: %s", cfg)
+			}
+		})
 	}
 }
