@@ -1,0 +1,168 @@
+// Package convert turns a Hugging Face safetensors checkpoint into a GGUF
+// file with the tensors and metadata llama.cpp's convert_hf_to_gguf.py
+// (34af94c) writes.
+//
+// The work is split as STYLE.md asks: Plan reads config.json, the tokenizer
+// files and every shard header into an inventory, checks it, and decides
+// every output tensor (name, ggml type, shape, the rows of which source
+// tensors it is made of, and the element transform) and the whole GGUF
+// header, without reading a weight byte. Write executes a plan: it streams
+// each output tensor in row blocks from a bounded pool of workers and writes
+// them at their planned offsets.
+//
+// Each model family lives in its own file and is registered by its Hugging
+// Face architectures[0] in the registry map below.
+package convert
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/ferry-llm/ferry/gguf"
+)
+
+// Sentinel errors; all are reported as bad input (exit 2) through *Error.
+var (
+	ErrUnsupportedArch = errors.New("unsupported architecture")
+	ErrMissingTensor   = errors.New("missing tensor")
+	ErrUnknownTensor   = errors.New("tensor the converter cannot map")
+	ErrShape           = errors.New("tensor shape does not match the config")
+	ErrConfig          = errors.New("invalid or incomplete config")
+	ErrMTPMissing      = errors.New("config promises MTP layers but the checkpoint has no mtp.* tensors")
+	ErrTokenizer       = errors.New("unsupported or invalid tokenizer")
+	ErrOptions         = errors.New("invalid options")
+)
+
+// Error is a conversion input error: the file (and tensor, and offset where
+// one applies) and what is wrong.
+type Error struct {
+	Path   string
+	Tensor string
+	Offset int64 // absolute offset in Path, or -1
+	Err    error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Path)
+	if e.Tensor != "" {
+		fmt.Fprintf(&b, ": tensor %q", e.Tensor)
+	}
+	if e.Offset >= 0 {
+		fmt.Fprintf(&b, " at offset %d", e.Offset)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// BadInput marks the error as the user's input being wrong (exit code 2).
+func (e *Error) BadInput() bool { return true }
+
+func errf(path, tensor string, off int64, sentinel error, format string, args ...any) error {
+	if format == "" {
+		return &Error{Path: path, Tensor: tensor, Offset: off, Err: sentinel}
+	}
+	return &Error{Path: path, Tensor: tensor, Offset: off, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+}
+
+// OutType is the --outtype of the converter.
+type OutType string
+
+// Output types.
+const (
+	OutF16  OutType = "f16"
+	OutBF16 OutType = "bf16"
+	OutF32  OutType = "f32"
+	OutQ8_0 OutType = "q8_0"
+	OutAuto OutType = "auto"
+)
+
+// fileType is llama_ftype / gguf-py LlamaFileType.
+func (o OutType) fileType() uint32 {
+	switch o {
+	case OutF32:
+		return 0
+	case OutF16:
+		return 1
+	case OutQ8_0:
+		return 7
+	case OutBF16:
+		return 32
+	}
+	return 1
+}
+
+func (o OutType) ggml() gguf.Type {
+	switch o {
+	case OutF32:
+		return gguf.TypeF32
+	case OutBF16:
+		return gguf.TypeBF16
+	case OutQ8_0:
+		return gguf.TypeQ8_0
+	}
+	return gguf.TypeF16
+}
+
+// Options are the converter flags.
+type Options struct {
+	OutType OutType // default f16
+	// NoMTP drops the mtp.* tensors (convert_hf_to_gguf.py --no-mtp).
+	NoMTP bool
+	// MTPOnly writes only the MTP block plus token_embd, output_norm and
+	// output (convert_hf_to_gguf.py --mtp).
+	MTPOnly bool
+	// Pre overrides tokenizer.ggml.pre (default: by model family).
+	Pre string
+	// Name overrides general.name (convert_hf_to_gguf.py --model-name).
+	Name string
+}
+
+// Supported lists the Hugging Face architectures the converter handles.
+func Supported() []string {
+	out := make([]string, 0, len(registry))
+	for k := range registry {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// registry maps config.json architectures[0] to its family. Adding a family
+// is adding one file and one line here.
+var registry = map[string]func() family{
+	"LlamaForCausalLM":                   newLlama,
+	"Qwen2ForCausalLM":                   newQwen2,
+	"Qwen3ForCausalLM":                   newQwen3,
+	"Qwen3MoeForCausalLM":                newQwen3MoE,
+	"Qwen3_5ForCausalLM":                 newQwen35,
+	"Qwen3_5ForConditionalGeneration":    newQwen35,
+	"Qwen3_5MoeForCausalLM":              newQwen35MoE,
+	"Qwen3_5MoeForConditionalGeneration": newQwen35MoE,
+	"Qwen3NextForCausalLM":               newQwen3Next,
+}
+
+// family is one model family's conversion rules. The model struct carries
+// the shared state; a family only adds its own metadata keys and tensor
+// transforms, in the order convert_hf_to_gguf.py's class chain applies them.
+type family interface {
+	// arch is the GGUF general.architecture.
+	arch() string
+	// init reads and checks the family's config values, before the tensors
+	// are mapped (so block_count, MTP counts and head sizes are known).
+	init(m *model) error
+	// params appends the {arch}.* keys (set_gguf_parameters).
+	params(m *model, kv *kvList) error
+	// modify maps one (filtered, renamed) source tensor to zero or more
+	// output tensors; it may hold tensors back (expert stacking).
+	modify(m *model, t *vtensor, bid int) ([]*vtensor, error)
+	// finish reports tensors held back and never emitted.
+	finish(m *model) error
+	// vocab writes the tokenizer keys.
+	vocab(m *model, kv *kvList) error
+}

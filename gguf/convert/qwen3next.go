@@ -1,0 +1,14 @@
+package convert
+
+// qwen3next is Qwen3NextForCausalLM (conversion/qwen.py Qwen3NextModel):
+// the MoE hybrid with fused in_proj_qkvz (split into attn_qkv and
+// attn_gate) and in_proj_ba (ssm_ba, unchanged); no V-head reorder and no
+// M-RoPE sections.
+type qwen3next struct{ hybrid }
+
+var _ family = (*qwen3next)(nil)
+
+func newQwen3Next() family {
+	return &qwen3next{hybrid{ggufArch: "qwen3next", pre: "qwen2", moe: true,
+		names: newNameMapper("post_attention_norm", append(append([]string{"ssm_ba"}, hybridStems...), moeStems...)...)}}
+}

@@ -1,0 +1,271 @@
+package convert
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// WriteOptions tune Write.
+type WriteOptions struct {
+	// Jobs is the number of tensor workers (default: the core count). The
+	// output is byte-identical for every value.
+	Jobs int
+	// ChunkElems bounds the elements a worker holds at once (default
+	// 256Ki): peak memory is about Jobs × ChunkElems × 16 bytes.
+	ChunkElems int64
+	// Resume reuses out+".partial" from an interrupted run when its header
+	// matches the plan. Verify then decides, per tensor, whether the bytes
+	// already there are complete (the caller compares them with its
+	// journal); tensors it accepts are not rewritten. Without Verify every
+	// tensor is rewritten.
+	Resume bool
+	Verify func(i int, name string, r *io.SectionReader) bool
+	// Progress receives the number of checkpoint bytes consumed, from any
+	// worker goroutine.
+	Progress func(n int64)
+	// TensorDone is called after tensor i's bytes are written (not yet
+	// fsynced; the file is fsynced before it is renamed into place).
+	TensorDone func(i int, name string)
+}
+
+type unit struct {
+	t      int
+	r0, r1 int64
+}
+
+// Write executes p into the file out (written as out+".partial" and
+// renamed when complete). On error or cancellation the partial file is
+// kept for a resume and out is not touched.
+func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
+	jobs := wo.Jobs
+	if jobs <= 0 {
+		jobs = runtime.GOMAXPROCS(0)
+	}
+	chunk := wo.ChunkElems
+	if chunk <= 0 {
+		chunk = 256 << 10
+	}
+	w, err := gguf.Create(out, p.Layout, gguf.Options{Resume: wo.Resume})
+	if err != nil {
+		return err
+	}
+	remaining := make([]atomic.Int64, len(p.Tensors))
+	var units []unit
+	for i, t := range p.Tensors {
+		if w.Resumed() && wo.Verify != nil && wo.Verify(i, t.Name, w.Section(i)) {
+			w.Skip(i)
+			if wo.Progress != nil {
+				wo.Progress(t.inputBytes())
+			}
+			continue
+		}
+		v := t.vt
+		R, C := v.rows(), v.cols()
+		per := max(1, chunk/max(C, 1))
+		n := int64(0)
+		for r := int64(0); r < R; r += per {
+			units = append(units, unit{i, r, min(R, r+per)})
+			n++
+		}
+		if R == 0 {
+			units = append(units, unit{i, 0, 0})
+			n++
+		}
+		remaining[i].Store(n)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	ch := make(chan unit)
+	g.Go(func() error {
+		defer close(ch)
+		for _, u := range units {
+			select {
+			case ch <- u:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	for k := 0; k < jobs; k++ {
+		g.Go(func() error {
+			var b buffers
+			for u := range ch {
+				if err := gctx.Err(); err != nil {
+					return err
+				}
+				if err := writeUnit(w, p, u, &b, wo.Progress); err != nil {
+					return err
+				}
+				if remaining[u.t].Add(-1) == 0 {
+					if err := w.Finish(u.t); err != nil {
+						return err
+					}
+					if wo.TensorDone != nil {
+						wo.TensorDone(u.t, p.Tensors[u.t].Name)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		w.Detach()
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		w.Detach()
+		return err
+	}
+	return w.Close()
+}
+
+func (t TensorPlan) inputBytes() int64 {
+	var n int64
+	for _, s := range t.vt.srcs {
+		n += s.Loc.Info.Size()
+	}
+	return n
+}
+
+// buffers are one worker's scratch space, reused across units.
+type buffers struct {
+	f32  []float32
+	raw  []byte
+	out  []byte
+	row  []float32
+	perm []int64
+}
+
+func grow[T any](s []T, n int64) []T {
+	if int64(cap(s)) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)) error {
+	t := &p.Tensors[u.t]
+	v := t.vt
+	C := v.cols()
+	n := (u.r1 - u.r0) * C
+	b.f32 = grow(b.f32, n)
+	f32 := b.f32
+	var consumed int64
+	for i := u.r0; i < u.r1; {
+		s, r := v.row(i)
+		j := i + 1
+		for j < u.r1 {
+			s2, r2 := v.row(j)
+			if s2 != s || r2 != r+(j-i) {
+				break
+			}
+			j++
+		}
+		src := v.srcs[s]
+		es := int64(src.DType.Bits() / 8)
+		srcElems := src.Loc.Info.Size() / es
+		if srcElems%C != 0 || r < 0 || (r+(j-i))*C > srcElems {
+			return fmt.Errorf("%s: tensor %q: internal plan error: rows %d..%d of %d columns outside %d elements", src.Loc.Shard.Path, src.HFName, r, r+(j-i), C, srcElems)
+		}
+		nb := (j - i) * C * es
+		b.raw = grow(b.raw, nb)
+		off := src.Loc.Shard.DataOffset() + src.Loc.Info.Begin + r*C*es
+		if _, err := src.Loc.Shard.ReaderAt().ReadAt(b.raw, off); err != nil {
+			return fmt.Errorf("%s: tensor %q at offset %d: %w", src.Loc.Shard.Path, src.HFName, off, err)
+		}
+		if err := tensor.ToF32(src.DType, f32[(i-u.r0)*C:(j-u.r0)*C], b.raw); err != nil {
+			return fmt.Errorf("%s: tensor %q: %w", src.Loc.Shard.Path, src.HFName, err)
+		}
+		consumed += nb
+		i = j
+	}
+	if v.col != nil {
+		b.perm = grow(b.perm, C)
+		for c := int64(0); c < C; c++ {
+			b.perm[c] = v.col(c)
+			if b.perm[c] < 0 || b.perm[c] >= C {
+				return fmt.Errorf("tensor %q: internal plan error: column %d maps to %d", t.Name, c, b.perm[c])
+			}
+		}
+		b.row = grow(b.row, C)
+		for r := int64(0); r < u.r1-u.r0; r++ {
+			row := f32[r*C : (r+1)*C]
+			copy(b.row, row)
+			for c, pc := range b.perm {
+				row[c] = b.row[pc]
+			}
+		}
+	}
+	for _, op := range v.ops {
+		switch op {
+		case opAddOne:
+			for k := range f32 {
+				f32[k] = f32[k] + 1
+			}
+		case opNegExp:
+			for k := range f32 {
+				f32[k] = -float32(math.Exp(float64(f32[k])))
+			}
+		}
+	}
+	rowBytes, _ := t.Type.RowSize(uint64(C))
+	ob := (u.r1 - u.r0) * int64(rowBytes)
+	b.out = grow(b.out, ob)
+	switch t.Type {
+	case gguf.TypeF32:
+		tensor.F32ToBytes(b.out, f32)
+	case gguf.TypeF16:
+		tensor.F32ToF16(b.out, f32)
+	case gguf.TypeBF16:
+		tensor.F32ToBF16(b.out, f32)
+	case gguf.TypeQ8_0:
+		quantizeQ8_0(b.out, f32)
+	default:
+		return fmt.Errorf("tensor %q: no encoder for %s", t.Name, t.Type)
+	}
+	if _, err := w.TensorWriter(u.t).(io.WriterAt).WriteAt(b.out, u.r0*int64(rowBytes)); err != nil {
+		return fmt.Errorf("tensor %q: %w", t.Name, err)
+	}
+	if progress != nil {
+		progress(consumed)
+	}
+	return nil
+}
+
+// quantizeQ8_0 is quantize_row_q8_0_ref (and gguf-py's bit-exact Q8_0):
+// per block of 32, d = max|x|/127 in float32, id = 1/d (0 when d is 0),
+// q = round-half-away-from-zero(x·id), d stored as IEEE half (RNE).
+func quantizeQ8_0(dst []byte, src []float32) {
+	for bi := 0; bi*32 < len(src); bi++ {
+		x := src[bi*32 : bi*32+32]
+		out := dst[bi*34 : bi*34+34]
+		var amax float32
+		for _, v := range x {
+			if a := float32(math.Abs(float64(v))); a > amax {
+				amax = a
+			}
+		}
+		d := amax / 127
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		binary.LittleEndian.PutUint16(out, tensor.Float32ToF16(d))
+		for k, v := range x {
+			q := float32(v * id)
+			out[2+k] = byte(int8(math.Round(float64(q))))
+		}
+	}
+}
