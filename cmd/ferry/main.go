@@ -17,7 +17,7 @@ import (
 var version = "dev"
 
 func newApp() *cli.App {
-	return &cli.App{
+	return withUsageErrors(&cli.App{
 		Name:    "ferry",
 		Usage:   "carry a fine-tuned LLM from training box to serving machines",
 		Version: version,
@@ -50,7 +50,7 @@ func newApp() *cli.App {
 			os.Exit(exitBadInput)
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // exit codes are main's job
-	}
+	})
 }
 
 func main() {

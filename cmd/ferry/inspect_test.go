@@ -1,0 +1,364 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/apache/arrow-go/v18/parquet/file"
+	"github.com/apache/arrow-go/v18/parquet/pqarrow"
+
+	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/safetensors/safetensorstest"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+const bundledBase = "../../testdata/models/qwen35-tiny/base"
+
+// The test binary doubles as the ferry binary: with FERRY_INSPECT_TEST_AS_MAIN
+// set it runs main with its arguments, so tests see real exit codes, stdout
+// and stderr, and a separate process's resource usage.
+func init() {
+	if os.Getenv("FERRY_INSPECT_TEST_AS_MAIN") == "1" {
+		os.Args = append([]string{"ferry"}, os.Args[1:]...)
+		main()
+		os.Exit(0) // main always exits; this is a guard
+	}
+}
+
+type ferryRun struct {
+	stdout, stderr string
+	code           int
+	maxRSSKiB      int64
+}
+
+// execFerry runs ferry as a child process.
+func execFerry(t testing.TB, env []string, args ...string) ferryRun {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1"), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := ferryRun{stdout: out.String(), stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	default:
+		t.Fatalf("running ferry %v: %v", args, err)
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.maxRSSKiB = maxRSSKiB(ru)
+	}
+	return r
+}
+
+func inspectJSON(t *testing.T, args ...string) inspectReport {
+	t.Helper()
+	r := execFerry(t, nil, append([]string{"inspect", "--json"}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("inspect %v: exit %d: %s", args, r.code, r.stderr)
+	}
+	var rep inspectReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("inspect --json output: %v\n%s", err, r.stdout)
+	}
+	return rep
+}
+
+func TestInspectBundled(t *testing.T) {
+	rep := inspectJSON(t, bundledBase)
+	s := rep.Summary
+	if s.Tensors != 71 || len(rep.Tensors) != 71 {
+		t.Errorf("%d tensors (%d rows), want 71", s.Tensors, len(rep.Tensors))
+	}
+	if s.Shards != 7 || len(s.ShardFiles) != 7 {
+		t.Errorf("%d shards, want 7", s.Shards)
+	}
+	if s.Architecture != "Qwen3_5ForCausalLM" || s.ModelType != "qwen3_5_text" {
+		t.Errorf("architecture %q model_type %q", s.Architecture, s.ModelType)
+	}
+	if !s.MTP.Present || s.MTP.Tensors != 15 || s.MTP.Promised != 1 || s.MTP.PromisedBy != "mtp_num_hidden_layers" {
+		t.Errorf("mtp %+v, want 15 mtp.* tensors and 1 promised layer", s.MTP)
+	}
+	// The index's own totals, written by transformers.
+	if s.Parameters != 3686616 || s.Bytes != 7373232 || s.BytesPerDType["BF16"] != 7373232 {
+		t.Errorf("parameters %d bytes %d per dtype %v", s.Parameters, s.Bytes, s.BytesPerDType)
+	}
+	// Offsets are absolute: the bytes there are the tensor's bytes.
+	ck, err := safetensors.OpenDir(bundledBase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	for _, r := range rep.Tensors {
+		l, ok := ck.Lookup(r.Name)
+		if !ok || l.Shard.Name != r.Shard || !reflect.DeepEqual(l.Info.Shape, r.Shape) || string(l.Info.DType) != r.DType || l.Info.Size() != r.Bytes {
+			t.Fatalf("row %+v disagrees with the checkpoint", r)
+		}
+		want, _ := io.ReadAll(l.Section())
+		got := make([]byte, r.Bytes)
+		f, _ := os.Open(filepath.Join(bundledBase, r.Shard))
+		f.ReadAt(got, r.Offset)
+		f.Close()
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: bytes at offset %d are not the tensor's", r.Name, r.Offset)
+		}
+	}
+
+	text := execFerry(t, nil, "inspect", bundledBase)
+	for _, want := range []string{"architecture  Qwen3_5ForCausalLM", "tensors       71", "shards        7", "mtp           present: 15 mtp.* tensors", "mtp.fc.weight"} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text output lacks %q:\n%s", want, text.stdout)
+		}
+	}
+	if lines := strings.Count(text.stdout, "\n"); lines != 12+71 {
+		t.Errorf("text output has %d lines, want 12 summary + 71 rows", lines)
+	}
+}
+
+// sha256 of each row's bytes, read independently of the hashing package.
+func checkRowHashes(t *testing.T, dir string, rows []inspectRow) {
+	t.Helper()
+	for _, r := range rows {
+		f, err := os.Open(filepath.Join(dir, r.Shard))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		io.Copy(h, io.NewSectionReader(f, r.Offset, r.Bytes))
+		f.Close()
+		if got := hex.EncodeToString(h.Sum(nil)); r.SHA256 != got {
+			t.Fatalf("%s: sha256 %s, want %s", r.Name, r.SHA256, got)
+		}
+	}
+}
+
+func TestInspectHash(t *testing.T) {
+	var first []inspectRow
+	for _, jobs := range []string{"1", "3"} {
+		r := execFerry(t, nil, "inspect", "--json", "--hash", "--jobs", jobs, bundledBase)
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		if r.stderr != "" {
+			t.Errorf("stderr is not a terminal but got output: %q", r.stderr)
+		}
+		var rep inspectReport
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatal(err)
+		}
+		checkRowHashes(t, bundledBase, rep.Tensors)
+		if first == nil {
+			first = rep.Tensors
+		} else if !reflect.DeepEqual(first, rep.Tensors) {
+			t.Error("rows differ between --jobs 1 and --jobs 3")
+		}
+	}
+	text := execFerry(t, nil, "inspect", "--hash", bundledBase)
+	if !strings.Contains(text.stdout, "SHA256") || !strings.Contains(text.stdout, first[0].SHA256) {
+		t.Error("text output lacks the sha256 column")
+	}
+}
+
+func readParquetRows(t *testing.T, p string) []inspectRow {
+	t.Helper()
+	rdr, err := file.OpenParquetFile(p, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdr.Close()
+	fr, err := pqarrow.NewFileReader(rdr, pqarrow.ArrowReadProperties{}, memory.DefaultAllocator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := fr.ReadTable(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tbl.Release()
+	// Compare names and types: the reader adds PARQUET:field_id metadata.
+	got := tbl.Schema().Fields()
+	want := inspectSchema.Fields()
+	if len(got) != len(want) {
+		t.Fatalf("schema %v", tbl.Schema())
+	}
+	for i := range want {
+		if got[i].Name != want[i].Name || !arrow.TypeEqual(got[i].Type, want[i].Type) || got[i].Nullable != want[i].Nullable {
+			t.Errorf("column %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+	var rows []inspectRow
+	tr := array.NewTableReader(tbl, 1024)
+	defer tr.Release()
+	for tr.Next() {
+		rec := tr.RecordBatch()
+		name := rec.Column(0).(*array.String)
+		dtype := rec.Column(1).(*array.String)
+		shape := rec.Column(2).(*array.List)
+		dims := shape.ListValues().(*array.Int64)
+		size := rec.Column(3).(*array.Int64)
+		shard := rec.Column(4).(*array.String)
+		off := rec.Column(5).(*array.Int64)
+		sum := rec.Column(6).(*array.String)
+		for i := 0; i < int(rec.NumRows()); i++ {
+			lo, hi := shape.ValueOffsets(i)
+			r := inspectRow{Name: name.Value(i), DType: dtype.Value(i), Shape: []int64{}, Bytes: size.Value(i), Shard: shard.Value(i), Offset: off.Value(i)}
+			for j := lo; j < hi; j++ {
+				r.Shape = append(r.Shape, dims.Value(int(j)))
+			}
+			if sum.IsValid(i) {
+				r.SHA256 = sum.Value(i)
+			}
+			rows = append(rows, r)
+		}
+	}
+	return rows
+}
+
+func TestInspectParquet(t *testing.T) {
+	for _, hash := range []bool{false, true} {
+		dir := t.TempDir()
+		p := filepath.Join(dir, "tensors.parquet")
+		args := []string{"--parquet", p, bundledBase}
+		if hash {
+			args = append([]string{"--hash"}, args...)
+		}
+		rep := inspectJSON(t, args...)
+		got := readParquetRows(t, p)
+		if !reflect.DeepEqual(got, rep.Tensors) {
+			t.Errorf("hash=%v: parquet rows differ from --json rows", hash)
+		}
+		if len(got) != 71 || (hash && got[0].SHA256 == "") || (!hash && got[0].SHA256 != "") {
+			t.Errorf("hash=%v: %d rows, first sha256 %q", hash, len(got), got[0].SHA256)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+			t.Errorf("output directory holds %v, want just the parquet file", ents)
+		}
+	}
+	r := execFerry(t, nil, "inspect", "--parquet", filepath.Join(t.TempDir(), "no", "such", "dir.parquet"), bundledBase)
+	if r.code == 0 {
+		t.Error("parquet into a missing directory succeeded")
+	}
+}
+
+func TestInspectBadInput(t *testing.T) {
+	for _, c := range safetensorstest.BadCases() {
+		t.Run(c.Name, func(t *testing.T) {
+			root := t.TempDir()
+			p, err := c.Build(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before, _ := safetensorstest.Snapshot(root)
+			for _, args := range [][]string{{"inspect", p}, {"inspect", "--json", "--hash", p}} {
+				r := execFerry(t, nil, args...)
+				if r.code != exitBadInput {
+					t.Errorf("%v: exit %d, want 2; stderr %s", args, r.code, r.stderr)
+				}
+				if !strings.Contains(r.stderr, c.Blame) {
+					t.Errorf("%v: stderr %q does not name %s", args, r.stderr, c.Blame)
+				}
+				if r.stdout != "" {
+					t.Errorf("%v: printed a result for bad input: %q", args, r.stdout)
+				}
+			}
+			after, _ := safetensorstest.Snapshot(root)
+			if !reflect.DeepEqual(before, after) {
+				t.Error("input changed")
+			}
+		})
+	}
+}
+
+func TestInspectUsage(t *testing.T) {
+	dir := t.TempDir()
+	gguf := filepath.Join(dir, "model.bin")
+	os.WriteFile(gguf, []byte("GGUF\x03\x00\x00\x00"), 0o644)
+	tests := []struct {
+		args   []string
+		code   int
+		stderr string
+	}{
+		{[]string{"no-such-command"}, exitBadInput, "no-such-command"},
+		{[]string{"inspect", "--no-such-flag", bundledBase}, exitBadInput, "no-such-flag"},
+		{[]string{"inspect"}, exitBadInput, "PATH"},
+		{[]string{"inspect", bundledBase, bundledBase}, exitBadInput, "PATH"},
+		{[]string{"inspect", bundledBase, "--json"}, exitBadInput, "flags go before PATH"},
+		{[]string{"merge", "--no-such-flag"}, exitBadInput, "no-such-flag"},
+		{[]string{"inspect", "--jobs", "0", bundledBase}, exitBadInput, "--jobs"},
+		{[]string{"inspect", filepath.Join(dir, "missing")}, exitBadInput, "missing"},
+		{[]string{"inspect", gguf}, exitFailure, "not built yet"},
+		{[]string{"inspect", filepath.Join(dir, "x.gguf")}, exitBadInput, "x.gguf"},
+	}
+	for _, tt := range tests {
+		r := execFerry(t, nil, tt.args...)
+		if r.code != tt.code || !strings.Contains(r.stderr, tt.stderr) {
+			t.Errorf("%v: exit %d stderr %q, want exit %d mentioning %q", tt.args, r.code, r.stderr, tt.code, tt.stderr)
+		}
+	}
+}
+
+func TestInspectFileAndAdapter(t *testing.T) {
+	shard := filepath.Join(bundledBase, "model-00007-of-00007.safetensors")
+	rep := inspectJSON(t, shard)
+	if rep.Summary.Shards != 1 || rep.Summary.MTP.Tensors != 15 || rep.Summary.Architecture != "Qwen3_5ForCausalLM" {
+		t.Errorf("single shard: %+v", rep.Summary)
+	}
+	for _, r := range rep.Tensors {
+		if r.Shard != "model-00007-of-00007.safetensors" {
+			t.Fatalf("row shard %q", r.Shard)
+		}
+	}
+	ad := inspectJSON(t, "../../testdata/models/qwen35-tiny/adapter-dora")
+	if ad.Summary.Tensors != 93 || ad.Summary.BytesPerDType["F32"] != ad.Summary.Bytes || ad.Summary.MTP.Present {
+		t.Errorf("adapter: %+v", ad.Summary)
+	}
+}
+
+// DeepSeek-style MTP: layers past num_hidden_layers, counted when the
+// config sets num_nextn_predict_layers.
+func TestInspectNextN(t *testing.T) {
+	dir := t.TempDir()
+	specs := []safetensors.TensorSpec{
+		safetensorstest.Spec("model.embed_tokens.weight", tensor.BF16, 8, 4),
+		safetensorstest.Spec("model.layers.0.mlp.down_proj.weight", tensor.BF16, 4, 4),
+		safetensorstest.Spec("model.layers.1.eh_proj.weight", tensor.BF16, 4, 8),
+		safetensorstest.Spec("model.layers.1.enorm.weight", tensor.BF16, 4),
+		safetensorstest.Spec("model.layers.1.mlp.down_proj.weight", tensor.BF16, 4, 4),
+	}
+	if err := safetensorstest.WriteFile(filepath.Join(dir, "model.safetensors"), specs...); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"architectures":["DeepseekV3ForCausalLM"],"model_type":"deepseek_v3","num_hidden_layers":1,"num_nextn_predict_layers":1}`), 0o644)
+	m := inspectJSON(t, dir).Summary.MTP
+	if !m.Present || m.Tensors != 0 || m.NextNTensors != 3 || !reflect.DeepEqual(m.NextNLayers, []int{1}) || m.Promised != 1 || m.PromisedBy != "num_nextn_predict_layers" {
+		t.Errorf("mtp %+v", m)
+	}
+	// The same checkpoint with the promise but without the layer.
+	os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"num_hidden_layers":2,"num_nextn_predict_layers":1}`), 0o644)
+	m = inspectJSON(t, dir).Summary.MTP
+	if m.Present || m.Promised != 1 {
+		t.Errorf("mtp %+v, want absent but promised", m)
+	}
+	text := execFerry(t, nil, "inspect", dir)
+	if !strings.Contains(text.stdout, "mtp           none (config promises 1 via num_nextn_predict_layers)") {
+		t.Errorf("text: %s", text.stdout)
+	}
+}
