@@ -636,15 +636,30 @@ func weightNorms(s *baseSource, name string, d0, d1 int64, perCol bool) ([]float
 		n = d1
 	}
 	acc := make([]float64, n)
-	var i int64
+	var row, col int64 // position of the next element
 	err := s.chunks(name, func(v []float32) {
-		for _, x := range v {
-			idx := i / d1
+		for len(v) > 0 {
+			k := min(int64(len(v)), d1-col) // the rest of this row
 			if perCol {
-				idx = i % d1
+				a := acc[col : col+k]
+				for j, x := range v[:k] {
+					a[j] += float64(x) * float64(x)
+				}
+			} else {
+				// Added element by element into the row's sum, so the result
+				// does not depend on how the values arrive in chunks.
+				ss := acc[row]
+				for _, x := range v[:k] {
+					ss += float64(x) * float64(x)
+				}
+				acc[row] = ss
 			}
-			acc[idx] += float64(x) * float64(x)
-			i++
+			v = v[k:]
+			col += k
+			if col == d1 {
+				col = 0
+				row++
+			}
 		}
 	})
 	for k := range acc {

@@ -102,3 +102,36 @@ func copyFile(src, dst string) (int64, error) {
 	}
 	return n, err
 }
+
+// qwen35Linear are the 12 linear projection kinds of Qwen3.5 (attention,
+// linear attention, MLP), the targets of the reference and anchor adapters.
+var qwen35Linear = []string{"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b",
+	"in_proj_a", "out_proj", "gate_proj", "up_proj", "down_proj"}
+
+// BenchmarkLarge27BAdapter makes the anchors.md DoRA adapter (r=16,
+// alpha=32, all 31 linear projections of Large27B(4)) from the layout
+// alone (no base files are needed: norms come from the generator) and
+// reports the adapter's size, 30,177,032 bytes in anchors.md.
+func BenchmarkLarge27BAdapter(b *testing.B) {
+	m, err := Large27B(4).Layout()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	var size int64
+	for i := 0; i < b.N; i++ {
+		a, err := AdapterOptions{R: 16, Alpha: 32, DoRA: true, TargetModules: qwen35Linear, BaseModelNameOrPath: "base"}.Write(dir, m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(a.Modules) != 31 {
+			b.Fatalf("%d modules", len(a.Modules))
+		}
+		st, err := os.Stat(filepath.Join(dir, "adapter_model.safetensors"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		size = st.Size()
+	}
+	b.ReportMetric(float64(size), "adapter-bytes")
+}
