@@ -195,14 +195,16 @@ func dirDigest(t *testing.T, dir string) map[string]string {
 // TestReferenceLayout: generated with the reference's dimensions, the qwen35
 // and qwen3 checkpoints have exactly the reference's tensor names, dtypes,
 // shapes and shard assignment (extracted into testdata/ from
-// ../shared/reference/*/base), and the same index totals.
+// ../shared/reference/*/base), the same index totals and shard file sizes,
+// and config.json / generation_config.json with the same values.
 func TestReferenceLayout(t *testing.T) {
 	for _, tc := range []struct {
 		golden string
+		prefix string
 		w      writer
 	}{
-		{"qwen35_base_tensors.txt", Qwen35Reference()},
-		{"qwen3_base_tensors.txt", Qwen3Reference()},
+		{"qwen35_base_tensors.txt", "qwen35", Qwen35Reference()},
+		{"qwen3_base_tensors.txt", "qwen3", Qwen3Reference()},
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
 			want, meta := readGolden(t, filepath.Join("testdata", tc.golden))
@@ -222,17 +224,34 @@ func TestReferenceLayout(t *testing.T) {
 			if !strings.Contains(meta, fmt.Sprintf("total_size=%d total_parameters=%d", m.TotalSize(), m.TotalParameters())) {
 				t.Errorf("totals %d/%d not in golden header %q", m.TotalSize(), m.TotalParameters(), meta)
 			}
-			// Header sizes match too: the same names in the same
-			// (reference-sorted) order give the same padded JSON length.
+			// Shard file sizes match too: the same tensors in the same
+			// (reference-sorted) order give the same padded header.
 			for _, s := range m.Shards {
-				f, err := safetensors.Open(filepath.Join(dir, s))
+				st, err := os.Stat(filepath.Join(dir, s))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if f.HeaderSize%8 != 0 {
-					t.Errorf("%s: header %d not padded to 8", s, f.HeaderSize)
+				if want := fmt.Sprintf("%s=%d", s, st.Size()); !strings.Contains(meta, want) {
+					t.Errorf("shard %s: %d bytes, not as in the reference (%s)", s, st.Size(), meta)
 				}
-				f.Close()
+			}
+			gotIdx, err := os.ReadFile(filepath.Join(dir, safetensors.IndexName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantIdx, err := os.ReadFile(filepath.Join("testdata", tc.prefix+"_index.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(gotIdx, wantIdx) {
+				t.Errorf("index differs from the reference's:\n%s", gotIdx)
+			}
+			for _, f := range []string{"config.json", "generation_config.json"} {
+				got := readJSONFile(t, filepath.Join(dir, f))
+				want := readJSONFile(t, filepath.Join("testdata", tc.prefix+"_"+f))
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("%s differs from the reference:\n got %v\nwant %v", f, got, want)
+				}
 			}
 		})
 	}
