@@ -1,19 +1,166 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
 
+	"github.com/schollz/progressbar/v3"
 	"github.com/urfave/cli/v2"
+	"golang.org/x/term"
+
+	"github.com/ferry-llm/ferry/gguf/convert"
+	"github.com/ferry-llm/ferry/safetensors"
 )
 
-// ggufCommand is not built yet: it says so and exits 1 rather than pretend.
 func ggufCommand() *cli.Command {
 	return &cli.Command{
-		Name:            "gguf",
-		Usage:           "GGUF conversion (not built yet)",
-		SkipFlagParsing: true,
-		Action: func(*cli.Context) error {
-			return fmt.Errorf("'ferry gguf' is not built yet (issue 5)")
+		Name:  "gguf",
+		Usage: "GGUF conversion",
+		Subcommands: []*cli.Command{
+			ggufConvertCommand(),
+		},
+		Action: func(c *cli.Context) error {
+			return usageErrorf("'ferry gguf' needs a subcommand: 'ferry gguf convert DIR --out FILE'")
 		},
 	}
+}
+
+func ggufConvertCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "convert",
+		Usage:     "convert a Hugging Face safetensors checkpoint to GGUF as convert_hf_to_gguf.py does",
+		ArgsUsage: "DIR",
+		Description: "Reads every shard header first and refuses unknown architectures, missing tensors, shape\n" +
+			"mismatches and a config that promises an MTP head the shards lack, before writing a byte.\n" +
+			"Then streams the tensors (a row block per worker) into FILE.partial and renames it to FILE.\n" +
+			"Supported architectures: " + strings.Join(convert.Supported(), ", ") + ".",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "out", Aliases: []string{"o"}, Usage: "output `FILE` (an existing directory gets <Name>-<size>-<TYPE>.gguf)"},
+			&cli.StringFlag{Name: "outtype", Value: "f16", Usage: "f16, bf16, f32, q8_0 or auto"},
+			&cli.BoolFlag{Name: "no-mtp", Usage: "drop the MTP/NextN head (mtp.* tensors)"},
+			&cli.BoolFlag{Name: "mtp-only", Usage: "write only the MTP head plus token_embd, output_norm and output (an mtp- file)"},
+			&cli.StringFlag{Name: "pre", Usage: "tokenizer.ggml.pre `NAME` (default by model family: qwen2 for Qwen2/3 and Qwen3-Next, qwen35 for Qwen3.5/3.6, llama-bpe for Llama)"},
+			&cli.StringFlag{Name: "model-name", Usage: "general.name (default from the directory name)"},
+			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "tensor workers"},
+			&cli.BoolFlag{Name: "resume", Usage: "reuse FILE.partial from an interrupted run when its header matches (every tensor is rewritten)"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the checkpoint and print the plan, write nothing"},
+			&cli.BoolFlag{Name: "json", Usage: "print the result (or the plan with --dry-run) as JSON"},
+		},
+		Action: runGGUFConvert,
+	}
+}
+
+// ggufConvertResult is what convert prints.
+type ggufConvertResult struct {
+	Out          string   `json:"out"`
+	Architecture string   `json:"architecture"`
+	HFArch       string   `json:"hf_architecture"`
+	OutType      string   `json:"outtype"`
+	Tensors      int      `json:"tensors"`
+	Bytes        int64    `json:"bytes"`
+	InputBytes   int64    `json:"input_bytes"`
+	MTPLayers    int      `json:"nextn_predict_layers"`
+	Seconds      float64  `json:"seconds,omitempty"`
+	DryRun       bool     `json:"dry_run,omitempty"`
+	Plan         []string `json:"plan,omitempty"`
+}
+
+func runGGUFConvert(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return usageErrorf("gguf convert: want exactly one checkpoint DIR (flags before it), got %d arguments", c.NArg())
+	}
+	if c.Int("jobs") < 1 {
+		return usageErrorf("gguf convert: --jobs must be at least 1")
+	}
+	out := c.String("out")
+	if out == "" && !c.Bool("dry-run") {
+		return usageErrorf("gguf convert: --out FILE is required")
+	}
+	outType := convert.OutType(strings.ToLower(c.String("outtype")))
+	switch outType {
+	case convert.OutF16, convert.OutBF16, convert.OutF32, convert.OutQ8_0, convert.OutAuto:
+	default:
+		return usageErrorf("gguf convert: --outtype %q (want f16, bf16, f32, q8_0 or auto)", c.String("outtype"))
+	}
+	if c.Bool("no-mtp") && c.Bool("mtp-only") {
+		return usageErrorf("gguf convert: --no-mtp and --mtp-only exclude each other")
+	}
+	dir := c.Args().First()
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	defer ck.Close()
+	plan, err := convert.NewPlan(ck, convert.Options{
+		OutType: outType, NoMTP: c.Bool("no-mtp"), MTPOnly: c.Bool("mtp-only"),
+		Pre: c.String("pre"), Name: c.String("model-name"),
+	})
+	if err != nil {
+		return err
+	}
+	if out != "" {
+		if st, err := os.Stat(out); err == nil && st.IsDir() {
+			out = filepath.Join(out, plan.DefaultFileName(c.Bool("mtp-only")))
+		}
+	}
+	res := ggufConvertResult{Out: out, Architecture: plan.Arch, HFArch: plan.HFArch, OutType: string(plan.OutType),
+		Tensors: len(plan.Tensors), Bytes: plan.Layout.Size, InputBytes: plan.InputBytes, MTPLayers: plan.MTPLayers}
+	if c.Bool("dry-run") {
+		res.DryRun = true
+		for _, t := range plan.Tensors {
+			res.Plan = append(res.Plan, t.String())
+		}
+		return printConvert(c, res)
+	}
+
+	var progress func(int64)
+	if f, ok := c.App.ErrWriter.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		bar := progressbar.NewOptions64(plan.InputBytes,
+			progressbar.OptionSetWriter(f),
+			progressbar.OptionSetDescription("converting"),
+			progressbar.OptionShowBytes(true),
+			progressbar.OptionSetWidth(30),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish(),
+		)
+		defer bar.Finish()
+		progress = func(n int64) { bar.Add64(n) }
+	}
+	start := time.Now()
+	err = convert.Write(c.Context, plan, out, convert.WriteOptions{Jobs: c.Int("jobs"), Resume: c.Bool("resume"), Progress: progress})
+	if err != nil {
+		if errors.Is(err, c.Context.Err()) && c.Context.Err() != nil {
+			return fmt.Errorf("interrupted; %s.partial is kept (run again with --resume): %w", out, err)
+		}
+		return err
+	}
+	res.Seconds = time.Since(start).Seconds()
+	return printConvert(c, res)
+}
+
+func printConvert(c *cli.Context, res ggufConvertResult) error {
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		return enc.Encode(res)
+	}
+	w := c.App.Writer
+	if res.DryRun {
+		for _, l := range res.Plan {
+			fmt.Fprintln(w, l)
+		}
+		fmt.Fprintf(w, "plan: %s (%s) → %s, %d tensors, %d bytes, nextn_predict_layers %d (nothing written)\n",
+			res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, res.MTPLayers)
+		return nil
+	}
+	fmt.Fprintf(w, "%s: %s (%s) %s, %d tensors, %d bytes, nextn_predict_layers %d, %.1fs\n",
+		res.Out, res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, res.MTPLayers, res.Seconds)
+	return nil
 }

@@ -166,3 +166,38 @@ type family interface {
 	// vocab writes the tokenizer keys.
 	vocab(m *model, kv *kvList) error
 }
+
+// String describes a tensor plan in one line: name, type, ggml dims,
+// sources and transforms.
+func (t TensorPlan) String() string {
+	s := fmt.Sprintf("%-40s %-5s %v ← %s", t.Name, t.Type, t.Dims, strings.Join(t.Sources, ", "))
+	if len(t.Steps) > 0 {
+		s += " [" + strings.Join(t.Steps, ", ") + "]"
+	}
+	return s
+}
+
+// DefaultFileName is the converter's naming_convention for an output
+// directory: <Name>-<size label>-<TYPE>.gguf (mtp-<Name>-<TYPE>.gguf for
+// --mtp-only).
+func (p *Plan) DefaultFileName(mtpOnly bool) string {
+	get := func(k string) string {
+		for _, kv := range p.KVs {
+			if kv.Key == k {
+				s, _ := kv.String()
+				return s
+			}
+		}
+		return ""
+	}
+	name := strings.ReplaceAll(strings.TrimSpace(get("general.name")), " ", "-")
+	typ := strings.ToUpper(string(p.OutType))
+	if mtpOnly {
+		return "mtp-" + name + "-" + typ + ".gguf"
+	}
+	parts := []string{name}
+	if s := get("general.size_label"); s != "" {
+		parts = append(parts, s)
+	}
+	return strings.Join(append(parts, typ), "-") + ".gguf"
+}

@@ -1,0 +1,268 @@
+package convert
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/internal/ggufcheck"
+	"github.com/ferry-llm/ferry/safetensors"
+)
+
+var update = flag.Bool("update", false, "regenerate testdata/golden/*.json from ../../../shared/reference (see testdata/PROVENANCE.md)")
+
+// goldenFile is a GGUF file reduced to what the tests compare: every KV
+// (key, value type, value) in order, every tensor (name, type, dims,
+// offset, sha256 of its bytes) in order, and the whole file's sha256.
+type goldenFile struct {
+	Source  string         `json:"source"`
+	Size    int64          `json:"size"`
+	SHA256  string         `json:"sha256"`
+	KVs     []goldenKV     `json:"kvs"`
+	Tensors []goldenTensor `json:"tensors"`
+}
+
+type goldenKV struct {
+	Key   string          `json:"key"`
+	Type  string          `json:"type"`
+	Value json.RawMessage `json:"value"`
+}
+
+type goldenTensor struct {
+	Name   string   `json:"name"`
+	Type   string   `json:"type"`
+	Dims   []uint64 `json:"dims"`
+	Offset uint64   `json:"offset"`
+	SHA256 string   `json:"sha256"`
+}
+
+func kvJSON(kv gguf.KV) json.RawMessage {
+	v := kv.Value
+	if a, ok := v.(gguf.Array); ok {
+		v = map[string]any{"elem": a.Elem.String(), "values": a.Values}
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func dumpGGUF(t testing.TB, path, source string) *goldenFile {
+	t.Helper()
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g := &goldenFile{Source: source, Size: f.Size}
+	for _, kv := range f.KVs {
+		g.KVs = append(g.KVs, goldenKV{kv.Key, kv.Type.String(), kvJSON(kv)})
+	}
+	for _, ti := range f.Tensors {
+		h := sha256.New()
+		if _, err := io.Copy(h, f.Section(ti)); err != nil {
+			t.Fatal(err)
+		}
+		g.Tensors = append(g.Tensors, goldenTensor{ti.Name, ti.Type.String(), ti.Dims, ti.Offset, hex.EncodeToString(h.Sum(nil))})
+	}
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, fh); err != nil {
+		t.Fatal(err)
+	}
+	g.SHA256 = hex.EncodeToString(h.Sum(nil))
+	return g
+}
+
+// goldens: the reference GGUFs of ../shared/reference (llama.cpp 34af94c).
+var goldens = map[string]string{
+	"qwen3-base-F16":  "qwen3/gguf/base-F16.gguf",
+	"qwen3-base-Q8_0": "qwen3/gguf/base-Q8_0.gguf",
+	"qwen35-base-F16": "qwen35/gguf/base-F16.gguf",
+}
+
+func loadGolden(t *testing.T, name string) *goldenFile {
+	t.Helper()
+	path := filepath.Join("testdata", "golden", name+".json")
+	if *update {
+		src := filepath.Join("..", "..", "..", "shared", "reference", goldens[name])
+		g := dumpGGUF(t, src, "../shared/reference/"+goldens[name])
+		b, _ := json.MarshalIndent(g, "", " ")
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g goldenFile
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	for i := range g.KVs { // MarshalIndent indented the raw values
+		var c bytes.Buffer
+		if err := json.Compact(&c, g.KVs[i].Value); err != nil {
+			t.Fatal(err)
+		}
+		g.KVs[i].Value = c.Bytes()
+	}
+	return &g
+}
+
+// intended lists the KV differences from a golden file that ferry makes on
+// purpose, with the reason; compareGolden fails on any other difference.
+type intended map[string]string
+
+func convertDir(t *testing.T, dir string, opts Options, wo WriteOptions) (string, *Plan) {
+	t.Helper()
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	p, err := NewPlan(ck, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out.gguf")
+	if err := Write(context.Background(), p, out, wo); err != nil {
+		t.Fatal(err)
+	}
+	if err := ggufcheck.Check(out); err != nil {
+		t.Fatalf("gguf-parser-go cross-check: %v", err)
+	}
+	return out, p
+}
+
+func compareGolden(t *testing.T, got, want *goldenFile, diffs intended, byName bool) {
+	t.Helper()
+	wantKV := map[string]goldenKV{}
+	for _, kv := range want.KVs {
+		wantKV[kv.Key] = kv
+	}
+	if len(got.KVs) != len(want.KVs) {
+		t.Errorf("%d KVs, reference %d", len(got.KVs), len(want.KVs))
+	}
+	for i, kv := range got.KVs {
+		w, ok := wantKV[kv.Key]
+		if !byName && i < len(want.KVs) {
+			w, ok = want.KVs[i], true
+		}
+		same := ok && w.Key == kv.Key && w.Type == kv.Type && string(w.Value) == string(kv.Value)
+		reason, isIntended := diffs[kv.Key]
+		switch {
+		case same && isIntended:
+			t.Errorf("KV %s: listed as an intended difference (%s) but equal to the reference", kv.Key, reason)
+		case !same && isIntended:
+			t.Logf("intended difference %s: ours %s %.60s, reference %s %.60s (%s)", kv.Key, kv.Type, kv.Value, w.Type, w.Value, reason)
+		case !same:
+			t.Errorf("KV %d: ours %s %s %.200s, reference %s %s %.200s", i, kv.Key, kv.Type, kv.Value, w.Key, w.Type, w.Value)
+		}
+	}
+	wantT := map[string]goldenTensor{}
+	for _, ti := range want.Tensors {
+		wantT[ti.Name] = ti
+	}
+	if len(got.Tensors) != len(want.Tensors) {
+		t.Errorf("%d tensors, reference %d", len(got.Tensors), len(want.Tensors))
+	}
+	for i, ti := range got.Tensors {
+		w, ok := wantT[ti.Name]
+		if !byName && i < len(want.Tensors) {
+			w, ok = want.Tensors[i], true
+		}
+		if !ok {
+			t.Errorf("tensor %s not in the reference", ti.Name)
+			continue
+		}
+		if w.Name != ti.Name || w.Type != ti.Type || fmt.Sprint(w.Dims) != fmt.Sprint(ti.Dims) || w.SHA256 != ti.SHA256 || (!byName && w.Offset != ti.Offset) {
+			t.Errorf("tensor %d: ours %s %s %v @%d %s, reference %s %s %v @%d %s", i, ti.Name, ti.Type, ti.Dims, ti.Offset, ti.SHA256[:12], w.Name, w.Type, w.Dims, w.Offset, w.SHA256[:12])
+		}
+	}
+}
+
+const qwen35Dir = "../../testdata/models/qwen35-tiny/base"
+const qwen3Dir = "testdata/qwen3/base"
+
+func TestGoldenQwen3F16(t *testing.T) {
+	want := loadGolden(t, "qwen3-base-F16")
+	out, _ := convertDir(t, qwen3Dir, Options{OutType: OutF16}, WriteOptions{})
+	got := dumpGGUF(t, out, "")
+	compareGolden(t, got, want, nil, false)
+	if got.SHA256 != want.SHA256 {
+		t.Errorf("file sha256 %s, reference %s: not byte-identical", got.SHA256, want.SHA256)
+	} else {
+		t.Logf("whole file byte-identical to the reference (sha256 %s)", got.SHA256)
+	}
+}
+
+func TestGoldenQwen35F16(t *testing.T) {
+	want := loadGolden(t, "qwen35-base-F16")
+	out, p := convertDir(t, qwen35Dir, Options{OutType: OutF16}, WriteOptions{Jobs: 3})
+	got := dumpGGUF(t, out, "")
+	compareGolden(t, got, want, intended{
+		"tokenizer.ggml.pre": "the reference was made with a converter tweak that writes qwen2 for the tiny tokenizer's unknown pre-tokenizer hash " +
+			"(PROVENANCE.md, 'The one change made to the converter'); the unmodified converter refuses that hash, and for real Qwen3.5/3.6 " +
+			"tokenizers (hash d30d75d9…) it writes qwen35, which ferry writes by model family",
+	}, false)
+	if got.SHA256 == want.SHA256 {
+		t.Error("file identical although tokenizer.ggml.pre differs")
+	}
+	if p.MTPLayers != 1 {
+		t.Errorf("plan MTP layers %d", p.MTPLayers)
+	}
+
+	// With the reference's pre-tokenizer name the whole file is identical.
+	out2, _ := convertDir(t, qwen35Dir, Options{OutType: OutF16, Pre: "qwen2"}, WriteOptions{Jobs: 1})
+	got2 := dumpGGUF(t, out2, "")
+	compareGolden(t, got2, want, nil, false)
+	if got2.SHA256 != want.SHA256 {
+		t.Errorf("with --pre qwen2: file sha256 %s, reference %s", got2.SHA256, want.SHA256)
+	} else {
+		t.Logf("with --pre qwen2 the whole file is byte-identical to the reference (sha256 %s)", got2.SHA256)
+	}
+}
+
+// convertQ8_0SHA256 is the sha256 of the reference converter's own
+// --outtype q8_0 output for qwen3/base (../shared/reference/PROVENANCE.md,
+// "Files produced but not shipped": base-q8_0-convert.gguf, 1412000 bytes).
+const convertQ8_0SHA256 = "db3643cbe0ec500b142db84741d19ec95bfad47c65e1c475dbaf344eda42dd88"
+
+func TestGoldenQwen3Q8_0(t *testing.T) {
+	want := loadGolden(t, "qwen3-base-Q8_0")
+	out, _ := convertDir(t, qwen3Dir, Options{OutType: OutQ8_0}, WriteOptions{})
+	got := dumpGGUF(t, out, "")
+	// base-Q8_0.gguf was written by llama-quantize, which orders tensors by
+	// block and moves general.quantization_version and general.file_type
+	// to the end; compare by name. Tensor bytes must be identical.
+	compareGolden(t, got, want, nil, true)
+	if got.SHA256 != convertQ8_0SHA256 {
+		t.Errorf("file sha256 %s, the reference converter's q8_0 output is %s", got.SHA256, convertQ8_0SHA256)
+	} else {
+		t.Logf("whole file byte-identical to convert_hf_to_gguf.py --outtype q8_0 (sha256 %s)", got.SHA256)
+	}
+	for _, ti := range got.Tensors {
+		if !strings.HasSuffix(ti.Name, "norm.weight") && ti.Type != "Q8_0" {
+			t.Errorf("%s is %s", ti.Name, ti.Type)
+		}
+	}
+}
