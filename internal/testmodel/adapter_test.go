@@ -16,50 +16,75 @@ import (
 	"github.com/ferry-llm/ferry/tensor"
 )
 
-// TestAdapterReference: a DoRA adapter made with the reference's options on
-// the reference-sized qwen35 has byte-identical adapter_config.json and the
-// same tensor keys, dtypes and shapes as the peft 0.21 adapter in
-// ../shared/reference/qwen35/adapters/dora (copied into testdata/).
+// TestAdapterReference: adapters made with the reference's options on the
+// reference-sized bases have byte-identical adapter_config.json, the same
+// tensor keys, dtypes and shapes, and the same file size as the peft 0.21
+// adapters in ../shared/reference/*/adapters (copied into testdata/).
 func TestAdapterReference(t *testing.T) {
-	root := t.TempDir()
-	m, err := Qwen35Reference().Write(filepath.Join(root, "base"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	targets := []string{"k_proj", "down_proj", "v_proj", "in_proj_a", "o_proj", "up_proj", "gate_proj",
-		"out_proj", "in_proj_z", "in_proj_qkv", "q_proj", "in_proj_b"}
-	a, err := AdapterOptions{R: 8, Alpha: 16, DoRA: true, TargetModules: targets, BaseModelNameOrPath: "qwen35/base"}.
-		Write(filepath.Join(root, "dora"), m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := os.ReadFile(filepath.Join(root, "dora", "adapter_config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := os.ReadFile("testdata/qwen35_dora_adapter_config.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != string(want) {
-		t.Errorf("adapter_config.json differs from peft's:\n%s\n---\n%s", got, want)
-	}
-	wantRows, _ := readGolden(t, "testdata/qwen35_dora_adapter_tensors.txt")
-	f, err := safetensors.Open(filepath.Join(root, "dora", "adapter_model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var rows []string
-	for _, ti := range f.Tensors {
-		rows = append(rows, fmt.Sprintf("%s %s %s", ti.Name, ti.DType, shapeString(ti.Shape)))
-	}
-	sort.Strings(rows)
-	if !reflect.DeepEqual(rows, wantRows) {
-		t.Errorf("adapter tensors differ from peft's\n got %v\nwant %v", rows, wantRows)
-	}
-	if len(a.Modules) != 31 {
-		t.Errorf("%d modules, want 31", len(a.Modules))
+	for _, tc := range []struct {
+		name    string
+		base    writer
+		baseRel string
+		opt     AdapterOptions
+		modules int
+	}{
+		{"qwen35_dora", Qwen35Reference(), "qwen35/base", AdapterOptions{R: 8, Alpha: 16, DoRA: true, TargetModules: []string{
+			"k_proj", "down_proj", "v_proj", "in_proj_a", "o_proj", "up_proj", "gate_proj",
+			"out_proj", "in_proj_z", "in_proj_qkv", "q_proj", "in_proj_b"}}, 31},
+		{"qwen3_dora", Qwen3Reference(), "qwen3/base", AdapterOptions{R: 8, Alpha: 16, DoRA: true, TargetModules: []string{
+			"k_proj", "down_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "q_proj"}}, 14},
+		{"qwen3_rslora", Qwen3Reference(), "qwen3/base", AdapterOptions{R: 4, Alpha: 8, RSLoRA: true, TargetModules: []string{
+			"down_proj", "q_proj", "v_proj"}}, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			m, err := tc.base.Write(filepath.Join(root, "base"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			opt := tc.opt
+			opt.BaseModelNameOrPath = tc.baseRel
+			a, err := opt.Write(filepath.Join(root, "adapter"), m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(filepath.Join(root, "adapter", "adapter_config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := os.ReadFile("testdata/" + tc.name + "_adapter_config.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want) {
+				t.Errorf("adapter_config.json differs from peft's:\n%s\n---\n%s", got, want)
+			}
+			wantRows, meta := readGolden(t, "testdata/"+tc.name+"_adapter_tensors.txt")
+			path := filepath.Join(root, "adapter", "adapter_model.safetensors")
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := fmt.Sprintf("file size: %d", st.Size()); !strings.Contains(meta, want) {
+				t.Errorf("adapter file is %d bytes; reference: %s", st.Size(), meta)
+			}
+			f, err := safetensors.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			var rows []string
+			for _, ti := range f.Tensors {
+				rows = append(rows, fmt.Sprintf("%s %s %s", ti.Name, ti.DType, shapeString(ti.Shape)))
+			}
+			sort.Strings(rows)
+			if !reflect.DeepEqual(rows, wantRows) {
+				t.Errorf("adapter tensors differ from peft's\n got %v\nwant %v", rows, wantRows)
+			}
+			if len(a.Modules) != tc.modules {
+				t.Errorf("%d modules, want %d", len(a.Modules), tc.modules)
+			}
+		})
 	}
 }
 
