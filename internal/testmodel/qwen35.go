@@ -391,13 +391,14 @@ func buildHybrid(c Common, h Hybrid, moe *MoE, kind hybridKind, condGen bool) (*
 		text["shared_expert_intermediate_size"] = moe.SharedExpertIntermediateSize
 		text["router_aux_loss_coef"] = 0.001
 		text["output_router_logits"] = false
+		// Qwen3NextConfig fields, which Qwen3_5MoeTextConfig inherits.
+		text["decoder_sparse_step"] = 1
+		text["mlp_only_layers"] = []int{}
+		text["norm_topk_prob"] = true
 	}
 	switch {
 	case kind == hybridNext:
 		b.arch, b.modelType = "Qwen3NextForCausalLM", "qwen3_next"
-		text["decoder_sparse_step"] = 1
-		text["mlp_only_layers"] = []int{}
-		text["norm_topk_prob"] = true
 		text["intermediate_size"] = c.IntermediateSize
 	case moe != nil:
 		b.arch, b.modelType = "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"
