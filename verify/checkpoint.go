@@ -255,12 +255,13 @@ func (a *ckAnalysis) run() error {
 	a.vocab, _ = cfg.Int("vocab_size")
 
 	// What the config promises.
-	qwenN, qwenKey := cfg.Int("mtp_num_hidden_layers")
-	nextnN, nextnKey := cfg.Int("num_nextn_predict_layers")
-	for _, n := range []int64{qwenN, nextnN} {
-		if n < 0 || n > 1024 {
-			return badf(cfg.Path, ErrBadMetadata, "MTP layer count %d is implausible", n)
-		}
+	qwenN, qwenKey, err := countKey(cfg, "mtp_num_hidden_layers")
+	if err != nil {
+		return err
+	}
+	nextnN, nextnKey, err := countKey(cfg, "num_nextn_predict_layers")
+	if err != nil {
+		return err
 	}
 	mtpPrefix, mtpNames := a.findQwenHead()
 	switch {
@@ -429,19 +430,15 @@ func (a *ckAnalysis) checkNextN() {
 	found := a.nextnLayers()
 	rep.FoundLayers = found
 	layerPrefix := func(i int) string { return fmt.Sprintf("%slayers.%d.", a.trunkPrefix, rep.TrunkLayers+i) }
-	n := rep.Promised
-	if k := len(found); k > 0 && found[k-1]-rep.TrunkLayers+1 > n {
-		n = found[k-1] - rep.TrunkLayers + 1
-	}
-	for i := 0; i < n; i++ {
-		for _, s := range specials {
-			a.checkSpecial(layerPrefix(i)+s.rel, s)
-		}
-	}
-	// checkLayers wants MTP-relative indices.
+	// MTP-relative indices.
 	rel := make([]int, len(found))
 	for k, i := range found {
 		rel[k] = i - rep.TrunkLayers
+	}
+	for _, i := range headIndices(rep.Promised, rel) {
+		for _, s := range specials {
+			a.checkSpecial(layerPrefix(i)+s.rel, s)
+		}
 	}
 	a.checkLayers(rel, layerPrefix, skip, rep.Promised)
 }
@@ -508,17 +505,15 @@ func (a *ckAnalysis) sameAsTrunk(d tensor.DType) bool {
 // many the config promises.
 func (a *ckAnalysis) checkLayers(found []int, prefixOf func(int) string, skip map[string]bool, promised int) {
 	rep := a.rep
-	n := promised
-	if k := len(found); k > 0 && found[k-1]+1 > n {
-		n = found[k-1] + 1
-	}
+	heads := headIndices(promised, found)
+	n := len(heads)
 	if n > promised && promised > 0 {
 		a.countMismatch = true
 	}
 	if len(found) > promised {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("%d MTP layer(s) in the weight index but the config promises %d", len(found), promised))
 	} else if n > promised {
-		rep.Problems = append(rep.Problems, fmt.Sprintf("MTP layer %d is in the weight index but the config promises %d layer(s)", n-1, promised))
+		rep.Problems = append(rep.Problems, fmt.Sprintf("MTP layer %d is in the weight index but the config promises %d layer(s)", heads[n-1], promised))
 	}
 	tl := a.templateLayer()
 	rep.TemplateLayer = tl
@@ -535,7 +530,7 @@ func (a *ckAnalysis) checkLayers(found []int, prefixOf func(int) string, skip ma
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	for i := 0; i < n; i++ {
+	for _, i := range heads {
 		p := prefixOf(i)
 		got, missing := a.w.layerSlots(p, skip)
 		for _, m := range missing {
@@ -647,4 +642,34 @@ func (a *ckAnalysis) missingExperts(prefix, key string, got, tmpl *slot) {
 		a.rep.Tensors = append(a.rep.Tensors, Tensor{Name: name, Required: true, Want: tmpl.shape[1:]})
 	}
 	got.shape = slices.Clone(tmpl.shape) // the missing ones are reported as missing
+}
+
+// headIndices are the head layers to check: the promised ones and any
+// found (never a range up to a huge index some tensor name claims).
+func headIndices(promised int, found []int) []int {
+	out := make([]int, 0, promised+len(found))
+	for i := 0; i < promised; i++ {
+		out = append(out, i)
+	}
+	for _, i := range found {
+		if i >= promised {
+			out = append(out, i)
+		}
+	}
+	sort.Ints(out)
+	return slices.Compact(out)
+}
+
+// countKey reads an MTP count from config.json: absent is fine, present it
+// must be a small non-negative integer.
+func countKey(cfg *safetensors.Config, key string) (int64, bool, error) {
+	v, ok := cfg.Get(key)
+	if !ok || v == nil {
+		return 0, false, nil
+	}
+	n, isInt := cfg.Int(key)
+	if !isInt || n < 0 || n > 1024 {
+		return 0, true, badf(cfg.Path, ErrBadMetadata, "%s = %v: want an integer from 0 to 1024", key, v)
+	}
+	return n, true, nil
 }

@@ -91,7 +91,7 @@ func (g *ggufAnalysis) run() error {
 	if err != nil {
 		return err
 	}
-	if bc > 1<<20 || n > 1<<20 {
+	if bc > 1<<20 || n > 1024 {
 		return badf(f.Path, ErrBadMetadata, "%s.block_count = %d, nextn_predict_layers = %d: implausible", arch, bc, n)
 	}
 	rep.BlockCount = int(bc)

@@ -1,7 +1,9 @@
 package verify
 
 import (
+	"errors"
 	"io"
+	"io/fs"
 	"os"
 )
 
@@ -14,6 +16,10 @@ import (
 func MTP(path string, opts Options) (*Report, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is already in Error
+		}
 		return nil, &Error{Path: path, Err: err}
 	}
 	if fi.IsDir() {

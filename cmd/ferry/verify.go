@@ -116,7 +116,7 @@ func writeMTPTable(out io.Writer, results []mtpResult, opts verify.Options) {
 			continue
 		}
 		head := string(r.Convention)
-		if head == "" {
+		if head == "" || r.Verdict == verify.Absent {
 			head = "-"
 		}
 		verdict := string(r.Verdict)
