@@ -20,10 +20,20 @@
 //   - Qwen3NextOptions Qwen3NextForCausalLM (fused in_proj_qkvz / in_proj_ba)
 //   - DeepSeekV3Options DeepseekV3ForCausalLM with NextN layers model.layers.{N}
 //
+// Every options type also has Layout(), which returns the same *Model
+// without writing anything (sizes, names, shards; Values still work).
+//
 // Qwen35Reference and Qwen3Reference reproduce the dimensions, tensor names,
-// shapes and shard layout of the reference checkpoints in
-// ../shared/reference; Large27B gives Qwen3.5-27B widths for benchmarks,
-// written fast by repeating a generated block (Common.RepeatBlock).
+// shapes, shard layout, index and configs of the reference checkpoints in
+// ../shared/reference; Large27B gives Qwen3.5-27B widths for benchmarks
+// (Large27B(4) is the anchors.md slice, 4,489,576,096 parameters), written
+// at disk speed by repeating a generated block (Common.RepeatBlock).
+//
+// AdapterOptions writes a PEFT LoRA/DoRA adapter for a *Model (Write) or
+// for any checkpoint directory (WriteForDir); its adapter_config.json is
+// byte-identical to peft 0.21's for the same settings. The returned
+// *Adapter lists each adapted module (r, alpha, scale, in/out features,
+// tensor keys) and gives every adapter tensor's values.
 //
 // Values come from a per-tensor splitmix64 stream seeded by (Seed, tensor
 // name): matrices N(0, 0.02), norm weights at their init (1, or 0 for the
