@@ -27,8 +27,8 @@ func mergeCommand() *cli.Command {
 			"byte for byte (mtp.* included). Shards keep the base's names; shards without adapted\n" +
 			"tensors are identical files. A killed merge, re-run, resumes.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "base", Usage: "base checkpoint directory (safetensors)", Required: true},
-			&cli.StringFlag{Name: "adapter", Usage: "PEFT adapter directory (adapter_config.json + adapter_model.safetensors)", Required: true},
+			&cli.StringFlag{Name: "base", Usage: "base checkpoint directory (safetensors)"},
+			&cli.StringFlag{Name: "adapter", Usage: "PEFT adapter directory (adapter_config.json + adapter_model.safetensors)"},
 			&cli.StringFlag{Name: "out", Usage: "output directory (created; an interrupted run's directory is resumed)"},
 			&cli.StringFlag{Name: "dtype", Usage: "dtype of the merged tensors: bf16, f16 or f32 (default: the base tensor's)"},
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Usage: "row-block workers (output bytes do not depend on it)", Value: runtime.NumCPU()},
@@ -43,6 +43,11 @@ func mergeCommand() *cli.Command {
 func runMerge(c *cli.Context) error {
 	if c.NArg() > 0 {
 		return usageErrorf("merge takes no arguments (got %q); use --base, --adapter and --out", c.Args().First())
+	}
+	for _, f := range []string{"base", "adapter"} {
+		if c.String(f) == "" {
+			return usageErrorf("--%s is required", f)
+		}
 	}
 	var dt tensor.DType
 	switch strings.ToLower(c.String("dtype")) {

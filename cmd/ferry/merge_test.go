@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferry-llm/ferry/safetensors"
+)
+
+const (
+	mergeRef     = "../../merge/testdata/reference/qwen3"
+	qwen35Base   = "../../testdata/models/qwen35-tiny/base"
+	qwen35DoRA   = "../../testdata/models/qwen35-tiny/adapter-dora"
+	qwen3DoRA    = mergeRef + "/adapters/dora"
+	qwen3RSLoRA  = mergeRef + "/adapters/rslora"
+	qwen3BaseDir = mergeRef + "/base"
+)
+
+// ferryMerge runs the CLI in-process and returns stdout+stderr and the exit
+// code main would use.
+func ferryMerge(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	app := newApp()
+	var out bytes.Buffer
+	app.Writer = &out
+	app.ErrWriter = &out
+	err := app.Run(append([]string{"ferry", "merge"}, args...))
+	if err != nil {
+		out.WriteString("\nerror: " + err.Error())
+	}
+	return out.String(), exitCode(err)
+}
+
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		in, err := os.Open(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := os.Create(filepath.Join(dst, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(out, in)
+		in.Close()
+		out.Close()
+	}
+}
+
+func TestMergeCLI(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "merged")
+
+	// Dry run: the plan, nothing written.
+	s, code := ferryMerge(t, "--base", qwen35Base, "--adapter", qwen35DoRA, "--out", out, "--dry-run")
+	if code != exitOK || !strings.Contains(s, "31 targeted modules") || !strings.Contains(s, "DoRA") || !strings.Contains(s, "rewrite model-00007-of-00007.safetensors") {
+		t.Fatalf("dry run: exit %d\n%s", code, s)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("--dry-run created %s", out)
+	}
+	s, code = ferryMerge(t, "--base", qwen3BaseDir, "--adapter", qwen3RSLoRA, "--dry-run", "--json")
+	var plan struct {
+		RSLoRA  bool `json:"rslora"`
+		Modules []struct {
+			Rank    int     `json:"rank"`
+			Scaling float64 `json:"scaling"`
+		} `json:"modules"`
+	}
+	if code != exitOK || json.Unmarshal([]byte(s), &plan) != nil || !plan.RSLoRA || len(plan.Modules) != 6 || plan.Modules[0].Scaling != 4 {
+		t.Fatalf("dry run --json: exit %d\n%s", code, s)
+	}
+
+	// The merge: 71 tensors, MTP kept.
+	s, code = ferryMerge(t, "--base", qwen35Base, "--adapter", qwen35DoRA, "--out", out, "--jobs", "2")
+	if code != exitOK || !strings.Contains(s, "merged 31 modules") {
+		t.Fatalf("merge: exit %d\n%s", code, s)
+	}
+	c, err := safetensors.OpenDir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mtp := 0
+	for _, l := range c.Tensors() {
+		if strings.HasPrefix(l.Info.Name, "mtp.") {
+			mtp++
+		}
+	}
+	n := len(c.Tensors())
+	if c.Config == nil || c.Config.MTPLayers() != 1 {
+		t.Errorf("merged config lost mtp_num_hidden_layers")
+	}
+	c.Close()
+	if n != 71 || mtp != 15 {
+		t.Errorf("merged checkpoint has %d tensors (%d mtp.*), want 71 (15)", n, mtp)
+	}
+
+	// Again: everything verified and kept.
+	s, code = ferryMerge(t, "--base", qwen35Base, "--adapter", qwen35DoRA, "--out", out, "--json")
+	var res struct {
+		Resumed []string `json:"resumed"`
+		Written []string `json:"written"`
+	}
+	if code != exitOK || json.Unmarshal([]byte(s), &res) != nil || len(res.Resumed) != 7 || len(res.Written) != 0 {
+		t.Fatalf("re-run: exit %d\n%s", code, s)
+	}
+}
+
+// TestMergeCLIBadInput: exit 2, a message naming the problem, and no output
+// directory at all.
+func TestMergeCLIBadInput(t *testing.T) {
+	dir := t.TempDir()
+	pickle := filepath.Join(dir, "pickle")
+	os.MkdirAll(pickle, 0o755)
+	cfg, _ := os.ReadFile(filepath.Join(qwen3DoRA, "adapter_config.json"))
+	os.WriteFile(filepath.Join(pickle, "adapter_config.json"), cfg, 0o644)
+	os.WriteFile(filepath.Join(pickle, "adapter_model.bin"), []byte("\x80\x02}q\x00."), 0o644)
+
+	corrupt := filepath.Join(dir, "corrupt")
+	copyDir(t, qwen3DoRA, corrupt)
+	w := filepath.Join(corrupt, "adapter_model.safetensors")
+	st, _ := os.Stat(w)
+	os.Truncate(w, st.Size()/2)
+
+	noMag := filepath.Join(dir, "nomag")
+	copyDir(t, qwen3DoRA, noMag)
+	stripMagnitudes(t, filepath.Join(qwen3DoRA, "adapter_model.safetensors"), filepath.Join(noMag, "adapter_model.safetensors"))
+
+	cases := []struct {
+		name    string
+		args    []string
+		mention string
+	}{
+		{"another-model", []string{"--base", qwen35Base, "--adapter", qwen3DoRA}, "would be ignored"},
+		{"missing-magnitudes", []string{"--base", qwen3BaseDir, "--adapter", noMag}, "lora_magnitude_vector"},
+		{"pickle-only", []string{"--base", qwen3BaseDir, "--adapter", pickle}, "pickle"},
+		{"corrupt-adapter", []string{"--base", qwen3BaseDir, "--adapter", corrupt}, "adapter_model.safetensors"},
+		{"no-adapter", []string{"--base", qwen3BaseDir, "--adapter", dir}, "adapter_config.json"},
+		{"bad-dtype", []string{"--base", qwen3BaseDir, "--adapter", qwen3DoRA, "--dtype", "q4"}, "--dtype"},
+		{"missing-flag", []string{"--adapter", qwen3DoRA}, "base"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(dir, "out-"+tc.name)
+			s, code := ferryMerge(t, append(tc.args, "--out", out)...)
+			if code != exitBadInput {
+				t.Errorf("exit %d, want %d\n%s", code, exitBadInput, s)
+			}
+			if !strings.Contains(s, tc.mention) {
+				t.Errorf("message does not mention %q:\n%s", tc.mention, s)
+			}
+			if _, err := os.Stat(out); !os.IsNotExist(err) {
+				t.Errorf("an output directory was created")
+			}
+		})
+	}
+}
+
+// stripMagnitudes copies an adapter file without its DoRA magnitudes.
+func stripMagnitudes(t *testing.T, src, dst string) {
+	t.Helper()
+	f, err := safetensors.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var specs []safetensors.TensorSpec
+	var keep []safetensors.TensorInfo
+	for _, ti := range f.Tensors {
+		if strings.Contains(ti.Name, "magnitude") {
+			continue
+		}
+		specs = append(specs, safetensors.TensorSpec{Name: ti.Name, DType: ti.DType, Shape: ti.Shape})
+		keep = append(keep, ti)
+	}
+	w, err := safetensors.Create(dst, f.Metadata, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range keep {
+		if err := w.WriteTensor(ti.Name, f.Section(ti)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
