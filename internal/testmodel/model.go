@@ -46,6 +46,10 @@ type Common struct {
 	// (Values and the files agree). This is what makes multi-GB benchmark
 	// checkpoints cheap to write; tiny test models leave it 0.
 	RepeatBlock int64
+	// DTypeOverrides stores tensors whose name ends with a key in that
+	// dtype (BF16, F16 or F32) instead of DType, e.g. {"A_log": tensor.F32}
+	// for a checkpoint with mixed dtypes.
+	DTypeOverrides map[string]tensor.DType
 	// NoTokenizer skips tokenizer.json and tokenizer_config.json. Without it
 	// VocabSize must be at least 259 (256 byte symbols + 3 special tokens).
 	NoTokenizer bool
@@ -96,6 +100,13 @@ func (c Common) check() error {
 	}
 	if c.NumHeads%c.NumKVHeads != 0 {
 		return fmt.Errorf("testmodel: NumHeads %d is not a multiple of NumKVHeads %d", c.NumHeads, c.NumKVHeads)
+	}
+	for k, d := range c.DTypeOverrides {
+		switch d {
+		case tensor.BF16, tensor.F16, tensor.F32:
+		default:
+			return fmt.Errorf("testmodel: dtype override %q: %q not supported (BF16, F16, F32)", k, d)
+		}
 	}
 	if !c.NoTokenizer && c.VocabSize < minTokenizerVocab {
 		return fmt.Errorf("testmodel: vocab_size %d is too small for the byte-level tokenizer (need >= %d, or set NoTokenizer)", c.VocabSize, minTokenizerVocab)
@@ -277,12 +288,26 @@ type builder struct {
 	layerTypes []string
 }
 
+func (b *builder) dtype(name string) tensor.DType {
+	keys := make([]string, 0, len(b.c.DTypeOverrides))
+	for k := range b.c.DTypeOverrides {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // deterministic when several keys match
+	for _, k := range keys {
+		if strings.HasSuffix(name, k) {
+			return b.c.DTypeOverrides[k]
+		}
+	}
+	return b.c.DType
+}
+
 func (b *builder) add(name string, init Init, shape ...int64) {
-	b.tensors = append(b.tensors, Tensor{Name: name, DType: b.c.DType, Shape: shape, Init: init})
+	b.tensors = append(b.tensors, Tensor{Name: name, DType: b.dtype(name), Shape: shape, Init: init})
 }
 
 func (b *builder) addTail(name string, init Init, shape ...int64) {
-	b.tail = append(b.tail, Tensor{Name: name, DType: b.c.DType, Shape: shape, Init: init})
+	b.tail = append(b.tail, Tensor{Name: name, DType: b.dtype(name), Shape: shape, Init: init})
 }
 
 // Weight inits used across families, as in the reference data: matrices

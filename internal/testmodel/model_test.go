@@ -48,6 +48,7 @@ func families() []struct {
 		{"qwen35", Qwen35Options{}, "Qwen3_5ForCausalLM", 4 + 11},
 		{"qwen35-nomtp-tensors", Qwen35Options{Hybrid: Hybrid{OmitMTPTensors: true}}, "Qwen3_5ForCausalLM", 0},
 		{"qwen35-condgen", Qwen35Options{ConditionalGeneration: true}, "Qwen3_5ForConditionalGeneration", 4 + 11},
+		{"qwen35-mixed-dtypes", Qwen35Options{Common: Common{DTypeOverrides: map[string]tensor.DType{"A_log": tensor.F32, "norm.weight": tensor.F16}}}, "Qwen3_5ForCausalLM", 4 + 11},
 		{"qwen35-repeat-block", Qwen35Options{Common: Common{RepeatBlock: 100, Seed: 11}}, "Qwen3_5ForCausalLM", 4 + 11},
 		{"qwen35-2mtp-single", Qwen35Options{Common: Common{MaxShardSize: -1}, Hybrid: Hybrid{MTPLayers: 2}}, "Qwen3_5ForCausalLM", 4 + 2*11},
 		{"qwen35moe", Qwen35MoEOptions{}, "Qwen3_5MoeForCausalLM", moeMTP},

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/tensor"
 )
 
 func shapeOf(t *testing.T, ck *safetensors.Checkpoint, name string) []int64 {
@@ -226,5 +227,25 @@ func TestDenseShapes(t *testing.T) {
 	}
 	if _, err := (LlamaOptions{Common{DType: "I8"}}).Write(t.TempDir()); err == nil {
 		t.Error("I8 accepted")
+	}
+}
+
+func TestDTypeOverrides(t *testing.T) {
+	m, ck := openWritten(t, Qwen35Options{Common: Common{DTypeOverrides: map[string]tensor.DType{"A_log": tensor.F32, "mlp.down_proj.weight": tensor.F16}}})
+	for _, tt := range m.Tensors {
+		want := tensor.BF16
+		switch {
+		case strings.HasSuffix(tt.Name, "A_log"):
+			want = tensor.F32
+		case strings.HasSuffix(tt.Name, "mlp.down_proj.weight"):
+			want = tensor.F16
+		}
+		l, _ := ck.Lookup(tt.Name)
+		if tt.DType != want || l.Info.DType != want {
+			t.Errorf("%s: model %s, file %s, want %s", tt.Name, tt.DType, l.Info.DType, want)
+		}
+	}
+	if _, err := (Qwen35Options{Common: Common{DTypeOverrides: map[string]tensor.DType{"A_log": tensor.I8}}}).Write(t.TempDir()); err == nil {
+		t.Error("I8 override accepted")
 	}
 }
