@@ -1,14 +1,198 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/internal/hashing"
 )
 
-// inspectGGUF is not built yet: the GGUF engineer replaces this file (issue
-// 5). It should fill an inspectReport (Format "gguf") and end with
-// emitInspect(c, rep).
+// ggufKVRow is one metadata pair as inspect shows it.
+type ggufKVRow struct {
+	Key   string `json:"key"`
+	Type  string `json:"type"` // UINT32, STRING, ARRAY[STRING], …
+	Value any    `json:"value"`
+}
+
+// ggufInspectReport is inspect's report for a GGUF file: the shared
+// summary and tensor rows, plus the metadata table.
+type ggufInspectReport struct {
+	Summary  inspectSummary `json:"summary"`
+	Version  uint32         `json:"gguf_version"`
+	Align    uint64         `json:"alignment"`
+	DataOff  int64          `json:"data_offset"`
+	Metadata []ggufKVRow    `json:"metadata"`
+	Tensors  []inspectRow   `json:"tensors"`
+}
+
+// inspectGGUF reads only the header: the KV table with value types and the
+// tensor table (ggml type, ggml dims ne0 first, bytes, absolute offset).
+// --hash reads every tensor.
 func inspectGGUF(c *cli.Context, path string) error {
-	return fmt.Errorf("%s: 'ferry inspect' of GGUF files is not built yet (issue 5)", path)
+	f, err := gguf.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rep := &ggufInspectReport{Version: f.Version, Align: f.Alignment, DataOff: f.DataOffset}
+	s := &rep.Summary
+	s.Path, s.Format, s.Architecture = path, "gguf", f.Architecture()
+	s.Tensors, s.Shards, s.ShardFiles = len(f.Tensors), 1, []string{filepath.Base(path)}
+	s.BytesPerDType = map[string]int64{}
+	for _, kv := range f.KVs {
+		rep.Metadata = append(rep.Metadata, kvRow(kv))
+	}
+	sections := make([]hashing.Section, len(f.Tensors))
+	nLayer, nextn := ggufLayers(f)
+	for i, t := range f.Tensors {
+		shape := make([]int64, len(t.Dims))
+		for j, d := range t.Dims {
+			shape[j] = int64(d)
+		}
+		rep.Tensors = append(rep.Tensors, inspectRow{
+			Name: t.Name, DType: t.Type.String(), Shape: shape, Bytes: t.Size(),
+			Shard: filepath.Base(path), Offset: f.DataOffset + int64(t.Offset),
+		})
+		sections[i] = f.Section(t)
+		s.Parameters += int64(t.NumElements())
+		s.Bytes += t.Size()
+		s.BytesPerDType[t.Type.String()] += t.Size()
+		if b := blockOf(t.Name); nextn > 0 && b >= nLayer {
+			s.MTP.NextNTensors++
+			if k := len(s.MTP.NextNLayers); k == 0 || s.MTP.NextNLayers[k-1] != int(b) {
+				s.MTP.NextNLayers = appendUnique(s.MTP.NextNLayers, int(b))
+			}
+		}
+	}
+	if nextn > 0 {
+		s.MTP.Promised = nextn
+		s.MTP.PromisedBy = s.Architecture + ".nextn_predict_layers"
+		s.MTP.Present = s.MTP.NextNTensors > 0
+	}
+	if c.Bool("hash") {
+		if err := hashRows(c, rep.Tensors, sections); err != nil {
+			return fmt.Errorf("%s: hashing: %w", path, err)
+		}
+	}
+	if p := c.String("parquet"); p != "" {
+		if err := writeInspectParquet(p, rep.Tensors); err != nil {
+			return err
+		}
+	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		return enc.Encode(rep)
+	}
+	if err := printInspect(c.App.Writer, &inspectReport{Summary: rep.Summary, Tensors: rep.Tensors}); err != nil {
+		return err
+	}
+	return printGGUFMetadata(c.App.Writer, rep)
+}
+
+// ggufLayers is (block_count - nextn_predict_layers, nextn_predict_layers).
+func ggufLayers(f *gguf.File) (int64, int64) {
+	a := f.Architecture()
+	bc, _ := f.KV(a + ".block_count")
+	nn, _ := f.KV(a + ".nextn_predict_layers")
+	b, _ := bc.Uint()
+	n, _ := nn.Uint()
+	return int64(b) - int64(n), int64(n)
+}
+
+func blockOf(name string) int64 {
+	rest, ok := strings.CutPrefix(name, "blk.")
+	if !ok {
+		return -1
+	}
+	num, _, _ := strings.Cut(rest, ".")
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func kvRow(kv gguf.KV) ggufKVRow {
+	r := ggufKVRow{Key: kv.Key, Type: kv.Type.String(), Value: kv.Value}
+	if a, ok := kv.Value.(gguf.Array); ok {
+		r.Type = "ARRAY[" + a.Elem.String() + "]"
+		r.Value = a.Values
+	}
+	return r
+}
+
+// printGGUFMetadata prints the KV table; long arrays show their length and
+// first elements.
+func printGGUFMetadata(w io.Writer, rep *ggufInspectReport) error {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "\ngguf version %d, alignment %d, data offset %d\n\n", rep.Version, rep.Align, rep.DataOff)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tTYPE\tVALUE")
+	for _, r := range rep.Metadata {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.Key, r.Type, formatKVValue(r.Value))
+	}
+	tw.Flush()
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+func formatKVValue(v any) string {
+	const maxShown = 8
+	switch x := v.(type) {
+	case string:
+		q := strconv.Quote(x)
+		if len(q) > 120 {
+			q = q[:117] + "..."
+		}
+		return q
+	case []string:
+		parts := make([]string, 0, maxShown)
+		for i, s := range x {
+			if i == maxShown {
+				break
+			}
+			parts = append(parts, strconv.Quote(s))
+		}
+		return fmt.Sprintf("[%d] %s%s", len(x), strings.Join(parts, " "), ellipsis(len(x) > maxShown))
+	}
+	s := fmt.Sprint(v)
+	if strings.HasPrefix(s, "[") {
+		n := strings.Count(s, " ") + 1
+		if s == "[]" {
+			n = 0
+		}
+		f := strings.Fields(strings.Trim(s, "[]"))
+		if len(f) > maxShown {
+			f = f[:maxShown]
+		}
+		return fmt.Sprintf("[%d] %s%s", n, strings.Join(f, " "), ellipsis(n > maxShown))
+	}
+	return s
+}
+
+func ellipsis(b bool) string {
+	if b {
+		return " …"
+	}
+	return ""
+}
+
+func appendUnique(s []int, v int) []int {
+	for _, x := range s {
+		if x == v {
+			return s
+		}
+	}
+	return append(s, v)
 }

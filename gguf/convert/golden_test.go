@@ -266,3 +266,5 @@ func TestGoldenQwen3Q8_0(t *testing.T) {
 		}
 	}
 }
+
+func jsonMarshal(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }
