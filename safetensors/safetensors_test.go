@@ -781,3 +781,33 @@ func TestConfig(t *testing.T) {
 		t.Errorf("bad config: %v", err)
 	}
 }
+
+// Tensor names are escaped as serde_json escapes them, and read back
+// unchanged.
+func TestHeaderStringEscaping(t *testing.T) {
+	tests := []struct{ name, want string }{
+		{"plain.weight", `"plain.weight"`},
+		{`q"uote\back`, `"q\"uote\\back"`},
+		{"tab\tnl\ncr\rbs\bff\f", `"tab\tnl\ncr\rbs\bff\f"`},
+		{"ctl\x00\x1f\x7f", `"ctl\u0000\u001f` + "\x7f" + `"`},
+		{"html<>&", `"html<>&"`},
+		{"line\u2028para\u2029", "\"line\u2028para\u2029\""},
+		{"ünï😀", `"ünï😀"`},
+	}
+	for _, tt := range tests {
+		hdr, _, err := safetensors.EncodeHeader(nil, []safetensors.TensorSpec{Spec(tt.name, tensor.U8, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(hdr, []byte(tt.want+`:{"dtype"`)) {
+			t.Errorf("%q encoded as %s, want %s", tt.name, hdr[8:], tt.want)
+		}
+		f, err := safetensors.Parse(bytes.NewReader(append(hdr, 0)), int64(len(hdr)+1), "x")
+		if err != nil {
+			t.Fatalf("%q: %v", tt.name, err)
+		}
+		if f.Tensors[0].Name != tt.name {
+			t.Errorf("read back %q, want %q", f.Tensors[0].Name, tt.name)
+		}
+	}
+}

@@ -4,10 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
+	"unicode/utf8"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/tensor"
@@ -41,6 +42,12 @@ func SortReference(specs []TensorSpec) {
 // EncodeHeader lays the tensors out contiguously in the given order and
 // returns the 8-byte length prefix plus the JSON header, padded with spaces
 // so the data section starts at a multiple of 8, and the resulting infos.
+//
+// The bytes are those safetensors 0.8.0 writes for the same tensor order
+// (checked against every reference file in testdata): compact JSON,
+// __metadata__ first with its keys sorted, then each tensor as
+// {"dtype","shape","data_offsets"}, strings escaped as serde_json does.
+// For the reference order, sort the specs with SortReference first.
 func EncodeHeader(metadata map[string]string, specs []TensorSpec) ([]byte, []TensorInfo, error) {
 	var b bytes.Buffer
 	b.WriteByte('{')
@@ -51,15 +58,20 @@ func EncodeHeader(metadata map[string]string, specs []TensorSpec) ([]byte, []Ten
 		}
 		first = false
 	}
-	// serde_json (the reference writer) escapes only '"', '\\' and control
-	// characters; encoding/json would also escape <, > and &.
-	var jb bytes.Buffer
-	je := json.NewEncoder(&jb)
-	je.SetEscapeHTML(false)
 	enc := func(v any) {
-		jb.Reset()
-		je.Encode(v) // strings, ints: cannot fail
-		b.Write(bytes.TrimSuffix(jb.Bytes(), []byte{'\n'}))
+		switch v := v.(type) {
+		case string:
+			b.Write(appendJSONString(nil, v))
+		case []int64:
+			b.WriteByte('[')
+			for i, d := range v {
+				if i > 0 {
+					b.WriteByte(',')
+				}
+				b.WriteString(strconv.FormatInt(d, 10))
+			}
+			b.WriteByte(']')
+		}
 	}
 	if len(metadata) > 0 {
 		comma()
@@ -269,4 +281,47 @@ func (w *Writer) Abort() {
 		w.err = fmt.Errorf("%s: writer aborted", w.af.Target())
 	}
 	w.af.Abort()
+}
+
+// appendJSONString quotes s as serde_json does: '"' and '\\' escaped, the
+// control characters U+0000–U+001F as \b \f \n \r \t or \u00xx, and
+// everything else (including U+2028/U+2029, which encoding/json would
+// escape) written as is. Invalid UTF-8 becomes U+FFFD, as Rust strings
+// cannot hold it.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = append(dst, "\ufffd"...)
+			} else {
+				dst = append(dst, s[i:i+size]...)
+			}
+			i += size
+			continue
+		}
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c == '\b':
+			dst = append(dst, '\\', 'b')
+		case c == '\f':
+			dst = append(dst, '\\', 'f')
+		case c == '\n':
+			dst = append(dst, '\\', 'n')
+		case c == '\r':
+			dst = append(dst, '\\', 'r')
+		case c == '\t':
+			dst = append(dst, '\\', 't')
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			dst = append(dst, c)
+		}
+		i++
+	}
+	return append(dst, '"')
 }
