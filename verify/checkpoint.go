@@ -68,8 +68,12 @@ func verifyCheckpoint(path string, fi fs.FileInfo, opts Options) (*Report, error
 			return nil, err
 		}
 		defer closeSide()
+		inModel := make(map[string]bool, len(ts))
+		for _, t := range ts {
+			inModel[t.name] = true
+		}
 		for _, t := range side {
-			if _, dup := findTensor(ts, t.name); dup {
+			if inModel[t.name] {
 				return nil, badf(filepath.Join(dir, t.file), ErrBadMetadata, "tensor %q is both in the side file and in the model weights", t.name)
 			}
 		}
@@ -86,15 +90,6 @@ func verifyCheckpoint(path string, fi fs.FileInfo, opts Options) (*Report, error
 		return nil, err
 	}
 	return rep, nil
-}
-
-func findTensor(ts []*wTensor, name string) (*wTensor, bool) {
-	for _, t := range ts {
-		if t.name == name {
-			return t, true
-		}
-	}
-	return nil, false
 }
 
 // isMLX recognises a directory mlx-lm wrote: a "quantization" block in
@@ -388,6 +383,12 @@ func (a *ckAnalysis) checkQwen(prefix string) {
 		{"pre_fc_norm_embedding.weight", []int64{h}, true},
 		{"pre_fc_norm_hidden.weight", []int64{h}, true},
 		{"norm.weight", []int64{h}, true},
+	}
+	// Dedicated MTP embeddings (mtp_use_dedicated_embeddings; Qwen3.5
+	// ships false and shares the trunk's embed_tokens).
+	dedicated, _ := a.cfg.Bool("mtp_use_dedicated_embeddings")
+	if _, ok := a.w.get(prefix + "embed_tokens.weight"); ok || dedicated {
+		specials = append(specials, special{"embed_tokens.weight", []int64{a.vocabSize(), h}, dedicated})
 	}
 	for _, s := range specials {
 		a.checkSpecial(prefix+s.rel, s)

@@ -131,6 +131,16 @@ func TestGeneratedCheckpoints(t *testing.T) {
 		{name: "qwen dense more layers than promised", verdict: Inconsistent, conv: ConvQwen,
 			build:   func(t *testing.T) string { return rewrite(t, dense(t), dup("mtp.layers.0.", "mtp.layers.1."), nil) },
 			problem: "2 MTP layer(s) in the weight index but the config promises 1"},
+		{name: "qwen dedicated MTP embeddings promised, missing", verdict: Partial, conv: ConvQwen,
+			build: func(t *testing.T) string {
+				return rewrite(t, dense(t), nil, setKey("mtp_use_dedicated_embeddings", true))
+			},
+			missing: []string{"mtp.embed_tokens.weight"}},
+		{name: "qwen dedicated MTP embeddings present", verdict: OK, conv: ConvQwen,
+			build: func(t *testing.T) string {
+				return rewrite(t, dense(t), nil, setKey("mtp_use_dedicated_embeddings", true),
+					outTensor{name: "mtp.embed_tokens.weight", dtype: tensor.BF16, shape: []int64{512, 64}, data: filledBF16(512*64, 0.5)})
+			}},
 		{name: "qwen ConditionalGeneration layout ok", verdict: OK, conv: ConvQwen,
 			build: func(t *testing.T) string { return gen(t, testmodel.Qwen35Options{ConditionalGeneration: true}) }},
 		// Qwen3.5 MoE: experts per expert, fused, or both.
