@@ -28,6 +28,9 @@ type Options struct {
 	// Force accepts a destination holding files repack did not make; they
 	// are left in place and reported.
 	Force bool
+	// Jobs bounds how many shards --rewrite writes at once (each holds
+	// about 6 MiB of buffers); below 1 means 1. Outputs do not depend on it.
+	Jobs int
 	// FollowExternalLinks accepts source shards that are symlinks out of
 	// the source directory (see safetensors.DirOptions).
 	FollowExternalLinks bool

@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
+	"golang.org/x/sync/errgroup"
 )
 
 // Actions reported per destination entry.
@@ -256,51 +257,67 @@ func isWeightFile(name string) bool {
 }
 
 // writeEntries writes every planned entry into dir, whose final location
-// is final (link targets are relative to it). Order: rewritten shards,
-// links, index, config last (the commit point).
+// is final (link targets are relative to it). Order: rewritten shards
+// (up to Options.Jobs at once), links, index, config last (the commit
+// point). Results are in plan order whatever the worker count.
 func writeEntries(ctx context.Context, plan *Plan, dir, final string, res *Result) error {
 	byName := map[string]shardPlan{}
 	for _, s := range plan.shards {
 		byName[s.name] = s
 	}
-	order := map[string]int{"shard": 0, "link": 1, "index": 2, "config": 3}
-	for pass := 0; pass < 4; pass++ {
-		for _, e := range plan.Entries {
-			if order[e.Kind] != pass {
-				continue
+	results := make([]EntryResult, len(plan.Entries))
+	one := func(ctx context.Context, i int) error {
+		e := plan.Entries[i]
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		path := filepath.Join(dir, e.Name)
+		r := EntryResult{Name: e.Name, Kind: e.Kind}
+		var err error
+		switch e.Kind {
+		case "link":
+			r.Target, err = linkTarget(plan, e.Source, final)
+			if err == nil {
+				r.Action, err = placeLink(path, r.Target)
 			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			path := filepath.Join(dir, e.Name)
-			r := EntryResult{Name: e.Name, Kind: e.Kind}
-			var err error
-			switch e.Kind {
-			case "link":
-				r.Target, err = linkTarget(plan, e.Source, final)
-				if err == nil {
-					r.Action, err = placeLink(path, r.Target)
-				}
-			case "shard":
-				s := byName[e.Name]
-				r.Bytes, r.Action, err = placeShard(ctx, path, s)
-			case "index":
-				r.Bytes, r.Action, err = placeBytes(path, plan.index)
-			case "config":
-				r.Bytes, r.Action, err = placeBytes(path, plan.config)
-			}
-			if err != nil {
-				return err
-			}
-			if r.Action != ActionUnchanged {
-				res.Changed = true
-			}
-			if e.Kind != "link" {
-				res.NewBytes += r.Bytes
-			}
-			res.Entries = append(res.Entries, r)
+		case "shard":
+			r.Bytes, r.Action, err = placeShard(ctx, path, byName[e.Name])
+		case "index":
+			r.Bytes, r.Action, err = placeBytes(path, plan.index)
+		case "config":
+			r.Bytes, r.Action, err = placeBytes(path, plan.config)
+		}
+		results[i] = r
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, plan.Opts.Jobs))
+	for i, e := range plan.Entries {
+		if e.Kind == "shard" {
+			g.Go(func() error { return one(gctx, i) })
 		}
 	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for _, kind := range []string{"link", "index", "config"} {
+		for i, e := range plan.Entries {
+			if e.Kind == kind {
+				if err := one(ctx, i); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for i, r := range results {
+		if r.Action != ActionUnchanged {
+			res.Changed = true
+		}
+		if plan.Entries[i].Kind != "link" {
+			res.NewBytes += r.Bytes
+		}
+	}
+	res.Entries = append(res.Entries, results...)
 	return fsutil.SyncDir(dir)
 }
 

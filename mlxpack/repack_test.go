@@ -874,3 +874,30 @@ func TestRewriteExpertsNotBuilt(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestRewriteSameWhateverJobs(t *testing.T) {
+	src := writeFixture(t, testmodel.CompressedDeepSeekV3(23))
+	var want map[string]string
+	for _, jobs := range []int{1, 2, 8} {
+		dst := filepath.Join(t.TempDir(), "mlx")
+		if _, err := repack(t, src, dst, Options{Rewrite: true, Jobs: jobs, Relative: true}); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		ents, _ := os.ReadDir(dst)
+		for _, e := range ents {
+			p := filepath.Join(dst, e.Name())
+			if tg, err := os.Readlink(p); err == nil {
+				got[e.Name()] = "link:" + tg
+			} else {
+				b, _ := os.ReadFile(p)
+				got[e.Name()] = string(b)
+			}
+		}
+		if want == nil {
+			want = got
+		} else if !reflect.DeepEqual(got, want) {
+			t.Errorf("jobs %d: output differs", jobs)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 
@@ -27,7 +28,7 @@ func mlxRepackCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "repack",
 		Usage:     "compressed-tensors pack-quantized checkpoint → MLX directory, no weight bytes changed",
-		UsageText: "ferry mlx repack --src DIR --dst DIR [--relative] [--rewrite] [--force] [--json]",
+		UsageText: "ferry mlx repack --src DIR --dst DIR [--relative] [--rewrite] [-j N] [--force] [--json]",
 		Description: "Writes DST as a farm of symlinks to SRC's files plus a config.json with the MLX\n" +
 			"quantization block derived from SRC's quantization_config. mlx-lm reads the packed\n" +
 			"weights directly for deepseek_v3, kimi_k2, kimi_k25 and joyai_llm_flash; for other\n" +
@@ -39,6 +40,7 @@ func mlxRepackCommand() *cli.Command {
 			&cli.BoolFlag{Name: "relative", Usage: "relative symlinks (relocatable trees)"},
 			&cli.BoolFlag{Name: "rewrite", Usage: "write MLX-named shards for packed tensors (model types mlx-lm does not rename)"},
 			&cli.BoolFlag{Name: "force", Usage: "accept a destination holding other files (left in place)"},
+			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "shards --rewrite writes at once"},
 			&cli.BoolFlag{Name: "follow-links", Usage: "accept source shards that are symlinks out of the source directory"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 		},
@@ -61,6 +63,7 @@ func mlxRepack(c *cli.Context) error {
 		Rewrite:             c.Bool("rewrite"),
 		Relative:            c.Bool("relative"),
 		Force:               c.Bool("force"),
+		Jobs:                c.Int("jobs"),
 		FollowExternalLinks: c.Bool("follow-links"),
 	}
 	plan, err := mlxpack.PlanRepack(src, opts)
