@@ -25,6 +25,7 @@ type mlxOpts struct {
 	// disagree with the config.
 	packBits    map[string]int64
 	hfConv      bool              // keep conv1d in HF layout [C, 1, K]
+	unshifted   bool              // MLX conv1d layout but norms left zero-centred
 	drop        func(string) bool // drop these (MLX names)
 	noCompanion string            // drop this companion tensor
 }
@@ -51,6 +52,14 @@ func buildMLX(t *testing.T, src string, o mlxOpts) string {
 				return keep(n, dt, shape)
 			}
 			return []outTensor{{name: n, dtype: dt, shape: []int64{shape[0], shape[2], shape[1]}, data: pattern(2 * numel(shape))}}
+		}
+		if len(shape) == 1 && strings.HasSuffix(n, "norm.weight") && !strings.Contains(n, "linear_attn.norm") && !o.hfConv {
+			// MLX layout: sanitize added 1 to the zero-centred norms.
+			v := float32(1)
+			if o.unshifted {
+				v = 0.001
+			}
+			return []outTensor{{name: n, dtype: dt, shape: shape, data: filledBF16(numel(shape), v)}}
 		}
 		if len(shape) != 2 || !strings.HasSuffix(n, ".weight") {
 			return []outTensor{{name: n, dtype: dt, shape: shape, data: nil}}
@@ -125,6 +134,8 @@ func TestMLX(t *testing.T) {
 			problem: "packed width 32 does not hold 128 4-bit values", warning: "double norm shift"},
 		{name: "mlx deep: scales and biases finite, packed weights nonzero", format: FormatMLX, verdict: OK, conv: ConvQwen, deep: true,
 			build: func(t *testing.T) string { return buildMLX(t, dense(t), base) }, warning: "double norm shift"},
+		{name: "mlx deep: norms measured unshifted, no warning", format: FormatMLX, verdict: OK, conv: ConvQwen, deep: true,
+			build: func(t *testing.T) string { return buildMLX(t, dense(t), with(func(o *mlxOpts) { o.unshifted = true })) }},
 		{name: "mlx moe head ok", format: FormatMLX, verdict: OK, conv: ConvQwen,
 			build:   func(t *testing.T) string { return buildMLX(t, gen(t, testmodel.Qwen35MoEOptions{}), base) },
 			warning: "double norm shift"},

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/ferry-llm/ferry/tensor"
 )
 
 // decide sets the verdict from what the analysis recorded. countMismatch
@@ -112,11 +114,53 @@ func (a *ckAnalysis) mlxNotes(mtpNames []string) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%s is in HF layout %v: mlx-lm shifts the zero-centred norms by +1 once at load, as it should", conv.name, conv.shape))
 		return
 	}
+	evidence := ""
+	if a.opts.Deep {
+		name, mean, ok := a.trunkNormMean()
+		if ok && mean < 0.5 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s is in MLX layout %v but --deep finds trunk norm %s averaging %.3f (zero-centred, not yet shifted): mlx-lm's extra shift is the only one, so no double shift",
+				conv.name, conv.shape, name, mean))
+			return
+		}
+		if ok {
+			evidence = fmt.Sprintf("; --deep: trunk norm %s averages %.3f", name, mean)
+		}
+	}
 	rep.Warnings = append(rep.Warnings, fmt.Sprintf(
-		"double norm shift: %d mtp.* tensor(s) sit in model*.safetensors of a directory already in MLX layout (%s is %v, so the norms are already shifted by +1). "+
+		"double norm shift: %d mtp.* tensor(s) sit in model*.safetensors of a directory already in MLX layout (%s is %v, so the norms are already shifted by +1%s). "+
 			"mlx-lm from PR #869 through v0.31.3 shifts every norm again when mtp.* keys are present (γ≈1 becomes ≈2: silent garbage); fixed only on main by PR #1623 (4eeaf209). "+
 			"Load with an mlx-lm that has #1623, or move mtp.* into an mtp.safetensors side file, or write the raw HF layout",
-		inModel, conv.name, conv.shape))
+		inModel, conv.name, conv.shape, evidence))
+}
+
+// trunkNormMean reads one trunk input_layernorm (a few KB) and averages it:
+// ≈1 for shifted (MLX) norms, ≈0 for HF zero-centred ones.
+func (a *ckAnalysis) trunkNormMean() (string, float64, bool) {
+	for _, n := range a.w.names {
+		t := a.w.byName[n]
+		if !strings.HasSuffix(n, "input_layernorm.weight") || strings.Contains(n, "mtp.") || len(t.shape) != 1 || !t.dtype.Convertible() || t.loc.Shard == nil {
+			continue
+		}
+		size := t.loc.Info.Size()
+		if size > 1<<24 {
+			return "", 0, false
+		}
+		raw := make([]byte, size)
+		if _, err := t.loc.Section().ReadAt(raw, 0); err != nil {
+			return "", 0, false
+		}
+		a.rep.BytesRead += size
+		vals := make([]float32, t.shape[0])
+		if err := tensor.ToF32(t.dtype, vals, raw); err != nil || len(vals) == 0 {
+			return "", 0, false
+		}
+		var sum float64
+		for _, v := range vals {
+			sum += float64(v)
+		}
+		return n, sum / float64(len(vals)), true
+	}
+	return "", 0, false
 }
 
 // deep reads every present head tensor (and its companions).
