@@ -78,7 +78,7 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 			os.Remove(f)
 		}
 	}
-	e := &executor{p: p, out: outDir, opt: opt, j: j}
+	e := &executor{p: p, out: outDir, opt: opt, j: j, free: make(chan *block, opt.Jobs), copyBuf: make([]byte, 1<<20)}
 	e.progress(0)
 	res := &Result{OutDir: outDir}
 
@@ -180,6 +180,36 @@ type executor struct {
 	j    *journal
 	done int64
 	mu   sync.Mutex
+	// free holds row-block buffers for reuse across tensors: with at most
+	// Jobs blocks in flight, merge memory stays Jobs × one block.
+	free    chan *block
+	copyBuf []byte // for the one goroutine that writes
+}
+
+// getBlock returns a block buffer for elems elements of up to width bytes.
+func (e *executor) getBlock(elems, width int) *block {
+	var b *block
+	select {
+	case b = <-e.free:
+	default:
+		b = &block{}
+	}
+	if cap(b.w) < elems {
+		b.w = make([]float32, elems)
+		b.d = make([]float32, elems)
+	}
+	if cap(b.raw) < elems*width {
+		b.raw = make([]byte, elems*width)
+	}
+	b.w, b.d, b.raw = b.w[:elems], b.d[:elems], b.raw[:elems*width]
+	return b
+}
+
+func (e *executor) putBlock(b *block) {
+	select {
+	case e.free <- b:
+	default:
+	}
 }
 
 func (e *executor) progress(done int64) {
@@ -328,7 +358,7 @@ func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan) (FileDigest, 
 		info, _ := sh.Tensor(t.Name)
 		switch t.Op {
 		case OpCopy:
-			if err := copySection(f, sh.Section(info), e.advance); err != nil {
+			if err := copySection(f, sh.Section(info), e.advance, e.copyBuf); err != nil {
 				return fail(fmt.Errorf("%s: tensor %q: %w", sh.Path, t.Name, err))
 			}
 		case OpMerge:
@@ -350,8 +380,7 @@ func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan) (FileDigest, 
 	return f.commit(sp.Name)
 }
 
-func copySection(w io.Writer, r *io.SectionReader, advance func(int64)) error {
-	buf := make([]byte, 1<<20)
+func copySection(w io.Writer, r *io.SectionReader, advance func(int64), buf []byte) error {
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
@@ -516,10 +545,7 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 	outSize := t.DType.Bits() / 8
 	nb := mm.blockRows(e.opt.BlockElems)
 	nBlocks := (mm.rows + nb - 1) / nb
-	pool := sync.Pool{New: func() any {
-		sz := nb * mm.cols
-		return &block{raw: make([]byte, sz*max(inSize, outSize)), w: make([]float32, sz), d: make([]float32, sz)}
-	}}
+	get := func() *block { return e.getBlock(nb*mm.cols, max(inSize, outSize)) }
 	span := func(i int) (int, int) {
 		s := i * nb
 		return s, min(nb, mm.rows-s)
@@ -530,14 +556,15 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 		// in block order (deterministic for any worker count).
 		sq := make([]float64, mm.cols)
 		err := ordered(ctx, nBlocks, e.opt.Jobs, func(i int) (*block, error) {
-			b := pool.Get().(*block)
+			b := get()
 			b.start, b.n = span(i)
 			if err := mm.computeV(b, sec, inSize); err != nil {
 				return b, err
 			}
-			if b.colSq == nil {
+			if cap(b.colSq) < mm.cols {
 				b.colSq = make([]float64, mm.cols)
 			}
+			b.colSq = b.colSq[:mm.cols]
 			clear(b.colSq)
 			for r := 0; r < b.n; r++ {
 				row := b.d[r*mm.cols : (r+1)*mm.cols]
@@ -550,7 +577,7 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 			for j, v := range b.colSq {
 				sq[j] += v
 			}
-			pool.Put(b)
+			e.putBlock(b)
 			return nil
 		})
 		if err != nil {
@@ -563,7 +590,7 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 	}
 
 	err = ordered(ctx, nBlocks, e.opt.Jobs, func(i int) (*block, error) {
-		b := pool.Get().(*block)
+		b := get()
 		b.start, b.n = span(i)
 		if err := mm.computeV(b, sec, inSize); err != nil {
 			return b, err
@@ -590,7 +617,7 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 			return err
 		}
 		e.advance(int64(b.n * mm.cols * inSize))
-		pool.Put(b)
+		e.putBlock(b)
 		return nil
 	})
 	if err != nil {
@@ -686,7 +713,7 @@ func (e *executor) replaceTensor(w io.Writer, info safetensors.TensorInfo, t Ten
 	ad := e.p.adapter
 	src, _ := ad.Tensor(t.Source)
 	if src.DType == t.DType {
-		if err := copySection(w, ad.Section(src), func(int64) {}); err != nil {
+		if err := copySection(w, ad.Section(src), func(int64) {}, e.copyBuf); err != nil {
 			return fmt.Errorf("%s: tensor %q: %w", ad.Path, t.Source, err)
 		}
 	} else {
