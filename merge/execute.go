@@ -605,9 +605,18 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 				}
 			}
 		case m.DoRA:
+			b.out = b.raw[:len(v)*outSize]
 			for r := 0; r < b.n; r++ {
 				row := v[r*mm.cols : (r+1)*mm.cols]
-				scaleRow(row, mm.mag[b.start+r]/rowNorm(row))
+				f := mm.mag[b.start+r] / rowNorm(row)
+				if t.DType == tensor.BF16 {
+					scaleToBF16(b.out[r*mm.cols*2:(r+1)*mm.cols*2], row, f)
+				} else {
+					scaleRow(row, f)
+				}
+			}
+			if t.DType == tensor.BF16 {
+				return b, nil
 			}
 		}
 		b.out = b.raw[:len(v)*outSize]

@@ -184,6 +184,24 @@ func rowNorm(v []float32) float32 {
 	return float32(math.Sqrt(float64(sum)))
 }
 
+// scaleToBF16 writes bf16(f·v[j]) (one float32 multiply, then RNE to
+// bfloat16, NaN to the canonical 0x7FC0 as tensor.Float32ToBF16) into dst,
+// little-endian: scaleRow and the conversion fused into one pass.
+func scaleToBF16(dst []byte, v []float32, f float32) {
+	dst = dst[:2*len(v)]
+	for j, x := range v {
+		b := math.Float32bits(f * x)
+		var h uint16
+		if b&0x7fffffff > 0x7f800000 {
+			h = 0x7fc0
+		} else {
+			h = uint16((b + 0x7fff + (b>>16)&1) >> 16)
+		}
+		dst[2*j] = byte(h)
+		dst[2*j+1] = byte(h >> 8)
+	}
+}
+
 // scaleRow sets v[j] = f·v[j] in float32.
 func scaleRow(v []float32, f float32) {
 	for j := range v {
