@@ -13,9 +13,9 @@ import (
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
-// runFerry runs the CLI in-process and returns stdout and the exit code
+// mlxRun runs the CLI in-process and returns stdout and the exit code
 // main would use.
-func runFerry(t *testing.T, args ...string) (string, int, error) {
+func mlxRun(t *testing.T, args ...string) (string, int, error) {
 	t.Helper()
 	app := newApp()
 	var out bytes.Buffer
@@ -25,7 +25,7 @@ func runFerry(t *testing.T, args ...string) (string, int, error) {
 	return out.String(), exitCode(err), err
 }
 
-func writeCompressed(t *testing.T, c *testmodel.CompressedCheckpoint) string {
+func mlxWriteFixture(t *testing.T, c *testmodel.CompressedCheckpoint) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "src")
 	if err := c.Write(dir); err != nil {
@@ -35,9 +35,9 @@ func writeCompressed(t *testing.T, c *testmodel.CompressedCheckpoint) string {
 }
 
 func TestMLXRepackCLI(t *testing.T) {
-	src := writeCompressed(t, testmodel.CompressedDeepSeekV3(1))
+	src := mlxWriteFixture(t, testmodel.CompressedDeepSeekV3(1))
 	dst := filepath.Join(t.TempDir(), "mlx")
-	out, code, err := runFerry(t, "mlx", "repack", "--src", src, "--dst", dst)
+	out, code, err := mlxRun(t, "mlx", "repack", "--src", src, "--dst", dst)
 	if code != exitOK {
 		t.Fatalf("exit %d: %v\n%s", code, err, out)
 	}
@@ -57,7 +57,7 @@ func TestMLXRepackCLI(t *testing.T) {
 	}
 
 	// Re-run with --json: a no-op, reported as such.
-	out, code, err = runFerry(t, "mlx", "repack", "--src", src, "--dst", dst, "--json")
+	out, code, err = mlxRun(t, "mlx", "repack", "--src", src, "--dst", dst, "--json")
 	if code != exitOK {
 		t.Fatalf("exit %d: %v", code, err)
 	}
@@ -85,16 +85,16 @@ func TestMLXRepackCLI(t *testing.T) {
 }
 
 func TestMLXRepackCLIRewrite(t *testing.T) {
-	src := writeCompressed(t, testmodel.CompressedQwen3(2))
+	src := mlxWriteFixture(t, testmodel.CompressedQwen3(2))
 	dst := filepath.Join(t.TempDir(), "mlx")
-	out, code, err := runFerry(t, "mlx", "repack", "--src", src, "--dst", dst)
+	out, code, err := mlxRun(t, "mlx", "repack", "--src", src, "--dst", dst)
 	if code != exitBadInput || !strings.Contains(err.Error(), "--rewrite") {
 		t.Fatalf("exit %d, err %v", code, err)
 	}
 	if _, err := os.Lstat(dst); !errors.Is(err, os.ErrNotExist) {
 		t.Error("dst created")
 	}
-	out, code, err = runFerry(t, "mlx", "repack", "--src", src, "--dst", dst, "--rewrite", "--relative")
+	out, code, err = mlxRun(t, "mlx", "repack", "--src", src, "--dst", dst, "--rewrite", "--relative")
 	if code != exitOK {
 		t.Fatalf("exit %d: %v\n%s", code, err, out)
 	}
@@ -108,16 +108,16 @@ func TestMLXRepackCLIRewrite(t *testing.T) {
 }
 
 func TestMLXRepackCLIErrors(t *testing.T) {
-	good := writeCompressed(t, testmodel.CompressedDeepSeekV3(3))
+	good := mlxWriteFixture(t, testmodel.CompressedDeepSeekV3(3))
 	asym := testmodel.CompressedDeepSeekV3(3)
 	asym.QuantWeights("group_0")["symmetric"] = false
-	asymDir := writeCompressed(t, asym)
+	asymDir := mlxWriteFixture(t, asym)
 	moe := testmodel.CompressedQwen3(4)
 	moe.Config["model_type"] = "qwen3_moe"
 	for _, tn := range moe.Tensors {
 		tn.Name = strings.Replace(tn.Name, ".mlp.", ".mlp.experts.0.", 1)
 	}
-	moeDir := writeCompressed(t, moe)
+	moeDir := mlxWriteFixture(t, moe)
 	existing := t.TempDir()
 	os.WriteFile(filepath.Join(existing, "README.md"), []byte("keep"), 0o644)
 
@@ -138,7 +138,7 @@ func TestMLXRepackCLIErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, code, err := runFerry(t, tc.args...)
+			_, code, err := mlxRun(t, tc.args...)
 			if code != tc.code || err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("exit %d (want %d), err %v (want mention of %q)", code, tc.code, err, tc.want)
 			}
