@@ -13,9 +13,9 @@ import (
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
-// mlxRun runs the CLI in-process and returns stdout and the exit code
+// runFerry runs the CLI in-process and returns stdout and the exit code
 // main would use.
-func mlxRun(t *testing.T, args ...string) (string, int, error) {
+func runFerry(t *testing.T, args ...string) (string, int, error) {
 	t.Helper()
 	app := newApp()
 	var out bytes.Buffer
@@ -37,7 +37,7 @@ func mlxWriteFixture(t *testing.T, c *testmodel.CompressedCheckpoint) string {
 func TestMLXRepackCLI(t *testing.T) {
 	src := mlxWriteFixture(t, testmodel.CompressedDeepSeekV3(1))
 	dst := filepath.Join(t.TempDir(), "mlx")
-	out, code, err := mlxRun(t, "mlx", "repack", "--src", src, "--dst", dst)
+	out, code, err := runFerry(t, "mlx", "repack", "--src", src, "--dst", dst)
 	if code != exitOK {
 		t.Fatalf("exit %d: %v\n%s", code, err, out)
 	}
@@ -57,7 +57,7 @@ func TestMLXRepackCLI(t *testing.T) {
 	}
 
 	// Re-run with --json: a no-op, reported as such.
-	out, code, err = mlxRun(t, "mlx", "repack", "--src", src, "--dst", dst, "--json")
+	out, code, err = runFerry(t, "mlx", "repack", "--src", src, "--dst", dst, "--json")
 	if code != exitOK {
 		t.Fatalf("exit %d: %v", code, err)
 	}
@@ -87,14 +87,14 @@ func TestMLXRepackCLI(t *testing.T) {
 func TestMLXRepackCLIRewrite(t *testing.T) {
 	src := mlxWriteFixture(t, testmodel.CompressedQwen3(2))
 	dst := filepath.Join(t.TempDir(), "mlx")
-	out, code, err := mlxRun(t, "mlx", "repack", "--src", src, "--dst", dst)
+	out, code, err := runFerry(t, "mlx", "repack", "--src", src, "--dst", dst)
 	if code != exitBadInput || !strings.Contains(err.Error(), "--rewrite") {
 		t.Fatalf("exit %d, err %v", code, err)
 	}
 	if _, err := os.Lstat(dst); !errors.Is(err, os.ErrNotExist) {
 		t.Error("dst created")
 	}
-	out, code, err = mlxRun(t, "mlx", "repack", "--src", src, "--dst", dst, "--rewrite", "--relative")
+	out, code, err = runFerry(t, "mlx", "repack", "--src", src, "--dst", dst, "--rewrite", "--relative")
 	if code != exitOK {
 		t.Fatalf("exit %d: %v\n%s", code, err, out)
 	}
@@ -138,7 +138,7 @@ func TestMLXRepackCLIErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, code, err := mlxRun(t, tc.args...)
+			_, code, err := runFerry(t, tc.args...)
 			if code != tc.code || err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("exit %d (want %d), err %v (want mention of %q)", code, tc.code, err, tc.want)
 			}
