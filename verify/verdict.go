@@ -19,6 +19,9 @@ func decide(rep *Report, countMismatch bool) {
 		}
 	}
 	sort.Strings(rep.Missing)
+	if rep.FoundLayers == nil {
+		rep.FoundLayers = []int{}
+	}
 	switch {
 	case rep.Promised == 0 && present == 0:
 		rep.Verdict = Absent

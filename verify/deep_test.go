@@ -1,0 +1,101 @@
+package verify
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"testing"
+
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+func TestScanFloats(t *testing.T) {
+	f32 := func(v ...float32) []byte {
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+		}
+		return b
+	}
+	f16 := func(h ...uint16) []byte {
+		b := make([]byte, 2*len(h))
+		for i, x := range h {
+			binary.LittleEndian.PutUint16(b[2*i:], x)
+		}
+		return b
+	}
+	inf := float32(math.Inf(1))
+	cases := []struct {
+		name    string
+		dt      tensor.DType
+		data    []byte
+		badUnit int64
+		nonzero bool
+	}{
+		{"f32 fine", tensor.F32, f32(0, 1, -2), -1, true},
+		{"f32 all zero incl. -0", tensor.F32, f32(0, float32(math.Copysign(0, -1))), -1, false},
+		{"f32 +Inf at 2", tensor.F32, f32(1, 2, inf, 3), 2, true},
+		{"f32 NaN at 0", tensor.F32, f32(float32(math.NaN()), 1), 0, true},
+		{"f16 fine, subnormal counts as nonzero", tensor.F16, f16(0x0001, 0), -1, true},
+		{"f16 -Inf at 1", tensor.F16, f16(0x3C00, 0xFC00), 1, true},
+		{"f16 all zero", tensor.F16, f16(0, 0x8000), -1, false},
+		{"bf16 NaN at 1", tensor.BF16, f16(0x3F80, 0x7FC1), 1, true},
+		{"bf16 max finite", tensor.BF16, f16(0x7F7F), -1, true},
+		{"f8e4m3 NaN is S.1111.111", tensor.F8_E4M3, []byte{0x7E, 0xFF}, 1, true},
+		{"f8e5m2 Inf", tensor.F8_E5M2, []byte{0x00, 0x7C}, 1, true},
+		{"f8e5m2 zeros", tensor.F8_E5M2, []byte{0x00, 0x80}, -1, false},
+		{"f64 fine", tensor.F64, binary.LittleEndian.AppendUint64(nil, math.Float64bits(1.5)), -1, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res, err := scan(bytes.NewReader(c.data), int64(len(c.data)), floatLayouts[c.dt])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.badUnit != c.badUnit || res.nonzero != c.nonzero || res.bytes != int64(len(c.data)) {
+				t.Errorf("bad unit %d nonzero %v bytes %d, want %d %v %d", res.badUnit, res.nonzero, res.bytes, c.badUnit, c.nonzero, len(c.data))
+			}
+		})
+	}
+}
+
+// TestScanChunks: a tensor larger than the 1 MiB read buffer, with its
+// only NaN and only nonzero value past the first chunk, and a block type
+// whose unit does not divide 1 MiB.
+func TestScanChunks(t *testing.T) {
+	n := 3<<20 + 6
+	b := make([]byte, n) // F16 zeros
+	binary.LittleEndian.PutUint16(b[n-4:], 0x3C00)
+	binary.LittleEndian.PutUint16(b[(2<<20)+2:], 0x7E00)
+	res, err := scan(bytes.NewReader(b), int64(n), floatLayouts[tensor.F16])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.badUnit != (2<<20+2)/2 || !res.nonzero || res.units != int64(n/2) {
+		t.Fatalf("%+v", res)
+	}
+	// Q6_K: 210-byte super-blocks, d at 208; block 6000 (past 1 MiB) has
+	// the only nonzero d, block 7000 a NaN d.
+	q := make([]byte, 210*8000)
+	binary.LittleEndian.PutUint16(q[210*6000+208:], 0x3000)
+	binary.LittleEndian.PutUint16(q[210*7000+208:], 0x7C01)
+	res, err = scan(bytes.NewReader(q), int64(len(q)), ggmlLayouts["Q6_K"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.badUnit != 7000 || !res.nonzero || res.units != 8000 {
+		t.Fatalf("%+v", res)
+	}
+	text, problem := res.text("scale", 210, 100)
+	if problem == "" || text != "non-finite scale at byte offset 1470100" {
+		t.Errorf("%q / %q", text, problem)
+	}
+	// A size that is not whole units is an error, not a silent pass.
+	if _, err := scan(bytes.NewReader(q[:100]), 100, ggmlLayouts["Q6_K"]); err == nil {
+		t.Error("partial block accepted")
+	}
+	// A short reader is an error.
+	if _, err := scan(bytes.NewReader(q[:210]), 420, ggmlLayouts["Q6_K"]); err == nil {
+		t.Error("short read accepted")
+	}
+}
