@@ -86,6 +86,11 @@ func TestInspectHashSparse(t *testing.T) {
 // 1 GiB BF16 tensors) and reports its throughput (MB/s of tensor data) and
 // peak RSS from wait4's rusage (peak-RSS-MB). It fails if RSS reaches
 // 200 MB.
+//
+// The RSS is an upper bound: Go starts children with clone(CLONE_VM), and
+// Linux carries the pre-exec high-water mark (the parent test process's
+// RSS, ~25-30 MB) into the child's ru_maxrss — sha256sum shows the same
+// floor in the anchor below.
 func BenchmarkInspectHash4GiB(b *testing.B) {
 	p := filepath.Join(b.TempDir(), "4gib.safetensors")
 	data := writeSparse(b, p, 4, 32768, 16384, false)
