@@ -433,3 +433,167 @@ func BenchmarkMTPGGUF(b *testing.B) {
 		})
 	}
 }
+
+// miniArch builds a small GGUF for arch from per-block tensor lists: trunk
+// blocks 0..len(trunk)-1, then the head block(s) with nextn tensors.
+func miniArch(t *testing.T, arch string, kvs []gguf.KV, global []gguf.TensorSpec, blocks [][]gguf.TensorSpec, edit func([]gguf.TensorSpec) []gguf.TensorSpec) string {
+	t.Helper()
+	var specs []gguf.TensorSpec
+	specs = append(specs, global...)
+	for b, bl := range blocks {
+		for _, s := range bl {
+			s.Name = "blk." + strconv.Itoa(b) + "." + s.Name
+			specs = append(specs, s)
+		}
+	}
+	if edit != nil {
+		specs = edit(specs)
+	}
+	all := append([]gguf.KV{gguf.Str("general.architecture", arch)}, kvs...)
+	l, err := gguf.PlanLayout(all, specs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), arch+".gguf")
+	fh, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	fh.Write(l.Header)
+	if err := fh.Truncate(l.Size); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func spec(name string, ty gguf.Type, dims ...uint64) gguf.TensorSpec {
+	return gguf.TensorSpec{Name: name, Dims: dims, Type: ty}
+}
+
+// qwen35moeBlock is a full-attention MoE block as llama.cpp's qwen35moe
+// loader names it (llamacpp.md §4.4): H=64, 2 heads of 32 (q doubled for
+// the gate), 1 KV head, 4 experts of 32, shared expert 32.
+func qwen35moeBlock() []gguf.TensorSpec {
+	const H, E, I = 64, 4, 32
+	return []gguf.TensorSpec{
+		spec("attn_norm.weight", gguf.TypeF32, H),
+		spec("attn_q.weight", gguf.TypeF16, H, 2*2*32),
+		spec("attn_k.weight", gguf.TypeF16, H, 32),
+		spec("attn_v.weight", gguf.TypeF16, H, 32),
+		spec("attn_output.weight", gguf.TypeF16, 2*32, H),
+		spec("attn_q_norm.weight", gguf.TypeF32, 32),
+		spec("attn_k_norm.weight", gguf.TypeF32, 32),
+		spec("post_attention_norm.weight", gguf.TypeF32, H),
+		spec("ffn_gate_inp.weight", gguf.TypeF32, H, E),
+		spec("ffn_gate_exps.weight", gguf.TypeF16, H, I, E),
+		spec("ffn_up_exps.weight", gguf.TypeF16, H, I, E),
+		spec("ffn_down_exps.weight", gguf.TypeF16, I, H, E),
+		spec("ffn_gate_inp_shexp.weight", gguf.TypeF32, H),
+		spec("ffn_gate_shexp.weight", gguf.TypeF16, H, I),
+		spec("ffn_up_shexp.weight", gguf.TypeF16, H, I),
+		spec("ffn_down_shexp.weight", gguf.TypeF16, I, H),
+	}
+}
+
+func nextnTensors(h, v uint64, full bool) []gguf.TensorSpec {
+	out := []gguf.TensorSpec{
+		spec("nextn.eh_proj.weight", gguf.TypeF16, 2*h, h),
+		spec("nextn.enorm.weight", gguf.TypeF32, h),
+		spec("nextn.hnorm.weight", gguf.TypeF32, h),
+		spec("nextn.shared_head_norm.weight", gguf.TypeF32, h),
+	}
+	if full {
+		out = append(out, spec("nextn.embed_tokens.weight", gguf.TypeF16, h, v), spec("nextn.shared_head_head.weight", gguf.TypeF16, h, v))
+	}
+	return out
+}
+
+// deepseek2Block is an MLA block (deepseek2 arch), MoE or dense.
+func deepseek2Block(moe bool) []gguf.TensorSpec {
+	const H, E, I = 64, 4, 32
+	out := []gguf.TensorSpec{
+		spec("attn_norm.weight", gguf.TypeF32, H),
+		spec("attn_q_a.weight", gguf.TypeF16, H, 32),
+		spec("attn_q_a_norm.weight", gguf.TypeF32, 32),
+		spec("attn_q_b.weight", gguf.TypeF16, 32, 2*24),
+		spec("attn_kv_a_mqa.weight", gguf.TypeF16, H, 16+8),
+		spec("attn_kv_a_norm.weight", gguf.TypeF32, 16),
+		spec("attn_kv_b.weight", gguf.TypeF16, 16, 2*32),
+		spec("attn_output.weight", gguf.TypeF16, 2*16, H),
+		spec("ffn_norm.weight", gguf.TypeF32, H),
+	}
+	if !moe {
+		return append(out, spec("ffn_gate.weight", gguf.TypeF16, H, 128), spec("ffn_up.weight", gguf.TypeF16, H, 128), spec("ffn_down.weight", gguf.TypeF16, 128, H))
+	}
+	return append(out,
+		spec("ffn_gate_inp.weight", gguf.TypeF32, H, E),
+		spec("exp_probs_b.bias", gguf.TypeF32, E),
+		spec("ffn_gate_exps.weight", gguf.TypeF16, H, I, E),
+		spec("ffn_up_exps.weight", gguf.TypeF16, H, I, E),
+		spec("ffn_down_exps.weight", gguf.TypeF16, I, H, E),
+		spec("ffn_gate_shexp.weight", gguf.TypeF16, H, I),
+		spec("ffn_up_shexp.weight", gguf.TypeF16, H, I),
+		spec("ffn_down_shexp.weight", gguf.TypeF16, I, H),
+	)
+}
+
+func TestGGUFFamilies(t *testing.T) {
+	const H, V = 64, 128
+	global := []gguf.TensorSpec{spec("token_embd.weight", gguf.TypeF16, H, V), spec("output_norm.weight", gguf.TypeF32, H)}
+	moeKVs := []gguf.KV{gguf.U32("qwen35moe.block_count", 2), gguf.U32("qwen35moe.embedding_length", H), gguf.U32("qwen35moe.nextn_predict_layers", 1)}
+	moeBlocks := func() [][]gguf.TensorSpec {
+		return [][]gguf.TensorSpec{qwen35moeBlock(), append(qwen35moeBlock(), nextnTensors(H, V, false)...)}
+	}
+	dsKVs := []gguf.KV{gguf.U32("deepseek2.block_count", 3), gguf.U32("deepseek2.embedding_length", H), gguf.U32("deepseek2.nextn_predict_layers", 1)}
+	dsBlocks := func(full bool) [][]gguf.TensorSpec {
+		return [][]gguf.TensorSpec{deepseek2Block(false), deepseek2Block(true), append(deepseek2Block(true), nextnTensors(H, V, full)...)}
+	}
+	cases := []struct {
+		name     string
+		path     func(t *testing.T) string
+		verdict  Verdict
+		expected int
+		missing  []string
+		problem  string
+	}{
+		{"qwen35moe ok", func(t *testing.T) string { return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), nil) }, OK, 19, nil, ""},
+		{"qwen35moe head lost its shared-expert gate", func(t *testing.T) string {
+			return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), dropTensors(func(n string) bool { return n == "blk.1.ffn_gate_inp_shexp.weight" }))
+		}, Partial, 19, []string{"blk.1.ffn_gate_inp_shexp.weight"}, ""},
+		{"qwen35moe head has fewer experts", func(t *testing.T) string {
+			return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), retype("blk.1.ffn_down_exps.weight", gguf.TypeF16, 32, 64, 3))
+		}, Inconsistent, 19, nil, "blk.1.ffn_down_exps.weight: dims [32 64 3], but trunk block 0 has [32 64 4]"},
+		{"deepseek2 nextn with embed_tokens and shared_head_head ok", func(t *testing.T) string {
+			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(true), nil)
+		}, OK, 20, nil, ""},
+		{"deepseek2 without the optional nextn tensors ok", func(t *testing.T) string {
+			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(false), nil)
+		}, OK, 20, nil, ""},
+		{"deepseek2 nextn.embed_tokens of the wrong vocabulary", func(t *testing.T) string {
+			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(true), retype("blk.2.nextn.embed_tokens.weight", gguf.TypeF16, H, 256))
+		}, Inconsistent, 20, nil, "blk.2.nextn.embed_tokens.weight: dims [64 256], want [64 128]"},
+		{"deepseek2 MTP block dense while the trunk's last block is MoE", func(t *testing.T) string {
+			blocks := dsBlocks(false)
+			blocks[2] = append(deepseek2Block(false), nextnTensors(H, V, false)...)
+			return miniArch(t, "deepseek2", dsKVs, global, blocks, nil)
+		}, Partial, 20, nil, "blk.2.ffn_gate.weight: not in trunk block 1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := MTP(c.path(t), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Verdict != c.verdict || r.Expected != c.expected {
+				t.Fatalf("verdict %s expected %d, want %s %d\n%s", r.Verdict, r.Expected, c.verdict, c.expected, describe(r))
+			}
+			if c.missing != nil && !slices.Equal(r.Missing, c.missing) {
+				t.Errorf("missing %v, want %v", r.Missing, c.missing)
+			}
+			if c.problem != "" && !slices.ContainsFunc(r.Problems, func(p string) bool { return strings.Contains(p, c.problem) }) {
+				t.Errorf("no problem contains %q\n%s", c.problem, describe(r))
+			}
+		})
+	}
+}
