@@ -149,6 +149,11 @@ func PlanRepack(src string, opts Options) (_ *Plan, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if st, err := os.Stat(abs); err != nil {
+		return nil, err
+	} else if !st.IsDir() {
+		return nil, errf(abs, "", ErrNoConfig, "not a directory: --src takes a Hugging Face checkpoint directory")
+	}
 	cfgPath := filepath.Join(abs, "config.json")
 	if _, err := os.Stat(cfgPath); err != nil {
 		if errors.Is(err, os.ErrNotExist) {

@@ -123,7 +123,7 @@ func within(p, dir string) bool {
 // place.
 func repackFresh(ctx context.Context, plan *Plan, dst string, res *Result) (err error) {
 	parent := filepath.Dir(dst)
-	if _, err := os.Stat(parent); err != nil {
+	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return err
 	}
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dst)+".*"+fsutil.PartialSuffix)

@@ -718,6 +718,19 @@ func TestDestinationRules(t *testing.T) {
 		}
 		checkLinks(t, src, dst, false, nil)
 	})
+	t.Run("missing parents are created", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "a", "b", "mlx")
+		if _, err := repack(t, src, dst, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		checkLinks(t, src, dst, false, nil)
+	})
+	t.Run("source is a file", func(t *testing.T) {
+		_, err := repack(t, filepath.Join(src, "config.json"), filepath.Join(t.TempDir(), "mlx"), Options{})
+		if !errors.Is(err, ErrNoConfig) || !isBadInput(err) {
+			t.Fatalf("err = %v", err)
+		}
+	})
 	t.Run("plain then rewrite then plain", func(t *testing.T) {
 		dst := filepath.Join(t.TempDir(), "mlx")
 		for _, rw := range []bool{false, true} {
