@@ -240,10 +240,11 @@ func (e *executor) finished(sp ShardPlan) (FileDigest, bool) {
 }
 
 // hashingFile is an atomic output file whose bytes are hashed as written.
+// The hash runs on its own goroutine, so hashing overlaps the writes.
 type hashingFile struct {
 	af *fsutil.AtomicFile
 	bw *bufio.Writer
-	h  hash.Hash
+	ah *asyncHash
 	n  int64
 }
 
@@ -252,8 +253,8 @@ func createHashing(path string) (*hashingFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := sha256.New()
-	return &hashingFile{af: af, h: h, bw: bufio.NewWriterSize(io.MultiWriter(af, h), 1<<20)}, nil
+	ah := newAsyncHash()
+	return &hashingFile{af: af, ah: ah, bw: bufio.NewWriterSize(io.MultiWriter(af, ah), 1<<20)}, nil
 }
 
 func (f *hashingFile) Write(p []byte) (int, error) {
@@ -262,15 +263,64 @@ func (f *hashingFile) Write(p []byte) (int, error) {
 	return n, err
 }
 
+func (f *hashingFile) abort() {
+	f.ah.sum()
+	f.af.Abort()
+}
+
 func (f *hashingFile) commit(name string) (FileDigest, error) {
 	if err := f.bw.Flush(); err != nil {
-		f.af.Abort()
+		f.abort()
 		return FileDigest{}, err
 	}
+	sum := f.ah.sum()
 	if err := f.af.Commit(); err != nil {
 		return FileDigest{}, err
 	}
-	return FileDigest{Name: name, Size: f.n, SHA256: hex.EncodeToString(f.h.Sum(nil))}, nil
+	return FileDigest{Name: name, Size: f.n, SHA256: hex.EncodeToString(sum)}, nil
+}
+
+// asyncHash feeds copies of what is written to a sha256 on another
+// goroutine (at most a few 1 MiB buffers in flight).
+type asyncHash struct {
+	h    hash.Hash
+	ch   chan []byte
+	free chan []byte
+	done chan struct{}
+	res  []byte
+}
+
+func newAsyncHash() *asyncHash {
+	a := &asyncHash{h: sha256.New(), ch: make(chan []byte, 4), free: make(chan []byte, 6), done: make(chan struct{})}
+	go func() {
+		for b := range a.ch {
+			a.h.Write(b)
+			select {
+			case a.free <- b:
+			default:
+			}
+		}
+		a.res = a.h.Sum(nil)
+		close(a.done)
+	}()
+	return a
+}
+
+func (a *asyncHash) Write(p []byte) (int, error) {
+	var b []byte
+	select {
+	case b = <-a.free:
+	default:
+	}
+	a.ch <- append(b[:0], p...)
+	return len(p), nil
+}
+
+// sum ends the stream and returns the digest; it may be called once.
+func (a *asyncHash) sum() []byte {
+	close(a.ch)
+	<-a.done
+	return a.res
 }
 
 // copyFileAtomic copies src to dst through a temp file, hashing it.
@@ -289,7 +339,7 @@ func copyFileAtomic(src, dst string, advance func(int64)) (FileDigest, error) {
 		n, rerr := in.Read(buf)
 		if n > 0 {
 			if _, err := f.Write(buf[:n]); err != nil {
-				f.af.Abort()
+				f.abort()
 				return FileDigest{}, err
 			}
 			if advance != nil {
@@ -300,7 +350,7 @@ func copyFileAtomic(src, dst string, advance func(int64)) (FileDigest, error) {
 			break
 		}
 		if rerr != nil {
-			f.af.Abort()
+			f.abort()
 			return FileDigest{}, rerr
 		}
 	}
@@ -344,7 +394,7 @@ func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan) (FileDigest, 
 		return FileDigest{}, err
 	}
 	fail := func(err error) (FileDigest, error) {
-		f.af.Abort()
+		f.abort()
 		return FileDigest{}, err
 	}
 	if _, err := f.Write(hdr); err != nil {
