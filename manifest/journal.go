@@ -132,6 +132,9 @@ func (j *Journal) load() error {
 			}
 			j.commit = &Output{Path: j.ref, Digest: l.Commit, Size: l.Size}
 			j.off = l.Size
+			// The process that committed may have died before the
+			// manifest recorded the blob's stamp.
+			j.s.setStamp(l.Commit, st)
 			return nil
 		case l.Unit != "":
 			if l.End < j.off || len(l.State) == 0 {
@@ -168,6 +171,7 @@ func (j *Journal) load() error {
 						return err
 					}
 					j.commit = &Output{Path: j.ref, Digest: d, Size: j.off}
+					j.s.setStamp(d, st)
 					return nil
 				}
 			}

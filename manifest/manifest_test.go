@@ -453,3 +453,27 @@ func TestJournalCrashAfterRename(t *testing.T) {
 		t.Fatalf("committed %v %+v", ok, o)
 	}
 }
+
+// A journal committed by a process that died before the manifest was
+// written hands its blob's stamp to the store, so the stage's record made
+// by the next run is intact by stamp (and the stage is not redone).
+func TestJournalCommittedStampSurvives(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "s")
+	s, _ := Open(root)
+	j, _ := s.OpenJournal("k", "f")
+	j.Write([]byte("abc"))
+	j.EndUnit("u")
+	o, err := j.Commit(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	s2, _ := Open(root) // a new process: the stamp was never saved
+	j, _ = s2.OpenJournal("k", "f")
+	if _, ok := j.Committed(); !ok {
+		t.Fatal("not committed")
+	}
+	if why := s2.CheckBlob(o.Digest, o.Size, false); why != "" {
+		t.Fatalf("blob after resume: %s", why)
+	}
+}

@@ -393,3 +393,16 @@ func (s *Store) Link(pipeline, stage, key string) error {
 	s.m.Pipelines[pipeline][stage] = key
 	return s.saveLocked()
 }
+
+// Reload re-reads manifest.json. Call it after taking the lock: another run
+// may have committed records since the store was opened.
+func (s *Store) Reload() error {
+	fresh, err := Load(s.Root)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.m = fresh.m
+	s.mu.Unlock()
+	return nil
+}

@@ -361,6 +361,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if lock.TookOver != nil {
 		r.log.Warn("took over a stale store lock", "pid", lock.TookOver.PID, "host", lock.TookOver.Host, "since", lock.TookOver.Started)
 	}
+	if err := store.Reload(); err != nil {
+		return nil, err
+	}
 	if err := store.ClearTemp(); err != nil {
 		return nil, err
 	}

@@ -90,6 +90,9 @@ func Parse(name, dir string, b []byte) (*Spec, error) {
 			line, _ = strconv.Atoi(m[1])
 			msg = strings.TrimSpace(strings.Replace(msg, m[0]+":", "", 1))
 		}
+		if l := yamlErrorLine(b, msg); l > 0 {
+			line = l
+		}
 		if line == 0 {
 			line = 1
 		}
@@ -348,4 +351,33 @@ func (s *Spec) Dependents(name string) map[string]bool {
 		}
 	}
 	return set
+}
+
+// yamlErrorLine finds the line a YAML syntax error is on. yaml.v3 reports
+// the line where the enclosing construct began (often lines earlier), so
+// this looks for the shortest prefix of the file, in whole lines, that fails
+// with the same message: the line where the problem becomes visible.
+// It gives 0 when it cannot tell (or the file is too long to search).
+func yamlErrorLine(b []byte, msg string) int {
+	lines := strings.SplitAfter(string(b), "\n")
+	if len(lines) > 5000 {
+		return 0
+	}
+	var prefix strings.Builder
+	for i, l := range lines {
+		prefix.WriteString(l)
+		var n yaml.Node
+		err := yaml.Unmarshal([]byte(prefix.String()), &n)
+		if err == nil {
+			continue
+		}
+		m := strings.TrimPrefix(err.Error(), "yaml: ")
+		if lm := yamlLineRE.FindStringSubmatch(m); lm != nil {
+			m = strings.TrimSpace(strings.Replace(m, lm[0]+":", "", 1))
+		}
+		if m == msg {
+			return i + 1
+		}
+	}
+	return 0
 }

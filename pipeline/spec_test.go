@@ -49,7 +49,9 @@ func TestParseBad(t *testing.T) {
 		line int
 		msg  string
 	}{
-		{"bad yaml", "name: x\nstages:\n  - name: a\n    import: { path: p\n", 3, "invalid YAML"}, // yaml.v3 reports the flow context a line early
+		{"bad yaml", "name: x\nstages:\n  - name: a\n    import: { path: p\n", 4, "invalid YAML"},
+		{"bad yaml indent", "name: x\nstages:\n  - name: a\n    import: { path: p }\n   bad: indent\n", 5, "invalid YAML"},
+		{"bad yaml unclosed list", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: b\n    verify_mtp: { from: [a, b }\n  - name: c\n", 6, "invalid YAML"},
 		{"bad yaml tab", "name: x\n\tstages: []\n", 2, "invalid YAML"},
 		{"unknown kind", "name: x\nstages:\n  - name: a\n    imprt: { path: p }\n", 4, `unknown kind "imprt"`},
 		{"missing reference", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: b\n    synth: { size: 10, from: nope }\n", 6, `unknown stage "nope"`},

@@ -73,6 +73,10 @@ func openStoreArg(c *cli.Context) (*manifest.Store, *manifest.Lock, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := s.Reload(); err != nil {
+		lock.Unlock()
+		return nil, nil, err
+	}
 	return s, lock, nil
 }
 
