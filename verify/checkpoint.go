@@ -262,7 +262,8 @@ func (a *ckAnalysis) run() error {
 	switch {
 	case qwenKey:
 		rep.Convention, rep.Promised, rep.PromisedBy = ConvQwen, int(qwenN), "mtp_num_hidden_layers"
-	case len(mtpNames) > 0:
+	case len(mtpNames) > 0 || (nextnKey && isQwen(cfg)):
+		// Qwen3-Next: vLLM reads num_nextn_predict_layers, the head is mtp.*.
 		rep.Convention = ConvQwen
 		if nextnKey {
 			rep.Promised, rep.PromisedBy = int(nextnN), "num_nextn_predict_layers"
@@ -673,4 +674,12 @@ func countKey(cfg *safetensors.Config, key string) (int64, bool, error) {
 		return 0, true, badf(cfg.Path, ErrBadMetadata, "%s = %v: want an integer from 0 to 1024", key, v)
 	}
 	return n, true, nil
+}
+
+// isQwen reports a Qwen architecture (whose heads are mtp.*, whatever key
+// counts them).
+func isQwen(cfg *safetensors.Config) bool {
+	tc, _ := cfg.String("model_type")
+	return strings.HasPrefix(strings.ToLower(cfg.Architecture()), "qwen") || strings.HasPrefix(strings.ToLower(cfg.ModelType), "qwen") ||
+		strings.HasPrefix(strings.ToLower(tc), "qwen")
 }

@@ -167,6 +167,12 @@ func TestGeneratedCheckpoints(t *testing.T) {
 				}), nil, outTensor{name: "mtp.layers.0.mlp.up_proj.weight", dtype: tensor.BF16, shape: []int64{128, 64}, data: pattern(128 * 64 * 2)})
 			},
 			problem: "mtp.layers.0.mlp.up_proj.weight: not in trunk layer 3"},
+		{name: "qwen3-next counted by num_nextn_predict_layers, head dropped", verdict: Dropped, conv: ConvQwen,
+			build: func(t *testing.T) string {
+				return rewrite(t, gen(t, testmodel.Qwen3NextOptions{}), dropIf(func(n string) bool { return strings.HasPrefix(n, "mtp.") }),
+					func(c map[string]any) { delete(c, "mtp_num_hidden_layers"); c["num_nextn_predict_layers"] = 1 })
+			},
+			message: "num_nextn_predict_layers = 1) but no mtp.* tensor"},
 		{name: "qwen3-next ok", verdict: OK, conv: ConvQwen,
 			build: func(t *testing.T) string { return gen(t, testmodel.Qwen3NextOptions{}) }},
 		// DeepSeek-V3: model.layers.{N}.* nextn layer.
