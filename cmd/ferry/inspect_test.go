@@ -362,3 +362,26 @@ func TestInspectNextN(t *testing.T) {
 		t.Errorf("text: %s", text.stdout)
 	}
 }
+
+// --follow-links accepts a shard symlinked out of the directory, which is
+// refused (exit 2) without it.
+func TestInspectFollowLinks(t *testing.T) {
+	for _, c := range safetensorstest.BadCases() {
+		if c.Want != safetensors.ErrSymlinkOutside {
+			continue
+		}
+		dir, err := c.Build(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := execFerry(t, nil, "inspect", dir); r.code != exitBadInput {
+			t.Errorf("without --follow-links: exit %d", r.code)
+		}
+		rep := inspectJSON(t, "--follow-links", dir)
+		if rep.Summary.Tensors != 4 || rep.Summary.Shards != 2 {
+			t.Errorf("with --follow-links: %+v", rep.Summary)
+		}
+		return
+	}
+	t.Fatal("no symlink case in the bad-input table")
+}
