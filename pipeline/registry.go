@@ -11,7 +11,7 @@ var Registry = map[string]Kind{
 		Summary: "ingest a local file or directory into the store"},
 	"synth": {New: newSynth, Version: "1",
 		Summary: "test/benchmark stage: deterministic pseudo-random bytes written in journaled units"},
-	"merge": {NotBuilt: "issue 4 (merge/)", RefKeys: []string{"base", "adapter"},
+	"merge": {New: newMerge, Version: "1",
 		Summary: "merge a LoRA/DoRA adapter into a base checkpoint"},
 	"gguf": {NotBuilt: "issue 5 (gguf/, gguf/convert/)", RefKeys: []string{"from"},
 		Summary: "convert a checkpoint to GGUF"},

@@ -512,9 +512,13 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 			return nil, err
 		}
 	}
+	// The work dir of a killed run with this key is kept: stages that
+	// write there (merge) resume from it.
 	work := r.store.WorkDir(d.key)
-	if err := os.RemoveAll(work); err != nil {
-		return nil, err
+	if forced || damaged {
+		if err := os.RemoveAll(work); err != nil {
+			return nil, err
+		}
 	}
 	var prog Progress = nopProgress{}
 	if r.opts.Progress != nil {

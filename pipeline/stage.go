@@ -100,8 +100,10 @@ func (e *Env) Journal(rel string) (*manifest.Journal, error) {
 }
 
 // WorkDir returns the stage's scratch directory inside the store (same file
-// system as the blobs, so finished files are adopted by rename). The runner
-// empties it before the stage starts and removes it after a commit.
+// system as the blobs, so finished files are adopted without copying). It
+// is keyed by the stage key and kept across killed runs, so a stage can
+// resume there; the runner empties it before a forced run and removes it
+// after a commit.
 func (e *Env) WorkDir() (string, error) {
 	d := e.Store.WorkDir(e.Key)
 	return d, os.MkdirAll(d, 0o755)

@@ -1,0 +1,112 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/merge"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// mergeStage merges a PEFT LoRA/DoRA/rsLoRA adapter into a base checkpoint
+// with the merge package (PEFT merge_and_unload semantics, streaming).
+//
+//	merge: { base: base, adapter: adapter, dtype: bf16, allow_unused: false }
+//
+// base and adapter name earlier stages (usually imports); dtype (bf16, f16,
+// f32) is the merged tensors' dtype, default each base tensor's own. The
+// merge writes into the stage's work dir inside the store (merge resumes
+// there after a kill, from its own shard journal), and every file is then
+// adopted into the blobs by hard link under the digest merge computed while
+// writing it.
+type mergeStage struct {
+	Base        string `json:"base"`
+	Adapter     string `json:"adapter"`
+	DType       string `json:"dtype,omitempty"`
+	AllowUnused bool   `json:"allow_unused,omitempty"`
+}
+
+var _ Stage = (*mergeStage)(nil)
+
+func newMerge(p *Params) (Stage, error) {
+	s := &mergeStage{}
+	var err error
+	if s.Base, err = p.Ref("base", true); err != nil {
+		return nil, err
+	}
+	if s.Adapter, err = p.Ref("adapter", true); err != nil {
+		return nil, err
+	}
+	dt, err := p.String("dtype", false)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := mergeDType(dt); err != nil {
+		return nil, p.Errorf("dtype", "%v", err)
+	}
+	s.DType = strings.ToLower(dt)
+	if s.AllowUnused, err = p.Bool("allow_unused", false); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func mergeDType(s string) (tensor.DType, error) {
+	switch strings.ToLower(s) {
+	case "":
+		return "", nil
+	case "bf16":
+		return tensor.BF16, nil
+	case "f16":
+		return tensor.F16, nil
+	case "f32":
+		return tensor.F32, nil
+	}
+	return "", fmt.Errorf("want bf16, f16 or f32, got %q", s)
+}
+
+func (s *mergeStage) Params() any { return s }
+
+func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
+	base, adapter := env.Input(s.Base), env.Input(s.Adapter)
+	if base == nil || adapter == nil {
+		return nil, fmt.Errorf("merge: inputs %q and %q not given", s.Base, s.Adapter)
+	}
+	dt, _ := mergeDType(s.DType)
+	plan, err := merge.Inventory(base.Dir, adapter.Dir, merge.PlanOptions{AllowUnused: s.AllowUnused, DType: dt})
+	if err != nil {
+		return nil, err
+	}
+	defer plan.Close()
+	work, err := env.WorkDir()
+	if err != nil {
+		return nil, err
+	}
+	env.Progress.SetTotal(plan.TotalBytes)
+	var last int64
+	res, err := merge.Execute(ctx, plan, work, merge.ExecOptions{
+		Jobs: env.Jobs,
+		Progress: func(done, total int64) {
+			env.Progress.Add(done - last)
+			last = done
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &Result{}
+	for _, f := range res.Files {
+		d, err := manifest.ParseDigest(manifest.Algorithm + ":" + f.SHA256)
+		if err != nil {
+			return nil, fmt.Errorf("merge output %s: %w", f.Name, err)
+		}
+		if _, _, err := env.Store.AdoptKnown(filepath.Join(work, filepath.FromSlash(f.Name)), d, f.Size); err != nil {
+			return nil, err
+		}
+		out.Outputs = append(out.Outputs, manifest.Output{Path: filepath.ToSlash(f.Name), Digest: d, Size: f.Size})
+	}
+	return out, nil
+}

@@ -1,0 +1,65 @@
+package pipeline
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-llm/ferry/merge"
+)
+
+// The merge stage's outputs are byte-identical to merge.Execute run
+// directly on the same checkpoint and adapter (the bundled qwen35-tiny
+// example, whose PEFT fidelity the merge package's golden tests check), and
+// a second run skips it.
+func TestMergeStageMatchesMerge(t *testing.T) {
+	models, err := filepath.Abs("../testdata/models/qwen35-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, adapter := filepath.Join(models, "base"), filepath.Join(models, "adapter-dora")
+
+	plan, err := merge.Inventory(base, adapter, merge.PlanOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := merge.Execute(context.Background(), plan, filepath.Join(t.TempDir(), "m"), merge.ExecOptions{Jobs: 2})
+	plan.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, f := range direct.Files {
+		want[filepath.ToSlash(f.Name)] = f.SHA256
+	}
+
+	dir := t.TempDir()
+	spec := loadSpec(t, dir, `name: m
+stages:
+  - name: base
+    import: { path: `+base+` }
+  - name: adapter
+    import: { path: `+adapter+` }
+  - name: merged
+    merge: { base: base, adapter: adapter }
+    out: out/merged
+`)
+	rep, err := Run(context.Background(), spec, Options{Jobs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := rep.Stages[2].Outputs
+	if len(outs) != len(want) {
+		t.Fatalf("%d outputs, merge wrote %d files", len(outs), len(want))
+	}
+	for _, o := range outs {
+		if want[o.Path] != o.Digest.Hex() {
+			t.Errorf("%s: %s, merge wrote %s", o.Path, o.Digest.Short(), want[o.Path])
+		}
+	}
+	rep, err = Run(context.Background(), spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantActions(t, "second run", rep, map[string]string{"base": "skip", "adapter": "skip", "merged": "skip"})
+}
