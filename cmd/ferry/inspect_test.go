@@ -304,13 +304,18 @@ func TestInspectUsage(t *testing.T) {
 		{[]string{"merge", "--no-such-flag"}, exitBadInput, "no-such-flag"},
 		{[]string{"inspect", "--jobs", "0", bundledBase}, exitBadInput, "--jobs"},
 		{[]string{"inspect", filepath.Join(dir, "missing")}, exitBadInput, "missing"},
-		{[]string{"inspect", gguf}, exitFailure, "not built yet"},
+		// The GGUF magic routes to the GGUF inspector (a truncated GGUF
+		// here), not to the safetensors parser.
+		{[]string{"inspect", gguf}, exitBadInput, "model.bin"},
 		{[]string{"inspect", filepath.Join(dir, "x.gguf")}, exitBadInput, "x.gguf"},
 	}
 	for _, tt := range tests {
 		r := execFerry(t, nil, tt.args...)
 		if r.code != tt.code || !strings.Contains(r.stderr, tt.stderr) {
 			t.Errorf("%v: exit %d stderr %q, want exit %d mentioning %q", tt.args, r.code, r.stderr, tt.code, tt.stderr)
+		}
+		if strings.Contains(r.stderr, "model.bin") && strings.Contains(r.stderr, "header length") {
+			t.Errorf("%v: a GGUF file went to the safetensors parser: %s", tt.args, r.stderr)
 		}
 	}
 }
