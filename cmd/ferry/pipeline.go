@@ -79,6 +79,9 @@ func pipelineOptions(c *cli.Context) pipeline.Options {
 }
 
 func usageOr(err error) error {
+	if errors.Is(err, pipeline.ErrVerifyFailed) {
+		return verifyFailed(err)
+	}
 	if errors.Is(err, pipeline.ErrUsage) {
 		return usageErrorf("%s", strings.TrimPrefix(err.Error(), pipeline.ErrUsage.Error()+": "))
 	}
