@@ -73,7 +73,8 @@ func TestParseBad(t *testing.T) {
 		{"stages not a list", "name: x\nstages: { a: 1 }\n", 2, "stages must be a list"},
 		{"bad stage name", "name: x\nstages:\n  - name: 'a b'\n    import: { path: p }\n", 3, "stage name must be"},
 		{"params not mapping", "name: x\nstages:\n  - name: a\n    import: [p]\n", 4, "must be a mapping"},
-		{"ref not a name", "name: x\nstages:\n  - name: a\n    merge: { base: [1, [2]], adapter: a }\n", 4, "every item must be"},
+		{"ref not a name", "name: x\nstages:\n  - name: a\n    verify_mtp: { from: [a, [2]] }\n", 4, "every item must be"},
+		{"ref not single", "name: x\nstages:\n  - name: a\n    merge: { base: [a], adapter: a }\n", 4, "merge.base: must be a single value"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
