@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/bits"
 	"os"
+	"unsafe"
 )
 
 // Magic is "GGUF" read as a little-endian uint32.
@@ -36,6 +37,11 @@ const (
 	MaxStringLen   = 1 << 28
 	maxHeaderBytes = 1 << 32 // total of all strings and arrays read
 )
+
+// readBuf is the header read-ahead. Items longer than it (long strings,
+// numeric arrays) are read straight into their destination, so the parser
+// reads the header plus at most readBuf bytes past its end.
+const readBuf = 4096
 
 // KV is one metadata pair. Value holds a Go scalar of the matching kind
 // (uint8, int8, uint16, int16, uint32, int32, float32, bool, string, uint64,
@@ -303,7 +309,7 @@ func (h *hdr) str(what string) (string, error) {
 func Parse(r io.ReaderAt, size int64, path string) (*File, error) {
 	h := &hdr{
 		path:   path,
-		br:     bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 64<<10),
+		br:     bufio.NewReaderSize(io.NewSectionReader(r, 0, size), readBuf),
 		size:   size,
 		budget: maxHeaderBytes,
 	}
@@ -585,19 +591,7 @@ func (h *hdr) scalar(t ValueType, key string) (any, error) {
 func (h *hdr) array(t ValueType, n int, key string) (any, error) {
 	switch t {
 	case ValueString:
-		out := make([]string, 0, min(n, 1<<16))
-		for i := 0; i < n; i++ {
-			s, err := h.str("array string")
-			if err != nil {
-				var ge *Error
-				if errors.As(err, &ge) {
-					ge.Key = fmt.Sprintf("%s[%d]", key, i)
-				}
-				return nil, err
-			}
-			out = append(out, s)
-		}
-		return out, nil
+		return h.strings(n, key)
 	case ValueBool:
 		raw := make([]byte, n)
 		if err := h.read(raw, "BOOL array"); err != nil {
@@ -676,6 +670,43 @@ func (h *hdr) array(t ValueType, n int, key string) (any, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("gguf: array of %s", t)
+}
+
+// strings reads n strings, their bytes packed into shared arenas (a
+// 248320-token vocabulary is one allocation per MiB, not one per token).
+func (h *hdr) strings(n int, key string) ([]string, error) {
+	out := make([]string, 0, min(n, 1<<16))
+	var arena []byte
+	for i := 0; i < n; i++ {
+		at := h.pos
+		if err := h.read(h.scr[:8], "array string length"); err != nil {
+			return nil, keyed(err, fmt.Sprintf("%s[%d]", key, i))
+		}
+		l := binary.LittleEndian.Uint64(h.scr[:8])
+		switch {
+		case l > MaxStringLen:
+			return nil, h.errAt(at, fmt.Sprintf("%s[%d]", key, i), "", ErrTooLarge, "string length %d over the %d limit", l, MaxStringLen)
+		case int64(l) > h.left():
+			return nil, h.errAt(at, fmt.Sprintf("%s[%d]", key, i), "", ErrTruncated, "string length %d but only %d bytes left", l, h.left())
+		case int64(l) > h.budget:
+			return nil, h.errAt(at, key, "", ErrTooLarge, "header strings and arrays over %d bytes", int64(maxHeaderBytes))
+		}
+		h.budget -= int64(l)
+		if l == 0 {
+			out = append(out, "")
+			continue
+		}
+		if uint64(cap(arena)-len(arena)) < l {
+			arena = make([]byte, 0, max(1<<20, int(l)))
+		}
+		b := arena[len(arena) : len(arena)+int(l)]
+		if err := h.read(b, "array string"); err != nil {
+			return nil, keyed(err, fmt.Sprintf("%s[%d]", key, i))
+		}
+		arena = arena[:len(arena)+int(l)]
+		out = append(out, unsafe.String(&b[0], len(b))) // b is never written again
+	}
+	return out, nil
 }
 
 func keyed(err error, key string) error {

@@ -159,10 +159,14 @@ func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)
 	t := &p.Tensors[u.t]
 	v := t.vt
 	C := v.cols()
-	n := (u.r1 - u.r0) * C
-	b.f32 = grow(b.f32, n)
-	f32 := b.f32
+	rowBytes, _ := t.Type.RowSize(uint64(C))
+	b.out = grow(b.out, (u.r1-u.r0)*int64(rowBytes))
+	direct, kernel := directKernel(t)
+	if !direct {
+		b.f32 = grow(b.f32, (u.r1-u.r0)*C)
+	}
 	var consumed int64
+	// Output rows [i, j) come from consecutive rows of one source: one read.
 	for i := u.r0; i < u.r1; {
 		s, r := v.row(i)
 		j := i + 1
@@ -180,17 +184,48 @@ func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)
 			return fmt.Errorf("%s: tensor %q: internal plan error: rows %d..%d of %d columns outside %d elements", src.Loc.Shard.Path, src.HFName, r, r+(j-i), C, srcElems)
 		}
 		nb := (j - i) * C * es
-		b.raw = grow(b.raw, nb)
 		off := src.Loc.Shard.DataOffset() + src.Loc.Info.Begin + r*C*es
-		if _, err := src.Loc.Shard.ReaderAt().ReadAt(b.raw, off); err != nil {
+		var raw []byte
+		if direct && kernel == nil { // same type: read straight into the output
+			raw = b.out[(i-u.r0)*int64(rowBytes) : (j-u.r0)*int64(rowBytes)]
+		} else {
+			b.raw = grow(b.raw, nb)
+			raw = b.raw
+		}
+		if _, err := src.Loc.Shard.ReaderAt().ReadAt(raw, off); err != nil {
 			return fmt.Errorf("%s: tensor %q at offset %d: %w", src.Loc.Shard.Path, src.HFName, off, err)
 		}
-		if err := tensor.ToF32(src.DType, f32[(i-u.r0)*C:(j-u.r0)*C], b.raw); err != nil {
-			return fmt.Errorf("%s: tensor %q: %w", src.Loc.Shard.Path, src.HFName, err)
+		switch {
+		case direct && kernel != nil:
+			kernel(b.out[(i-u.r0)*int64(rowBytes):(j-u.r0)*int64(rowBytes)], raw)
+		case !direct:
+			if err := tensor.ToF32(src.DType, b.f32[(i-u.r0)*C:(j-u.r0)*C], raw); err != nil {
+				return fmt.Errorf("%s: tensor %q: %w", src.Loc.Shard.Path, src.HFName, err)
+			}
 		}
 		consumed += nb
 		i = j
 	}
+	if !direct {
+		if err := transformEncode(t, b, u); err != nil {
+			return err
+		}
+	}
+	if _, err := w.TensorWriter(u.t).(io.WriterAt).WriteAt(b.out, u.r0*int64(rowBytes)); err != nil {
+		return fmt.Errorf("tensor %q: %w", t.Name, err)
+	}
+	if progress != nil {
+		progress(consumed)
+	}
+	return nil
+}
+
+// transformEncode applies the column permutation and element ops to the
+// float32 rows in b.f32 and encodes them into b.out.
+func transformEncode(t *TensorPlan, b *buffers, u unit) error {
+	v := t.vt
+	C := v.cols()
+	f32 := b.f32
 	if v.col != nil {
 		b.perm = grow(b.perm, C)
 		for c := int64(0); c < C; c++ {
@@ -220,9 +255,6 @@ func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)
 			}
 		}
 	}
-	rowBytes, _ := t.Type.RowSize(uint64(C))
-	ob := (u.r1 - u.r0) * int64(rowBytes)
-	b.out = grow(b.out, ob)
 	switch t.Type {
 	case gguf.TypeF32:
 		tensor.F32ToBytes(b.out, f32)
@@ -234,12 +266,6 @@ func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)
 		quantizeQ8_0(b.out, f32)
 	default:
 		return fmt.Errorf("tensor %q: no encoder for %s", t.Name, t.Type)
-	}
-	if _, err := w.TensorWriter(u.t).(io.WriterAt).WriteAt(b.out, u.r0*int64(rowBytes)); err != nil {
-		return fmt.Errorf("tensor %q: %w", t.Name, err)
-	}
-	if progress != nil {
-		progress(consumed)
 	}
 	return nil
 }

@@ -1,0 +1,161 @@
+package convert
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/safetensors"
+)
+
+// The test binary doubles as a converter: with FERRY_CONVERT_CHILD=DIR:OUT
+// it converts DIR to OUT (F16) and exits, so the benchmark measures a
+// separate process's wall time and peak RSS.
+func init() {
+	spec := os.Getenv("FERRY_CONVERT_CHILD")
+	if spec == "" {
+		return
+	}
+	dir, out, _ := strings.Cut(spec, ":")
+	ck, err := safetensors.OpenDir(dir)
+	if err == nil {
+		var p *Plan
+		if p, err = NewPlan(ck, Options{OutType: OutF16}); err == nil {
+			err = Write(context.Background(), p, out, WriteOptions{})
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// benchCheckpoint writes (once per process) a Qwen3.5-27B-width checkpoint:
+// 4 layers (3 linear-attention + 1 full) + 1 MTP layer at the real widths,
+// vocab 32768 (the 248320 vocabulary would add 5 GB of embeddings), BF16,
+// 2 GB shards, with a tokenizer. FERRY_BENCH_DIR keeps it between runs.
+func benchCheckpoint(b *testing.B) string {
+	dir := os.Getenv("FERRY_BENCH_DIR")
+	if dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, "config.json")); err == nil {
+			return dir
+		}
+	} else {
+		dir = filepath.Join(b.TempDir(), "qwen35-27b-slice")
+	}
+	o := testmodel.Large27B(4)
+	o.VocabSize = 32768
+	o.NoTokenizer = false
+	if _, err := o.Write(dir); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+func runChild(b *testing.B, env string, name string, args ...string) (time.Duration, int64) {
+	cmd := exec.Command(name, args...)
+	if env != "" {
+		cmd.Env = append(os.Environ(), env)
+	}
+	cmd.Stderr = os.Stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("%s %v: %v", name, args, err)
+	}
+	d := time.Since(start)
+	var rss int64
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		rss = maxRSSBytes(ru)
+	}
+	return d, rss
+}
+
+// BenchmarkConvertQwen35F16 converts a ≥ 2 GB Qwen3.5-shaped BF16
+// checkpoint to GGUF F16 in a child process (all cores) and, in the same
+// run, copies the same shard bytes with cp, then with cp + fsync (the
+// converter fsyncs its output before the rename). Reported: MB/s of input,
+// peak RSS of the converter process, and the time ratios to both copies.
+func BenchmarkConvertQwen35F16(b *testing.B) {
+	dir := benchCheckpoint(b)
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var shards []string
+	for _, s := range ck.Shards {
+		shards = append(shards, s.Path)
+	}
+	in := ck.TotalBytes()
+	ck.Close()
+	if in < 2e9 {
+		b.Fatalf("checkpoint is %d bytes, want ≥ 2 GB", in)
+	}
+	work := b.TempDir()
+	// Warm the page cache as a previous pipeline stage would leave it.
+	runChild(b, "", "cat", shards...)
+	b.SetBytes(in)
+	b.ResetTimer()
+	var conv, cp, cpSync time.Duration
+	var rss int64
+	for i := 0; i < b.N; i++ {
+		dst := filepath.Join(work, "cp")
+		os.MkdirAll(dst, 0o755)
+		d, _ := runChild(b, "", "cp", append(append([]string{}, shards...), dst)...)
+		cp += d
+		os.RemoveAll(dst)
+		os.MkdirAll(dst, 0o755)
+		var synced []string
+		for _, s := range shards {
+			synced = append(synced, filepath.Join(dst, filepath.Base(s)))
+		}
+		d1, _ := runChild(b, "", "cp", append(append([]string{}, shards...), dst)...)
+		d2, _ := runChild(b, "", "sync", synced...)
+		cpSync += d1 + d2
+		os.RemoveAll(dst)
+
+		out := filepath.Join(work, "out.gguf")
+		d, r := runChild(b, "FERRY_CONVERT_CHILD="+dir+":"+out, os.Args[0], "-test.run=^$")
+		conv += d
+		rss = max(rss, r)
+		os.Remove(out)
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(in)/1e6/(conv.Seconds()/n), "MB/s")
+	b.ReportMetric(float64(rss)/(1<<20), "peakRSS-MiB")
+	b.ReportMetric(conv.Seconds()/cp.Seconds(), "x-cp")
+	b.ReportMetric(conv.Seconds()/cpSync.Seconds(), "x-cp+fsync")
+	b.ReportMetric(cp.Seconds()/n, "cp-s")
+	b.ReportMetric(cpSync.Seconds()/n, "cp+fsync-s")
+	b.ReportMetric(conv.Seconds()/n, "convert-s")
+	b.Logf("input %d bytes; convert %.2fs, cp %.2fs, cp+fsync %.2fs, peak RSS %.0f MiB", in, conv.Seconds()/n, cp.Seconds()/n, cpSync.Seconds()/n, float64(rss)/(1<<20))
+}
+
+// BenchmarkConvertSmall is the in-process conversion of the bundled
+// Qwen3.5 reference checkpoint (7 MB), for quick regressions.
+func BenchmarkConvertSmall(b *testing.B) {
+	ck, err := safetensors.OpenDir(qwen35Dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ck.Close()
+	b.SetBytes(ck.TotalBytes())
+	out := filepath.Join(b.TempDir(), "o.gguf")
+	for i := 0; i < b.N; i++ {
+		p, err := NewPlan(ck, Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := Write(context.Background(), p, out, WriteOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,74 @@
+package convert
+
+import (
+	"encoding/binary"
+	"sync"
+	"unsafe"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// bf16ToF16Table maps every bfloat16 bit pattern to the IEEE half that
+// round-to-nearest-even of its float32 value gives (what numpy's
+// astype(float16) does to the widened value). Built once from the exact
+// scalar conversion, 128 KiB.
+var bf16ToF16Table = sync.OnceValue(func() *[1 << 16]uint16 {
+	var t [1 << 16]uint16
+	for i := range t {
+		t[i] = tensor.Float32ToF16(tensor.BF16ToFloat32(uint16(i)))
+	}
+	return &t
+})
+
+// littleEndian is whether the host stores uint16 as the files do.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
+
+// bf16ToF16 converts little-endian bfloat16 src into little-endian half dst
+// (len(dst) ≥ len(src), both even).
+func bf16ToF16(dst, src []byte) {
+	t := bf16ToF16Table()
+	n := len(src) / 2
+	if littleEndian && n > 0 && uintptr(unsafe.Pointer(&src[0]))%2 == 0 && uintptr(unsafe.Pointer(&dst[0]))%2 == 0 {
+		s := unsafe.Slice((*uint16)(unsafe.Pointer(&src[0])), n)
+		d := unsafe.Slice((*uint16)(unsafe.Pointer(&dst[0])), n)
+		for i, x := range s {
+			d[i] = t[x]
+		}
+		return
+	}
+	dst = dst[:len(src)]
+	for i := 0; i+1 < len(src); i += 2 {
+		h := t[binary.LittleEndian.Uint16(src[i:])]
+		dst[i] = byte(h)
+		dst[i+1] = byte(h >> 8)
+	}
+}
+
+// directKernel reports whether tensor bytes can go from source to output
+// without the float32 stage (no transform, and a conversion that is a copy
+// or a table lookup), and the function doing it (nil: a plain copy).
+func directKernel(t *TensorPlan) (ok bool, conv func(dst, src []byte)) {
+	v := t.vt
+	if len(v.ops) > 0 || v.col != nil || len(v.srcs) == 0 {
+		return false, nil
+	}
+	dt := v.srcs[0].DType
+	for _, s := range v.srcs[1:] {
+		if s.DType != dt {
+			return false, nil
+		}
+	}
+	switch {
+	case dt == tensor.BF16 && t.Type == gguf.TypeF16:
+		return true, bf16ToF16
+	case dt == tensor.BF16 && t.Type == gguf.TypeBF16,
+		dt == tensor.F16 && t.Type == gguf.TypeF16,
+		dt == tensor.F32 && t.Type == gguf.TypeF32:
+		return true, nil
+	}
+	return false, nil
+}
