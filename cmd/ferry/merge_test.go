@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -106,6 +107,17 @@ func TestMergeCLI(t *testing.T) {
 	c.Close()
 	if n != 71 || mtp != 15 {
 		t.Errorf("merged checkpoint has %d tensors (%d mtp.*), want 71 (15)", n, mtp)
+	}
+
+	// ferry inspect sees the MTP head in the merged checkpoint.
+	app := newApp()
+	var ins bytes.Buffer
+	app.Writer, app.ErrWriter = &ins, &ins
+	if err := app.Run([]string{"ferry", "inspect", "--json", out}); err != nil {
+		t.Fatalf("inspect: %v\n%s", err, ins.String())
+	}
+	if !regexp.MustCompile(`"mtp":\s*\{\s*"present":\s*true,\s*"tensors":\s*15`).MatchString(ins.String()) {
+		t.Errorf("ferry inspect does not show the 15-tensor MTP head:\n%.2000s", ins.String())
 	}
 
 	// Again: everything verified and kept.
