@@ -14,8 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/ferry-llm/ferry/manifest"
 )
 
@@ -400,7 +398,12 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	var mu sync.Mutex
 	reports := map[string]StageReport{}
 	sem := make(chan struct{}, r.opts.Jobs)
-	g, gctx := errgroup.WithContext(ctx)
+	// A failed stage blocks the stages that depend on it; independent
+	// stages go on (their work is not thrown away). Cancelling ctx stops
+	// everything.
+	var wg sync.WaitGroup
+	var errs []error
+	gctx := ctx
 	for _, st := range spec.Order() {
 		sl := slots[st.Name]
 		if !sel[st.Name] {
@@ -409,36 +412,49 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionNotSelected, Reason: "not selected"}
 			continue
 		}
-		g.Go(func() error {
-			defer close(sl.done)
-			var ins []Input
-			for _, dep := range st.Deps {
-				ds := slots[dep.Name]
-				select {
-				case <-ds.done:
-				case <-gctx.Done():
-					return gctx.Err()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := func() error {
+				defer close(sl.done)
+				var ins []Input
+				for _, dep := range st.Deps {
+					ds := slots[dep.Name]
+					select {
+					case <-ds.done:
+					case <-gctx.Done():
+						return gctx.Err()
+					}
+					if ds.in == nil {
+						mu.Lock()
+						reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: "input " + dep.Name + " did not complete"}
+						mu.Unlock()
+						return nil
+					}
+					ins = append(ins, *ds.in)
 				}
-				if ds.in == nil {
-					mu.Lock()
-					reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: "input " + dep.Name + " did not complete"}
-					mu.Unlock()
-					return nil
+				sr, in, err := r.runStage(gctx, st, ins, forced[st.Name], sem)
+				mu.Lock()
+				reports[st.Name] = sr
+				mu.Unlock()
+				if err != nil {
+					return fmt.Errorf("stage %s: %w", st.Name, err)
 				}
-				ins = append(ins, *ds.in)
-			}
-			sr, in, err := r.runStage(gctx, st, ins, forced[st.Name], sem)
-			mu.Lock()
-			reports[st.Name] = sr
-			mu.Unlock()
+				sl.in = in
+				return nil
+			}()
 			if err != nil {
-				return fmt.Errorf("stage %s: %w", st.Name, err)
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
 			}
-			sl.in = in
-			return nil
-		})
+		}()
 	}
-	err = g.Wait()
+	wg.Wait()
+	err = errors.Join(errs...)
+	if cerr := ctx.Err(); cerr != nil && err == nil {
+		err = cerr
+	}
 	rep := &Report{Pipeline: spec.Name, Store: spec.Store}
 	for _, st := range spec.Stages {
 		sr, ok := reports[st.Name]
