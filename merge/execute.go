@@ -776,16 +776,27 @@ func (e *executor) replaceTensor(w io.Writer, info safetensors.TensorInfo, t Ten
 			return fmt.Errorf("%s: tensor %q: %w", ad.Path, t.Source, err)
 		}
 	} else {
-		v, err := e.readF32(t.Source)
-		if err != nil {
-			return err
-		}
-		out := make([]byte, len(v)*t.DType.Bits()/8)
-		if err := tensor.FromF32(t.DType, out, v); err != nil {
-			return err
-		}
-		if _, err := w.Write(out); err != nil {
-			return err
+		// Convert in chunks: a replaced lm_head can be gigabytes.
+		sec := ad.Section(src)
+		inW, outW := src.DType.Bits()/8, t.DType.Bits()/8
+		const chunk = 1 << 20
+		in := make([]byte, chunk*inW)
+		v := make([]float32, chunk)
+		out := make([]byte, chunk*outW)
+		for off, n := int64(0), src.NumElements(); off < n; off += chunk {
+			k := int(min(chunk, n-off))
+			if _, err := sec.ReadAt(in[:k*inW], off*int64(inW)); err != nil {
+				return fmt.Errorf("%s: tensor %q: %w", ad.Path, t.Source, err)
+			}
+			if err := tensor.ToF32(src.DType, v[:k], in[:k*inW]); err != nil {
+				return err
+			}
+			if err := tensor.FromF32(t.DType, out[:k*outW], v[:k]); err != nil {
+				return err
+			}
+			if _, err := w.Write(out[:k*outW]); err != nil {
+				return err
+			}
 		}
 	}
 	e.advance(info.Size())
