@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -342,6 +343,42 @@ func TestDeterministicAcrossJobs(t *testing.T) {
 		for k := range first {
 			if res.Files[k] != first[k] {
 				t.Errorf("jobs=%d block=%d: %s differs (%s vs %s)", cfg.jobs, cfg.block, res.Files[k].Name, res.Files[k].SHA256, first[k].SHA256)
+			}
+		}
+	}
+}
+
+// TestSingleFileBase: a one-file base (model.safetensors, no index) gives a
+// one-file output, and the same merged bytes as the sharded layout.
+func TestSingleFileBase(t *testing.T) {
+	fc := featureCases()[0]
+	dir := t.TempDir()
+	baseDir, adapterDir, base, _, _ := buildCase(t, dir, fc)
+	single := filepath.Join(dir, "single")
+	var all []genTensor
+	c, err := safetensors.OpenDir(baseDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range c.Tensors() {
+		all = append(all, base[l.Info.Name])
+	}
+	c.Close()
+	if err := os.MkdirAll(single, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeTensors(t, filepath.Join(single, safetensors.SingleName), all)
+	p, res := runMerge(t, single, adapterDir, filepath.Join(dir, "out"), PlanOptions{}, 2)
+	if !p.Single || len(res.Files) != 1 || res.Files[0].Name != safetensors.SingleName {
+		t.Fatalf("single-file base gave %+v", res.Files)
+	}
+	runMerge(t, baseDir, adapterDir, filepath.Join(dir, "out-sharded"), PlanOptions{}, 2)
+	for name := range base {
+		_, a := readOut(t, filepath.Join(dir, "out"), name)
+		_, b := readOut(t, filepath.Join(dir, "out-sharded"), name)
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				t.Fatalf("%s differs between single-file and sharded merges", name)
 			}
 		}
 	}
