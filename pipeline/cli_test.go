@@ -561,3 +561,47 @@ func checkStore(t *testing.T, root string, checked map[string]manifest.Stamp) {
 		return nil
 	})
 }
+
+// BenchmarkDemoNoopRerunCLI: `ferry pipeline run` (the binary, process
+// start included) on the finished demo pipeline. Reports seconds per
+// stage (acceptance: < 1 s) and the ratio to the first, full run of the
+// same binary in the same benchmark (the anchor).
+func BenchmarkDemoNoopRerunCLI(b *testing.B) {
+	src, err := os.ReadFile("../pipelines/demo.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	td, _ := filepath.Abs("../testdata")
+	p := filepath.Join(b.TempDir(), "demo.yaml")
+	write(b, p, strings.ReplaceAll(string(src), "../testdata/", td+"/"))
+	spec, err := pipeline.Load(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if r := ferry(b, "pipeline", "run", p); r.code != 0 {
+		b.Fatal(r.stderr)
+	}
+	full := time.Since(start)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r := ferry(b, "pipeline", "run", "--json", p)
+		var rep pipeline.Report
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rep) != nil {
+			b.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		for _, s := range rep.Stages {
+			if s.Action != pipeline.ActionSkip {
+				b.Fatalf("stage %s: %s (%s)", s.Stage, s.Action, s.Reason)
+			}
+		}
+	}
+	b.StopTimer()
+	per := b.Elapsed().Seconds() / float64(b.N)
+	stages := float64(len(spec.Stages))
+	b.ReportMetric(per/stages, "s/stage")
+	b.ReportMetric(per/full.Seconds(), "x_full_run")
+	if per/stages >= 1 {
+		b.Errorf("no-op re-run takes %.3f s per stage, want < 1 s", per/stages)
+	}
+}

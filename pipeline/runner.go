@@ -169,6 +169,14 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 	rec := r.store.Record(key)
 	if rec == nil {
 		d.reason = r.whyNoRecord(st, params, ins)
+		if p, ok := st.Stage.(Prober); ok {
+			// Say now if the run is bound to fail (a source that is not there).
+			if why, err := p.Probe(nil); err != nil {
+				d.reason += " (" + err.Error() + ")"
+			} else if why != "" {
+				d.reason += " (" + why + ")"
+			}
+		}
 		return d, nil
 	}
 	for _, o := range rec.Outputs {
@@ -305,7 +313,7 @@ func Plan(spec *Spec, opts Options) (*Report, error) {
 				sr.Action, sr.Reason = ActionRun, "forced (after "+strings.Join(waiting, ", ")+")"
 			} else {
 				sr.Action = ActionPending
-				sr.Reason = fmt.Sprintf("%s re-runs first; this stage runs if its outputs change", strings.Join(waiting, ", "))
+				sr.Reason = fmt.Sprintf("after %s: runs if the outputs it reads change", strings.Join(waiting, ", "))
 			}
 		default:
 			d, err := r.decide(st, ins, forced[st.Name])

@@ -104,7 +104,7 @@ func TestRunSkipAndChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantActions(t, "first plan", rep, map[string]string{"src": "run: new", "syn": "pending"})
+	wantActions(t, "first plan", rep, map[string]string{"src": "run: new", "syn": "pending: after src"})
 	rep, err = Run(ctx, spec, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestRunSkipAndChanges(t *testing.T) {
 	future := time.Now().Add(time.Hour)
 	os.Chtimes(filepath.Join(dir, "src/config.json"), future, future)
 	rep, _ = Plan(spec, Options{})
-	wantActions(t, "plan after touch", rep, map[string]string{"src": "run: source file changed: config.json", "syn": "pending"})
+	wantActions(t, "plan after touch", rep, map[string]string{"src": "run: source file changed: config.json", "syn": "pending: after src"})
 	rep, err = Run(ctx, spec, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -182,7 +182,7 @@ func TestRunSkipAndChanges(t *testing.T) {
 
 	// --force, --only, --from.
 	rep, _ = Plan(spec, Options{Force: []string{"src"}})
-	wantActions(t, "force", rep, map[string]string{"src": "run: forced", "syn": "pending"})
+	wantActions(t, "force", rep, map[string]string{"src": "run: forced", "syn": "pending: after src"})
 	rep, err = Run(ctx, spec, Options{Only: "syn", Force: []string{"syn"}})
 	if err != nil {
 		t.Fatal(err)
@@ -327,7 +327,7 @@ func TestDamageMakesPlanRerun(t *testing.T) {
 		t.Fatalf("verify: %+v %v", vr, err)
 	}
 	rep, _ = Plan(spec, Options{})
-	wantActions(t, "plan after verify", rep, map[string]string{"src": "run: output a.bin damaged", "syn": "pending"})
+	wantActions(t, "plan after verify", rep, map[string]string{"src": "run: output a.bin damaged", "syn": "pending: after src"})
 	// Run repairs it.
 	rep, err = Run(context.Background(), spec, Options{})
 	if err != nil {

@@ -30,7 +30,8 @@ type Stage interface {
 // Prober is implemented by stages that read files outside the store
 // (import). Probe compares those files with what the record saw, by
 // stamp only (no data read), and returns why the stage must re-run ("" if
-// nothing changed).
+// nothing changed). With a nil record it only says what is wrong with the
+// sources ("" if nothing), for plan to report before a run.
 type Prober interface {
 	Probe(rec *manifest.Record) (string, error)
 }

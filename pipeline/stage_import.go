@@ -108,6 +108,9 @@ func (s *importStage) Probe(rec *manifest.Record) (string, error) {
 		}
 		return "", err
 	}
+	if rec == nil {
+		return "", nil
+	}
 	seen := map[string]bool{}
 	for _, f := range files {
 		seen[f.abs] = true
