@@ -354,6 +354,26 @@ func (w *Writer) TensorWriter(i int) io.Writer {
 	return io.NewOffsetWriter(w.f, w.layout.TensorOffset(i))
 }
 
+// WriteAt writes part of tensor i's body: b at byte off within the
+// tensor. It is safe for concurrent use on disjoint ranges; the bytes are
+// handed to the kernel's writeback at once (Linux), so Close's fsync has
+// little left to do.
+func (w *Writer) WriteAt(i int, b []byte, off int64) error {
+	if err := w.sticky(); err != nil {
+		return err
+	}
+	t := w.layout.Tensors[i]
+	if off < 0 || off+int64(len(b)) > t.Size() {
+		return w.fail(fmt.Errorf("%s: tensor %q: %w: bytes %d..%d of %d", w.path, t.Name, ErrWriteSize, off, off+int64(len(b)), t.Size()))
+	}
+	at := w.layout.TensorOffset(i) + off
+	if _, err := w.f.WriteAt(b, at); err != nil {
+		return w.fail(fmt.Errorf("%s: tensor %q: %w", w.path, t.Name, err))
+	}
+	w.startWriteback(at, int64(len(b)))
+	return nil
+}
+
 // WriteTensor copies tensor i's body from r, which must yield exactly the
 // tensor's size. Safe for concurrent use with other tensors.
 func (w *Writer) WriteTensor(i int, r io.Reader) error {

@@ -268,3 +268,34 @@ func TestGoldenQwen3Q8_0(t *testing.T) {
 }
 
 func jsonMarshal(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }
+
+// convertBF16SHA256 is the sha256 of the reference converter's --outtype
+// bf16 output for qwen3/base (../shared/reference/PROVENANCE.md, "Files
+// produced but not shipped": base-BF16.gguf, 2640800 bytes).
+const convertBF16SHA256 = "705901800877439f5d1006039adfdbd90045cad6306d2b4a490f3f5a4e53a7bc"
+
+// --outtype bf16, and auto (which picks bf16 for a bf16 checkpoint), give
+// the reference converter's bf16 file byte for byte.
+func TestQwen3BF16AndAuto(t *testing.T) {
+	for _, ot := range []OutType{OutBF16, OutAuto} {
+		out, p := convertDir(t, qwen3Dir, Options{OutType: ot}, WriteOptions{})
+		g := dumpGGUF(t, out, "")
+		if g.SHA256 != convertBF16SHA256 {
+			t.Errorf("--outtype %s: sha256 %s, reference bf16 conversion %s", ot, g.SHA256, convertBF16SHA256)
+		}
+		if p.FileType != 32 || p.OutType != OutBF16 {
+			t.Errorf("--outtype %s: file type %d, resolved %s", ot, p.FileType, p.OutType)
+		}
+	}
+	// f32: every tensor F32 and equal to the widened checkpoint values.
+	out, _ := convertDir(t, qwen3Dir, Options{OutType: OutF32}, WriteOptions{})
+	f := openGGUF(t, out)
+	for _, ti := range f.Tensors {
+		if ti.Type != gguf.TypeF32 {
+			t.Errorf("%s is %s", ti.Name, ti.Type)
+		}
+	}
+	if kv, _ := f.KV("general.file_type"); kv.Value != uint32(0) {
+		t.Errorf("file_type %v", kv.Value)
+	}
+}

@@ -22,7 +22,8 @@ type WriteOptions struct {
 	// output is byte-identical for every value.
 	Jobs int
 	// ChunkElems bounds the elements a worker holds at once (default
-	// 256Ki): peak memory is about Jobs × ChunkElems × 16 bytes.
+	// 1Mi): peak memory is about Jobs × ChunkElems × 8 bytes (16 with F64
+	// sources).
 	ChunkElems int64
 	// Resume reuses out+".partial" from an interrupted run when its header
 	// matches the plan. Verify then decides, per tensor, whether the bytes
@@ -54,7 +55,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 	}
 	chunk := wo.ChunkElems
 	if chunk <= 0 {
-		chunk = 256 << 10
+		chunk = 1 << 20
 	}
 	w, err := gguf.Create(out, p.Layout, gguf.Options{Resume: wo.Resume})
 	if err != nil {
@@ -211,8 +212,8 @@ func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)
 			return err
 		}
 	}
-	if _, err := w.TensorWriter(u.t).(io.WriterAt).WriteAt(b.out, u.r0*int64(rowBytes)); err != nil {
-		return fmt.Errorf("tensor %q: %w", t.Name, err)
+	if err := w.WriteAt(u.t, b.out, u.r0*int64(rowBytes)); err != nil {
+		return err
 	}
 	if progress != nil {
 		progress(consumed)
