@@ -1,0 +1,148 @@
+package pipeline_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// openPseudoTerminal opens a pseudo-terminal pair (Linux /dev/ptmx).
+func openPseudoTerminal(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("no pseudo-terminal: %v", err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	return m, s
+}
+
+// On a terminal each running stage draws a byte progress bar (named after
+// the stage); elsewhere the run logs plain progress lines.
+func TestCLIProgress(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, "name: tty\nstages:\n  - name: bigstage\n    synth: { size: 96MiB, units: 48 }\n")
+
+	master, slave := openPseudoTerminal(t)
+	defer master.Close()
+	cmd := exec.Command(ferryBin, "pipeline", "run", p)
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, slave
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	var tty bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(&tty, master) // ends with EIO once the child's side closes
+		done <- err
+	}()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("run: %v; terminal: %q", err, tty.String())
+	}
+	if err := <-done; err != nil && !errors.Is(err, syscall.EIO) {
+		t.Fatal(err)
+	}
+	if s := tty.String(); !strings.Contains(s, "bigstage") || !strings.Contains(s, "MB") || strings.Contains(s, "msg=progress") {
+		t.Errorf("want a byte progress bar for bigstage on the terminal, got %q", s)
+	}
+	if !strings.Contains(stdout.String(), "bigstage") {
+		t.Errorf("stdout lacks the report: %q", stdout.String())
+	}
+
+	// Not a terminal: plain log lines.
+	r := ferry(t, "pipeline", "run", "--force", "bigstage", p)
+	if r.code != 0 || !strings.Contains(r.stderr, `msg="stage start" stage=bigstage`) ||
+		!strings.Contains(r.stderr, "msg=progress stage=bigstage") || !strings.Contains(r.stderr, `msg="stage done" stage=bigstage`) {
+		t.Errorf("log lines: %q", r.stderr)
+	}
+}
+
+// SIGINT (Ctrl-C) cancels the run through its context: exit non-zero, the
+// lock released, no record, and the next run resumes to the digest of an
+// uninterrupted one.
+func TestCLIInterruptResumes(t *testing.T) {
+	const spec = "name: int\nstages:\n  - name: big\n    synth: { size: 128MiB, units: 64, seed: 9 }\n"
+	ref := filepath.Join(t.TempDir(), "p.yaml")
+	write(t, ref, spec)
+	r := ferry(t, "pipeline", "run", ref)
+	if r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	want := regexpDigest(t, ferry(t, "pipeline", "status", ref).stdout)
+
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, spec)
+	var errb bytes.Buffer
+	cmd := exec.Command(ferryBin, "--verbose", "pipeline", "run", p)
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		j, _ := filepath.Glob(filepath.Join(dir, ".ferry", "ingest", "*", "*", "journal"))
+		if len(j) == 0 {
+			return false
+		}
+		b, _ := os.ReadFile(j[0])
+		return bytes.Count(b, []byte(`"unit"`)) >= 8
+	})
+	cmd.Process.Signal(os.Interrupt)
+	err := cmd.Wait()
+	if err == nil {
+		t.Fatal("interrupted run exited 0")
+	}
+	if !strings.Contains(errb.String(), "context canceled") {
+		t.Errorf("stderr: %s", errb.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".ferry", "lock")); !errors.Is(err, os.ErrNotExist) {
+		t.Error("an interrupted run left its lock")
+	}
+	if s := ferry(t, "pipeline", "status", p).stdout; !strings.Contains(s, "never-run") {
+		t.Errorf("status after interrupt: %s", s)
+	}
+	r = ferry(t, "--verbose", "pipeline", "run", p)
+	if r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	if strings.Contains(r.stderr, `msg="synth unit begin" stage=big unit=0 `) || strings.Contains(r.stderr, "unit=0\n") {
+		t.Error("the resumed run began again at unit 0")
+	}
+	if got := regexpDigest(t, ferry(t, "pipeline", "status", p).stdout); got != want {
+		t.Errorf("resumed digest %s, uninterrupted %s", got, want)
+	}
+}
+
+func regexpDigest(t *testing.T, s string) string {
+	t.Helper()
+	i := strings.Index(s, "sha256:")
+	if i < 0 {
+		t.Fatalf("no digest in %q", s)
+	}
+	return s[i : i+71]
+}
