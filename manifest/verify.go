@@ -159,17 +159,50 @@ func hashFileProgress(ctx context.Context, p string, progress func(int64)) (Dige
 
 // GCReport is the result of GC.
 type GCReport struct {
-	RemovedBlobs int   `json:"removed_blobs"`
-	RemovedBytes int64 `json:"removed_bytes"`
-	RemovedTemp  int   `json:"removed_temp"`
-	KeptBlobs    int   `json:"kept_blobs"`
+	PrunedRecords int   `json:"pruned_records"`
+	RemovedBlobs  int   `json:"removed_blobs"`
+	RemovedBytes  int64 `json:"removed_bytes"`
+	RemovedTemp   int   `json:"removed_temp"`
+	KeptBlobs     int   `json:"kept_blobs"`
 }
 
 // GC removes blobs no record refers to, leftover temp files and scratch
 // directories, and (with journals) unfinished resume journals. The caller
 // must hold the lock.
 func (s *Store) GC(journals bool) (*GCReport, error) {
+	return s.gc(journals, false)
+}
+
+// GCPrune is GC after dropping every record that no pipeline stage points
+// at any more (results of old parameters or inputs, kept by default so
+// switching back is a cache hit).
+func (s *Store) GCPrune(journals bool) (*GCReport, error) {
+	return s.gc(journals, true)
+}
+
+func (s *Store) gc(journals, prune bool) (*GCReport, error) {
 	rep := &GCReport{}
+	if prune {
+		s.mu.Lock()
+		live := map[string]bool{}
+		for _, stages := range s.m.Pipelines {
+			for _, k := range stages {
+				live[k] = true
+			}
+		}
+		for k := range s.m.Records {
+			if !live[k] {
+				delete(s.m.Records, k)
+				rep.PrunedRecords++
+			}
+		}
+		s.mu.Unlock()
+		// The manifest without those records is saved before any blob
+		// goes: a crash in between leaves garbage, never a dangling record.
+		if err := s.Save(); err != nil {
+			return nil, err
+		}
+	}
 	referenced := map[string]bool{}
 	for _, r := range s.Records() {
 		for _, o := range r.Outputs {

@@ -605,3 +605,40 @@ func BenchmarkDemoNoopRerunCLI(b *testing.B) {
 		b.Errorf("no-op re-run takes %.3f s per stage, want < 1 s", per/stages)
 	}
 }
+
+// store gc keeps every blob a record refers to; with --prune-records it
+// first drops records of old parameters, and their blobs go.
+func TestCLIStoreGC(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, "name: g\nstages:\n  - name: s\n    synth: { size: 4096, seed: 1 }\n")
+	if r := ferry(t, "pipeline", "run", p); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	write(t, p, "name: g\nstages:\n  - name: s\n    synth: { size: 4096, seed: 2 }\n")
+	if r := ferry(t, "pipeline", "run", p); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	blobs := func() int {
+		e, _ := os.ReadDir(filepath.Join(dir, ".ferry", "blobs", "sha256"))
+		return len(e)
+	}
+	if n := blobs(); n != 2 {
+		t.Fatalf("%d blobs, want 2", n)
+	}
+	var g manifest.GCReport
+	r := ferry(t, "store", "gc", "--json", p)
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &g) != nil || g.RemovedBlobs != 0 || blobs() != 2 {
+		t.Fatalf("gc: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	r = ferry(t, "store", "gc", "--prune-records", "--json", p)
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &g) != nil || g.PrunedRecords != 1 || g.RemovedBlobs != 1 || blobs() != 1 {
+		t.Fatalf("gc --prune-records: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := ferry(t, "pipeline", "run", p); r.code != 0 || !strings.Contains(r.stdout, "skip") {
+		t.Errorf("after gc the current stage must still be up to date: %s", r.stdout)
+	}
+	if r := ferry(t, "store", "verify", p); r.code != 0 {
+		t.Errorf("verify after gc: %s", r.stdout)
+	}
+}

@@ -32,6 +32,7 @@ func storeCommand() *cli.Command {
 				ArgsUsage: "STORE_DIR | PIPELINE.yaml",
 				Flags: []cli.Flag{
 					&cli.BoolFlag{Name: "journals", Usage: "also remove resume journals of unfinished stages"},
+					&cli.BoolFlag{Name: "prune-records", Usage: "first drop records no pipeline stage points at (old parameters or inputs)"},
 					&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 				},
 				Action: storeGC,
@@ -114,14 +115,18 @@ func storeGC(c *cli.Context) error {
 		return err
 	}
 	defer lock.Unlock()
-	rep, err := s.GC(c.Bool("journals"))
+	gc := s.GC
+	if c.Bool("prune-records") {
+		gc = s.GCPrune
+	}
+	rep, err := gc(c.Bool("journals"))
 	if err != nil {
 		return err
 	}
 	if c.Bool("json") {
 		return pipelineJSON(c.App.Writer, rep)
 	}
-	fmt.Fprintf(c.App.Writer, "store %s: removed %d blobs (%d bytes) and %d temp entries; kept %d blobs\n",
-		s.Root, rep.RemovedBlobs, rep.RemovedBytes, rep.RemovedTemp, rep.KeptBlobs)
+	fmt.Fprintf(c.App.Writer, "store %s: pruned %d records, removed %d blobs (%d bytes) and %d temp entries; kept %d blobs\n",
+		s.Root, rep.PrunedRecords, rep.RemovedBlobs, rep.RemovedBytes, rep.RemovedTemp, rep.KeptBlobs)
 	return nil
 }
