@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -150,54 +149,15 @@ func (s *Store) Ingest(r io.Reader, size int64) (Digest, int64, error) {
 	return w.Commit(size, "")
 }
 
-// Adopt moves a finished file that lives on the store's file system (a
-// stage's scratch output under WorkDir) into the blobs: it hashes it,
-// fsyncs it and renames it to its digest. The file is gone from its old
-// path afterwards.
+// Adopt makes a finished file that lives on the store's file system (a
+// stage's output in its WorkDir) a blob: it hashes the file, then adopts it
+// as AdoptKnown does (a hard link; the file stays where it is).
 func (s *Store) Adopt(p string) (Digest, int64, error) {
-	f, err := os.Open(p)
+	d, n, err := HashFile(p)
 	if err != nil {
 		return "", 0, err
 	}
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err == nil {
-		err = f.Sync()
-	}
-	f.Close()
-	if err != nil {
-		return "", 0, fmt.Errorf("%s: %w", p, err)
-	}
-	d := NewDigest(h.Sum(nil))
-	if err := s.place(p, d, n); err != nil {
-		return "", 0, err
-	}
-	return d, n, nil
-}
-
-// AdoptDir adopts every regular file under dir (following symlinks) and
-// returns the outputs with paths relative to dir, in path order.
-func (s *Store) AdoptDir(dir string) ([]Output, error) {
-	var outs []Output
-	err := filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if de.IsDir() {
-			return nil
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		d, n, err := s.Adopt(p)
-		if err != nil {
-			return err
-		}
-		outs = append(outs, Output{Path: filepath.ToSlash(rel), Digest: d, Size: n})
-		return nil
-	})
-	return outs, err
+	return s.AdoptKnown(p, d, n)
 }
 
 // HashFile hashes the file at p.

@@ -121,6 +121,15 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	defer dl.close()
+	if dl.complete(out) {
+		// A run killed after the conversion finished: the file is whole.
+		d, n, err := env.Store.Adopt(out)
+		if err != nil {
+			return nil, err
+		}
+		env.Progress.Add(plan.InputBytes)
+		return &Result{Outputs: []manifest.Output{{Path: name, Digest: d, Size: n}}}, nil
+	}
 	err = convert.Write(ctx, plan, out, convert.WriteOptions{
 		Jobs:   env.Jobs,
 		Resume: true,
@@ -134,6 +143,10 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		if ferr := dl.flush(); ferr != nil {
 			env.Log.Warn("gguf: could not save the done list", "err", ferr)
 		}
+		return nil, err
+	}
+	// convert.Write fsynced and renamed the file; say so durably.
+	if err := dl.markComplete(out); err != nil {
 		return nil, err
 	}
 	d, n, err := env.Store.Adopt(out)
@@ -161,8 +174,10 @@ const maxDoneList = 64 << 20
 
 func openDoneList(path, partial string) (*doneList, error) {
 	dl := &doneList{path: path, partial: partial, done: map[string]bool{}, last: time.Now()}
-	if _, err := os.Stat(partial); errors.Is(err, fs.ErrNotExist) {
-		os.Remove(path) // no partial file: nothing in the list is there
+	_, perr := os.Stat(partial)
+	_, oerr := os.Stat(strings.TrimSuffix(partial, ".partial"))
+	if errors.Is(perr, fs.ErrNotExist) && errors.Is(oerr, fs.ErrNotExist) {
+		os.Remove(path) // neither a partial nor a finished file: the list is stale
 	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
@@ -172,7 +187,7 @@ func openDoneList(path, partial string) (*doneList, error) {
 	for sc.Scan() {
 		line := sc.Text()
 		i, name, ok := strings.Cut(line, " ")
-		if _, err := strconv.Atoi(i); ok && err == nil && name != "" {
+		if _, err := strconv.Atoi(i); ok && err == nil && name != "" || strings.HasPrefix(line, completeMark) {
 			dl.done[line] = true
 		}
 	}
@@ -226,3 +241,29 @@ func (dl *doneList) flush() error {
 }
 
 func (dl *doneList) close() { dl.f.Close() }
+
+const completeMark = "complete "
+
+// markComplete records that out is finished (convert.Write has renamed it).
+func (dl *doneList) markComplete(out string) error {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	line := completeMark + filepath.Base(out)
+	if _, err := dl.f.WriteString(line + "\n"); err != nil {
+		return err
+	}
+	dl.done[line] = true
+	return dl.f.Sync()
+}
+
+// complete reports whether an earlier run finished out and it is still there.
+func (dl *doneList) complete(out string) bool {
+	dl.mu.Lock()
+	ok := dl.done[completeMark+filepath.Base(out)]
+	dl.mu.Unlock()
+	if !ok {
+		return false
+	}
+	_, err := os.Stat(out)
+	return err == nil
+}
