@@ -697,7 +697,7 @@ func (h *hdr) strings(n int, key string) ([]string, error) {
 			continue
 		}
 		if uint64(cap(arena)-len(arena)) < l {
-			arena = make([]byte, 0, max(1<<20, int(l)))
+			arena = make([]byte, 0, max(int(min(1<<20, h.left())), int(l)))
 		}
 		b := arena[len(arena) : len(arena)+int(l)]
 		if err := h.read(b, "array string"); err != nil {
