@@ -316,7 +316,10 @@ func TestDamageMakesPlanRerun(t *testing.T) {
 	os.WriteFile(blob, b, 0o444)
 	os.Chtimes(blob, fi.ModTime(), fi.ModTime()) // the stamp alone cannot tell
 
-	// Without verify the stamp matches; --verify re-hashes and sees it.
+	// Without verify the stamp matches and plan reads no data: it cannot
+	// see the flip. --verify re-hashes and sees it.
+	rep, _ = Plan(spec, Options{})
+	wantActions(t, "plan (stamps only)", rep, map[string]string{"src": "skip", "syn": "skip"})
 	rep, _ = Plan(spec, Options{Verify: true})
 	wantActions(t, "plan --verify", rep, map[string]string{"src": "run: output a.bin content does not match"})
 	// store verify records the damage; plain plan then says so.
@@ -339,4 +342,27 @@ func TestDamageMakesPlanRerun(t *testing.T) {
 	}
 	rep, _ = Plan(spec, Options{Verify: true})
 	wantActions(t, "plan after repair", rep, map[string]string{"src": "skip", "syn": "skip"})
+}
+
+func TestImportSingleFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "w.gguf"), "GGUF....")
+	spec := loadSpec(t, dir, "name: f\nstages:\n  - name: g\n    import: { path: w.gguf }\n")
+	rep, err := Run(context.Background(), spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := rep.Stages[0].Outputs
+	if len(outs) != 1 || outs[0].Path != "w.gguf" || outs[0].Digest != manifest.DigestOf([]byte("GGUF....")) {
+		t.Fatalf("outputs %+v", outs)
+	}
+	writeFile(t, filepath.Join(dir, "w.gguf"), "GGUF!!!!")
+	rep, _ = Plan(spec, Options{})
+	wantActions(t, "plan after change", rep, map[string]string{"g": "run: source file changed: w.gguf"})
+	os.Remove(filepath.Join(dir, "w.gguf"))
+	rep, _ = Plan(spec, Options{})
+	wantActions(t, "plan after removal", rep, map[string]string{"g": "run: source missing"})
+	if _, err := Run(context.Background(), spec, Options{}); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("run with the source gone: %v", err)
+	}
 }
