@@ -312,10 +312,13 @@ stages:
 	const totalUnits = 166
 	unitsOf := map[string]int{"a": 8, "b": 80, "c": 78}
 	want := map[string]manifest.Digest{}
+	var full time.Duration // the uninterrupted run: random kill times scale with it
 	{
 		ref := t.TempDir()
 		write(t, filepath.Join(ref, "p.yaml"), spec)
+		start := time.Now()
 		r := ferry(t, "pipeline", "run", "--json", "-j", "2", filepath.Join(ref, "p.yaml"))
+		full = time.Since(start)
 		if r.code != 0 {
 			t.Fatal(r.stderr)
 		}
@@ -370,7 +373,7 @@ stages:
 		if attempt%2 == 0 {
 			// A random moment: start-up, lock, between stages, anywhere.
 			select {
-			case <-time.After(time.Duration(rng.IntN(40_000)) * time.Microsecond):
+			case <-time.After(time.Duration(rng.Int64N(int64(full/40) + 1))):
 			case <-exited:
 				finished = true
 			}
