@@ -1,0 +1,120 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/manifest"
+)
+
+// Every built stage kind runs this suite: outputs are deterministic and do
+// not depend on where the store or views live; a run cancelled partway and
+// resumed ends with the same outputs; a second run skips everything; and a
+// changed parameter changes the key.
+func TestStageConformance(t *testing.T) {
+	models, _ := filepath.Abs("../testdata/models/qwen35-tiny")
+	ctDir := filepath.Join(t.TempDir(), "ct")
+	if err := testmodel.CompressedDeepSeekV3(3).Write(ctDir); err != nil {
+		t.Fatal(err)
+	}
+	imports := `  - name: base
+    import: { path: ` + models + `/base }
+  - name: adapter
+    import: { path: ` + models + `/adapter-dora }
+  - name: ct
+    import: { path: ` + ctDir + ` }
+`
+	cases := []struct {
+		kind, stage, alt string // alt: the stage with one parameter changed
+	}{
+		{"import", `import: { path: ` + models + `/adapter-dora }`, `import: { path: ` + models + `/adapter-dora/adapter_config.json }`},
+		{"synth", `synth: { size: 3MiB, units: 6, seed: 1, from: base }`, `synth: { size: 3MiB, units: 6, seed: 2, from: base }`},
+		{"merge", `merge: { base: base, adapter: adapter }`, `merge: { base: base, adapter: adapter, dtype: f32 }`},
+		{"gguf", `gguf: { from: base, outtype: f16 }`, `gguf: { from: base, outtype: bf16 }`},
+		{"verify_mtp", `verify_mtp: { from: [base], require: true }`, `verify_mtp: { from: [base], require: false }`},
+		{"mlx_repack", `mlx_repack: { from: ct }`, `mlx_repack: { from: ct, rewrite: true }`},
+	}
+	covered := map[string]bool{}
+	for _, tc := range cases {
+		covered[tc.kind] = true
+		t.Run(tc.kind, func(t *testing.T) {
+			mk := func(dir, stage, out string) *Spec {
+				return loadSpec(t, dir, "name: c\nstages:\n"+imports+"  - name: x\n    "+stage+"\n"+out)
+			}
+			outputs := func(rep *Report) []manifest.Output {
+				return rep.Stages[len(rep.Stages)-1].Outputs
+			}
+			// Reference run.
+			a := mk(t.TempDir(), tc.stage, "")
+			repA, err := Run(context.Background(), a, Options{Jobs: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := manifest.OutputsDigest(outputs(repA))
+			if len(outputs(repA)) == 0 {
+				t.Fatal("no outputs")
+			}
+			// Another store, an out: view elsewhere, one worker.
+			b := mk(t.TempDir(), tc.stage, "    out: somewhere/else\n")
+			repB, err := Run(context.Background(), b, Options{Jobs: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := manifest.OutputsDigest(outputs(repB)); got != want {
+				t.Errorf("outputs depend on the store, view or job count: %v vs %v", outputs(repB), outputs(repA))
+			}
+			// Cancelled partway (where the stage reports progress), resumed.
+			c := mk(t.TempDir(), tc.stage, "")
+			if _, err := Run(context.Background(), c, Options{Only: "base"}); err != nil {
+				t.Fatal(err)
+			}
+			for _, dep := range []string{"adapter", "ct"} {
+				if _, err := Run(context.Background(), c, Options{Only: dep}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			prog := &cancelAfter{n: 1 << 20, cancel: cancel}
+			_, err = Run(ctx, c, Options{Only: "x", Progress: func(string) Progress { return prog }})
+			cancel()
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled run: %v", err)
+			}
+			repC, err := Run(context.Background(), c, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := manifest.OutputsDigest(outputs(repC)); got != want {
+				t.Errorf("cancelled and resumed: outputs differ")
+			}
+			// A second run skips everything.
+			rep, err := Run(context.Background(), c, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range rep.Stages {
+				if s.Action != ActionSkip {
+					t.Errorf("second run: %s %s (%s)", s.Stage, s.Action, s.Reason)
+				}
+			}
+			// A changed parameter is a different key: plan says so.
+			d := mk(c.Dir, tc.alt, "")
+			pr, err := Plan(d, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if last := pr.Stages[len(pr.Stages)-1]; last.Action != ActionRun || !strings.Contains(last.Reason, "parameters changed") {
+				t.Errorf("plan with a changed parameter: %s %s", last.Action, last.Reason)
+			}
+		})
+	}
+	for kind, k := range Registry {
+		if k.Built() && !covered[kind] {
+			t.Errorf("built kind %q is not in the conformance suite", kind)
+		}
+	}
+}
