@@ -136,17 +136,58 @@ func (s *Store) place(tmp string, d Digest, n int64) error {
 	return nil
 }
 
-// Ingest copies r into a blob. size < 0 skips the length check.
+// Ingest copies r into a blob. size < 0 skips the length check. Hashing
+// runs on its own goroutine, overlapping the reads and writes (see
+// BenchmarkIngest).
 func (s *Store) Ingest(r io.Reader, size int64) (Digest, int64, error) {
 	w, err := s.NewWriter()
 	if err != nil {
 		return "", 0, err
 	}
-	if _, err := io.Copy(w, r); err != nil {
-		w.Abort()
-		return "", 0, err
+	const nbuf, bufSize = 4, 4 << 20
+	free := make(chan []byte, nbuf)
+	for i := 0; i < nbuf; i++ {
+		free <- make([]byte, bufSize)
 	}
-	return w.Commit(size, "")
+	toHash := make(chan []byte, nbuf)
+	hashed := make(chan struct{})
+	go func() {
+		defer close(hashed)
+		for b := range toHash {
+			w.h.Write(b)
+			free <- b[:cap(b)]
+		}
+	}()
+	var cerr error
+	for cerr == nil {
+		buf := <-free
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			k, werr := w.f.Write(buf[:n])
+			w.n += int64(k)
+			if werr != nil {
+				cerr = werr
+				free <- buf
+				break
+			}
+			toHash <- buf[:n]
+		} else {
+			free <- buf
+		}
+		switch {
+		case rerr == io.EOF || rerr == io.ErrUnexpectedEOF:
+			rerr = nil
+			close(toHash)
+			<-hashed
+			return w.Commit(size, "")
+		case rerr != nil:
+			cerr = rerr
+		}
+	}
+	close(toHash)
+	<-hashed
+	w.Abort()
+	return "", 0, cerr
 }
 
 // Adopt makes a finished file that lives on the store's file system (a
