@@ -167,50 +167,58 @@ func isGGUF(path string) bool {
 	return err == nil && string(magic[:]) == "GGUF"
 }
 
+// inspectInput is an opened safetensors input: its tensors in row order,
+// its files, and its config (nil when there is none).
+type inspectInput struct {
+	path   string
+	locs   []safetensors.Location
+	shards []*safetensors.Shard
+	cfg    *safetensors.Config
+	close  func()
+}
+
+// openInspectInput opens a checkpoint directory, a PEFT adapter directory
+// (its adapter_model.safetensors) or a single .safetensors file.
+func openInspectInput(path string, isDir bool, opt safetensors.DirOptions) (*inspectInput, error) {
+	if isDir {
+		ck, err := safetensors.OpenDirOptions(path, opt)
+		if err == nil {
+			return &inspectInput{path: path, locs: ck.Tensors(), shards: ck.Shards, cfg: ck.Config, close: func() { ck.Close() }}, nil
+		}
+		adapter := filepath.Join(path, "adapter_model.safetensors")
+		if !errors.Is(err, safetensors.ErrNotCheckpoint) || !fileExists(adapter) {
+			return nil, err
+		}
+		path = adapter
+	}
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	in := &inspectInput{path: path, close: func() { f.Close() }}
+	sh := &safetensors.Shard{Name: filepath.Base(path), File: f}
+	for _, t := range f.Tensors {
+		in.locs = append(in.locs, safetensors.Location{Shard: sh, Info: t})
+	}
+	in.shards = []*safetensors.Shard{sh}
+	// A lone file's architecture comes from a config.json beside it.
+	if p := filepath.Join(filepath.Dir(path), "config.json"); fileExists(p) {
+		if in.cfg, err = safetensors.ReadConfig(p); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return in, nil
+}
+
 // inspectSafetensors builds the report for a file or directory and returns
 // the tensors' sections (in row order) for hashing.
 func inspectSafetensors(path string, isDir bool, opt safetensors.DirOptions) (*inspectReport, []hashing.Section, func(), error) {
-	var (
-		locs   []safetensors.Location
-		shards []*safetensors.Shard
-		cfg    *safetensors.Config
-		closer func()
-	)
-	if isDir {
-		ck, err := safetensors.OpenDirOptions(path, opt)
-		if errors.Is(err, safetensors.ErrNotCheckpoint) {
-			// A PEFT adapter directory: inspect its one weights file.
-			if p := filepath.Join(path, "adapter_model.safetensors"); fileExists(p) {
-				path, isDir = p, false
-				goto file
-			}
-		}
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		locs, shards, cfg, closer = ck.Tensors(), ck.Shards, ck.Config, func() { ck.Close() }
-		goto report
+	in, err := openInspectInput(path, isDir, opt)
+	if err != nil {
+		return nil, nil, nil, err
 	}
-file:
-	{
-		f, err := safetensors.Open(path)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		sh := &safetensors.Shard{Name: filepath.Base(path), File: f}
-		for _, t := range f.Tensors {
-			locs = append(locs, safetensors.Location{Shard: sh, Info: t})
-		}
-		shards, closer = []*safetensors.Shard{sh}, func() { f.Close() }
-		// A lone file's architecture comes from a config.json beside it.
-		if p := filepath.Join(filepath.Dir(path), "config.json"); fileExists(p) {
-			if cfg, err = safetensors.ReadConfig(p); err != nil {
-				f.Close()
-				return nil, nil, nil, err
-			}
-		}
-	}
-report:
+	path, locs, shards, cfg := in.path, in.locs, in.shards, in.cfg
 	rep := &inspectReport{Summary: inspectSummary{
 		Path:          path,
 		Format:        "safetensors",
@@ -246,7 +254,7 @@ report:
 		rep.Summary.BytesPerDType[string(t.DType)] += t.Size()
 	}
 	rep.Summary.MTP = mtpSummary(names, cfg)
-	return rep, sections, closer, nil
+	return rep, sections, in.close, nil
 }
 
 var layerRE = regexp.MustCompile(`(?:^|\.)layers\.(\d+)\.`)
