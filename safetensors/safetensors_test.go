@@ -811,3 +811,47 @@ func TestHeaderStringEscaping(t *testing.T) {
 		}
 	}
 }
+
+// recorder is a ReaderAt that remembers every byte range read.
+type recorder struct {
+	r     io.ReaderAt
+	reads [][2]int64
+}
+
+func (r *recorder) ReadAt(p []byte, off int64) (int, error) {
+	r.reads = append(r.reads, [2]int64{off, off + int64(len(p))})
+	return r.r.ReadAt(p, off)
+}
+
+// Parse reads only the header; a tensor's section reads only its bytes.
+func TestSectionsStayInTheirTensor(t *testing.T) {
+	p := filepath.Join(bundled, "base", "model-00007-of-00007.safetensors")
+	fh, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	st, _ := fh.Stat()
+	rec := &recorder{r: fh}
+	f, err := safetensors.Parse(rec, st.Size(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rec.reads {
+		if r[1] > f.DataOffset() {
+			t.Fatalf("Parse read %v, past the header (data starts at %d)", r, f.DataOffset())
+		}
+	}
+	for _, ti := range f.Tensors {
+		rec.reads = nil
+		if _, err := io.Copy(io.Discard, f.Section(ti)); err != nil {
+			t.Fatal(err)
+		}
+		lo, hi := f.DataOffset()+ti.Begin, f.DataOffset()+ti.End
+		for _, r := range rec.reads {
+			if r[0] < lo || r[1] > hi {
+				t.Fatalf("%s [%d, %d): read %v", ti.Name, lo, hi, r)
+			}
+		}
+	}
+}
