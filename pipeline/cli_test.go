@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,26 +27,43 @@ import (
 	"github.com/ferry-llm/ferry/pipeline"
 )
 
-var ferryBin string
+var (
+	binDir   string
+	binOnce  sync.Once
+	binPath  string
+	binError error
+)
 
+// TestMain removes the ferry binary the tests built (lazily, on first use,
+// so fuzzing and benchmarks that do not need it do not pay for the build).
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "ferry-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	ferryBin = filepath.Join(dir, "ferry")
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	build := exec.Command(goTool, "build", "-o", ferryBin, "github.com/ferry-llm/ferry/cmd/ferry")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building ferry: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
 	os.Exit(code)
+}
+
+// ferryBinary builds ./cmd/ferry once into a temp dir.
+func ferryBinary(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binError = os.MkdirTemp("", "ferry-bin-")
+		if binError != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "ferry")
+		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+		build := exec.Command(goTool, "build", "-o", binPath, "github.com/ferry-llm/ferry/cmd/ferry")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			binError = fmt.Errorf("building ferry: %v\n%s", err, out)
+		}
+	})
+	if binError != nil {
+		t.Fatal(binError)
+	}
+	return binPath
 }
 
 type result struct {
@@ -55,7 +73,7 @@ type result struct {
 
 func ferry(t testing.TB, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(ferryBin, args...)
+	cmd := exec.Command(ferryBinary(t), args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -222,7 +240,7 @@ func TestCLIConcurrentRunsAndStaleLock(t *testing.T) {
 	write(t, p, "name: l\nstages:\n  - name: big\n    synth: { size: 192MiB, units: 96 }\n")
 	lockPath := filepath.Join(dir, ".ferry", "lock")
 
-	first := exec.Command(ferryBin, "pipeline", "run", p)
+	first := exec.Command(ferryBinary(t), "pipeline", "run", p)
 	if err := first.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +262,7 @@ func TestCLIConcurrentRunsAndStaleLock(t *testing.T) {
 	if r := ferry(t, "pipeline", "run", "--from", "big", p); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	killed := exec.Command(ferryBin, "pipeline", "run", "--force", "big", p)
+	killed := exec.Command(ferryBinary(t), "pipeline", "run", "--force", "big", p)
 	if err := killed.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +380,7 @@ stages:
 			t.Fatalf("only %d kills landed in %d attempts", kills, attempt)
 		}
 		logStart, _ := logf.Seek(0, 2)
-		cmd := exec.Command(ferryBin, "--verbose", "pipeline", "run", "-j", "2", p)
+		cmd := exec.Command(ferryBinary(t), "--verbose", "pipeline", "run", "-j", "2", p)
 		cmd.Stdout, cmd.Stderr = nil, logf
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

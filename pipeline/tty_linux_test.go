@@ -48,7 +48,7 @@ func TestCLIProgress(t *testing.T) {
 
 	master, slave := openPseudoTerminal(t)
 	defer master.Close()
-	cmd := exec.Command(ferryBin, "pipeline", "run", p)
+	cmd := exec.Command(ferryBinary(t), "pipeline", "run", p)
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, slave
 	if err := cmd.Start(); err != nil {
@@ -99,7 +99,7 @@ func TestCLIInterruptResumes(t *testing.T) {
 	p := filepath.Join(dir, "p.yaml")
 	write(t, p, spec)
 	var errb bytes.Buffer
-	cmd := exec.Command(ferryBin, "--verbose", "pipeline", "run", p)
+	cmd := exec.Command(ferryBinary(t), "--verbose", "pipeline", "run", p)
 	cmd.Stderr = &errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
