@@ -267,7 +267,9 @@ func TestInspectBadInput(t *testing.T) {
 				t.Fatal(err)
 			}
 			before, _ := safetensorstest.Snapshot(root)
-			for _, args := range [][]string{{"inspect", p}, {"inspect", "--json", "--hash", p}} {
+			out := t.TempDir()
+			pq := filepath.Join(out, "t.parquet")
+			for _, args := range [][]string{{"inspect", p}, {"inspect", "--json", "--hash", "--parquet", pq, p}} {
 				r := execFerry(t, nil, args...)
 				if r.code != exitBadInput {
 					t.Errorf("%v: exit %d, want 2; stderr %s", args, r.code, r.stderr)
@@ -282,6 +284,9 @@ func TestInspectBadInput(t *testing.T) {
 			after, _ := safetensorstest.Snapshot(root)
 			if !reflect.DeepEqual(before, after) {
 				t.Error("input changed")
+			}
+			if ents, _ := os.ReadDir(out); len(ents) != 0 {
+				t.Errorf("wrote %v for bad input", ents)
 			}
 		})
 	}
