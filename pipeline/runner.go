@@ -340,11 +340,7 @@ func Plan(spec *Spec, opts Options) (*Report, error) {
 // record with intact outputs. Each finished stage is committed to the
 // manifest at once, so a cancelled or killed run resumes from there.
 func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
-	store, err := manifest.Open(spec.Store)
-	if err != nil {
-		return nil, err
-	}
-	r := newRunner(spec, store, opts)
+	r := newRunner(spec, nil, opts)
 	sel, forced, err := r.selection()
 	if err != nil {
 		return nil, err
@@ -359,6 +355,11 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if len(notBuilt) > 0 {
 		return nil, fmt.Errorf("%w: %s; nothing was run (see 'ferry pipeline plan')", ErrNotBuilt, strings.Join(notBuilt, ", "))
 	}
+	store, err := manifest.Open(spec.Store)
+	if err != nil {
+		return nil, err
+	}
+	r.store = store
 	lock, err := store.LockWait(ctx, "ferry pipeline run "+spec.File, r.opts.LockWait)
 	if err != nil {
 		return nil, err
