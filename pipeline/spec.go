@@ -357,10 +357,10 @@ func (s *Spec) Dependents(name string) map[string]bool {
 // the line where the enclosing construct began (often lines earlier), so
 // this looks for the shortest prefix of the file, in whole lines, that fails
 // with the same message: the line where the problem becomes visible.
-// It gives 0 when it cannot tell (or the file is too long to search).
+// It gives 0 when it cannot tell (or the file is too big to search).
 func yamlErrorLine(b []byte, msg string) int {
 	lines := strings.SplitAfter(string(b), "\n")
-	if len(lines) > 5000 {
+	if len(lines) > 500 || len(b) > 64<<10 { // bounded work: pipeline files are small
 		return 0
 	}
 	var prefix strings.Builder
