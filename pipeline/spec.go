@@ -38,6 +38,8 @@ type StageSpec struct {
 	Stage Stage  // nil when the kind is not built yet
 	Deps  []Ref  // stages it reads, in order
 	index int
+	// outLine is the line of out: (of the stage item when there is none).
+	outLine int
 }
 
 // Lookup returns the stage called name, or nil.
@@ -182,6 +184,17 @@ func Parse(name, dir string, b []byte) (*Spec, error) {
 	if err := spec.checkCycles(name); err != nil {
 		return nil, err
 	}
+	// A view directory belongs to one stage: making a view drops the ferry
+	// links that stage does not own, so views must not share or nest.
+	for i, a := range spec.Stages {
+		for _, b := range spec.Stages[:i] {
+			va, vb := spec.ViewDir(a), spec.ViewDir(b)
+			if va == vb || strings.HasPrefix(va, vb+string(filepath.Separator)) || strings.HasPrefix(vb, va+string(filepath.Separator)) {
+				return nil, &SpecError{File: name, Line: a.outLine, Stage: a.Name,
+					Msg: fmt.Sprintf("out %s overlaps the view of stage %q (%s)", va, b.Name, vb)}
+			}
+		}
+	}
 	return spec, nil
 }
 
@@ -189,7 +202,7 @@ func parseStage(file, dir string, n *yaml.Node) (*StageSpec, error) {
 	if n.Kind != yaml.MappingNode {
 		return nil, &SpecError{File: file, Line: n.Line, Msg: "a stage must be a mapping with name, one kind and optional out"}
 	}
-	st := &StageSpec{Line: n.Line}
+	st := &StageSpec{Line: n.Line, outLine: n.Line}
 	var kindKey, kindVal *yaml.Node
 	var outNode *yaml.Node
 	seen := map[string]int{}
@@ -207,6 +220,7 @@ func parseStage(file, dir string, n *yaml.Node) (*StageSpec, error) {
 			st.Name = v.Value
 		case "out":
 			outNode = v
+			st.outLine = k.Line
 		default:
 			if kindKey != nil {
 				return nil, &SpecError{File: file, Line: k.Line,

@@ -73,6 +73,8 @@ func TestParseBad(t *testing.T) {
 		{"stages not a list", "name: x\nstages: { a: 1 }\n", 2, "stages must be a list"},
 		{"bad stage name", "name: x\nstages:\n  - name: 'a b'\n    import: { path: p }\n", 3, "stage name must be"},
 		{"params not mapping", "name: x\nstages:\n  - name: a\n    import: [p]\n", 4, "must be a mapping"},
+		{"shared out", "name: x\nstages:\n  - name: a\n    import: { path: p }\n    out: o\n  - name: b\n    import: { path: q }\n    out: o\n", 8, "overlaps the view of stage \"a\""},
+		{"nested out", "name: x\nstages:\n  - name: a\n    import: { path: p }\n    out: o\n  - name: b\n    import: { path: q }\n    out: o/b\n", 8, "overlaps the view"},
 		{"ref not a name", "name: x\nstages:\n  - name: a\n    verify_mtp: { from: [a, [2]] }\n", 4, "every item must be"},
 		{"ref not single", "name: x\nstages:\n  - name: a\n    merge: { base: [a], adapter: a }\n", 4, "merge.base: must be a single value"},
 	}
