@@ -186,7 +186,12 @@ func Parse(name, dir string, b []byte) (*Spec, error) {
 	}
 	// A view directory belongs to one stage: making a view drops the ferry
 	// links that stage does not own, so views must not share or nest.
+	within := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+string(filepath.Separator)) }
 	for i, a := range spec.Stages {
+		if a.Out != "" && (within(spec.Store, a.Out) || within(a.Out, spec.Store)) {
+			return nil, &SpecError{File: name, Line: a.outLine, Stage: a.Name,
+				Msg: fmt.Sprintf("out %s overlaps the store %s", a.Out, spec.Store)}
+		}
 		for _, b := range spec.Stages[:i] {
 			va, vb := spec.ViewDir(a), spec.ViewDir(b)
 			if va == vb || strings.HasPrefix(va, vb+string(filepath.Separator)) || strings.HasPrefix(vb, va+string(filepath.Separator)) {

@@ -75,6 +75,7 @@ func TestParseBad(t *testing.T) {
 		{"params not mapping", "name: x\nstages:\n  - name: a\n    import: [p]\n", 4, "must be a mapping"},
 		{"shared out", "name: x\nstages:\n  - name: a\n    import: { path: p }\n    out: o\n  - name: b\n    import: { path: q }\n    out: o\n", 8, "overlaps the view of stage \"a\""},
 		{"nested out", "name: x\nstages:\n  - name: a\n    import: { path: p }\n    out: o\n  - name: b\n    import: { path: q }\n    out: o/b\n", 8, "overlaps the view"},
+		{"out holds the store", "name: x\nstages:\n  - name: a\n    import: { path: p }\n    out: .\n", 5, "overlaps the store"},
 		{"ref not a name", "name: x\nstages:\n  - name: a\n    verify_mtp: { from: [a, [2]] }\n", 4, "every item must be"},
 		{"ref not single", "name: x\nstages:\n  - name: a\n    merge: { base: [a], adapter: a }\n", 4, "merge.base: must be a single value"},
 	}
