@@ -35,8 +35,8 @@ func pipelineCommand() *cli.Command {
 				Usage:     "run the stages that are not up to date",
 				ArgsUsage: "FILE.yaml",
 				Flags: append(sel,
-					&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Usage: "stages run at once (default: core count)"},
-					&cli.DurationFlag{Name: "lock-wait", Usage: "wait this long for a store locked by another run (default: fail at once)"},
+					&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Usage: "stages run at once, and each stage's workers", DefaultText: "core count"},
+					&cli.DurationFlag{Name: "lock-wait", Usage: "wait this long for a store locked by another run", DefaultText: "fail at once"},
 				),
 				Action: pipelineRun,
 			},
@@ -60,7 +60,7 @@ func pipelineCommand() *cli.Command {
 
 func loadSpec(c *cli.Context) (*pipeline.Spec, error) {
 	if c.NArg() != 1 {
-		return nil, usageErrorf("%s: want one pipeline file, got %d arguments", c.Command.FullName(), c.NArg())
+		return nil, usageErrorf("%s: want one pipeline file, got %d arguments %q (flags go before the file)", c.Command.FullName(), c.NArg(), c.Args().Slice())
 	}
 	pipeline.FerryVersion = version
 	return pipeline.Load(c.Args().First())
