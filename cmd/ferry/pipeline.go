@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/urfave/cli/v2"
@@ -94,8 +96,11 @@ func pipelineRun(c *cli.Context) error {
 		return err
 	}
 	opts := pipelineOptions(c)
-	opts.Progress = newProgressFactory(os.Stderr)
+	progress, done := newProgressFactory(os.Stderr)
+	opts.Progress = progress
+	opts.Log = slog.Default()
 	rep, err := pipeline.Run(c.Context, spec, opts)
+	done()
 	if rep != nil {
 		if perr := printReport(c, rep, true); perr != nil && err == nil {
 			err = perr
@@ -183,29 +188,152 @@ func pipelineJSON(w io.Writer, v any) error {
 
 // newProgressFactory makes one progress bar per running stage on a TTY, and
 // plain log lines (start, each quarter) otherwise.
-func newProgressFactory(out *os.File) func(string) pipeline.Progress {
-	tty := term.IsTerminal(int(out.Fd()))
-	return func(stage string) pipeline.Progress {
-		if tty {
-			return &barProgress{bar: progressbar.NewOptions64(-1,
-				progressbar.OptionSetWriter(out),
-				progressbar.OptionSetDescription(stage),
-				progressbar.OptionShowBytes(true),
-				progressbar.OptionShowTotalBytes(true),
-				progressbar.OptionSetWidth(30),
-				progressbar.OptionThrottle(100e6),
-				progressbar.OptionClearOnFinish(),
-			)}
+func newProgressFactory(out *os.File) (func(string) pipeline.Progress, func()) {
+	if !term.IsTerminal(int(out.Fd())) {
+		return func(stage string) pipeline.Progress { return &logProgress{stage: stage} }, func() {}
+	}
+	tb := newTermBars(out)
+	// Log lines go through the bars so they print above them.
+	level := slog.LevelInfo
+	if slog.Default().Enabled(context.Background(), slog.LevelDebug) {
+		level = slog.LevelDebug
+	}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(tb, &slog.HandlerOptions{Level: level})))
+	return tb.newBar, func() { tb.close(); slog.SetDefault(prev) }
+}
+
+// termBars draws the bars of all running stages, one line each, below the
+// log lines: every redraw moves the cursor up over the bars drawn last
+// time, clears them and draws the current ones.
+type termBars struct {
+	mu    sync.Mutex
+	out   io.Writer
+	bars  []*barProgress
+	drawn int
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func newTermBars(out io.Writer) *termBars {
+	t := &termBars{out: out, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(t.done)
+		tick := time.NewTicker(150 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-t.stop:
+				return
+			case <-tick.C:
+				t.mu.Lock()
+				t.clearLocked()
+				t.drawLocked()
+				t.mu.Unlock()
+			}
 		}
-		return &logProgress{stage: stage}
+	}()
+	return t
+}
+
+func (t *termBars) newBar(stage string) pipeline.Progress {
+	b := &barProgress{tb: t}
+	b.bar = progressbar.NewOptions64(-1,
+		progressbar.OptionSetWriter(&b.line),
+		progressbar.OptionSetDescription(stage),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(100*time.Millisecond),
+	)
+	t.mu.Lock()
+	t.bars = append(t.bars, b)
+	t.mu.Unlock()
+	return b
+}
+
+// Write prints p (log lines) above the bars.
+func (t *termBars) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.clearLocked()
+	n, err := t.out.Write(p)
+	t.drawLocked()
+	return n, err
+}
+
+func (t *termBars) clearLocked() {
+	for ; t.drawn > 0; t.drawn-- {
+		io.WriteString(t.out, "\x1b[1A\r\x1b[2K")
 	}
 }
 
-type barProgress struct{ bar *progressbar.ProgressBar }
+func (t *termBars) drawLocked() {
+	for _, b := range t.bars {
+		if l := b.line.String(); l != "" {
+			io.WriteString(t.out, l+"\n")
+			t.drawn++
+		}
+	}
+}
+
+func (t *termBars) remove(b *barProgress) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.clearLocked()
+	for i, x := range t.bars {
+		if x == b {
+			t.bars = append(t.bars[:i], t.bars[i+1:]...)
+			break
+		}
+	}
+	t.drawLocked()
+}
+
+func (t *termBars) close() {
+	close(t.stop)
+	<-t.done
+	t.mu.Lock()
+	t.clearLocked()
+	t.mu.Unlock()
+}
+
+type barProgress struct {
+	tb   *termBars
+	bar  *progressbar.ProgressBar
+	line lineCapture
+}
 
 func (b *barProgress) SetTotal(n int64) { b.bar.ChangeMax64(n) }
 func (b *barProgress) Add(n int64)      { b.bar.Add64(n) }
-func (b *barProgress) Close() error     { b.bar.Finish(); return nil }
+func (b *barProgress) Close() error     { b.tb.remove(b); return nil }
+
+// lineCapture keeps the last line a progress bar rendered: a one-line
+// terminal where "\r" starts the line over.
+type lineCapture struct {
+	mu   sync.Mutex
+	line []byte
+}
+
+func (l *lineCapture) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range p {
+		switch c {
+		case '\r', '\n':
+			l.line = l.line[:0]
+		default:
+			l.line = append(l.line, c)
+		}
+	}
+	return len(p), nil
+}
+
+func (l *lineCapture) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.TrimRight(string(l.line), " ")
+}
 
 type logProgress struct {
 	mu      sync.Mutex
