@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,11 +45,11 @@ func openPseudoTerminal(t *testing.T) (master, slave *os.File) {
 func TestCLIProgress(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "p.yaml")
-	write(t, p, "name: tty\nstages:\n  - name: bigstage\n    synth: { size: 96MiB, units: 48 }\n")
+	write(t, p, "name: tty\nstages:\n  - name: bigstage\n    synth: { size: 96MiB, units: 48 }\n  - name: other\n    synth: { size: 96MiB, units: 48, seed: 5 }\n")
 
 	master, slave := openPseudoTerminal(t)
 	defer master.Close()
-	cmd := exec.Command(ferryBinary(t), "pipeline", "run", p)
+	cmd := exec.Command(ferryBinary(t), "pipeline", "run", "-j", "2", p)
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, slave
 	if err := cmd.Start(); err != nil {
@@ -67,8 +68,15 @@ func TestCLIProgress(t *testing.T) {
 	if err := <-done; err != nil && !errors.Is(err, syscall.EIO) {
 		t.Fatal(err)
 	}
-	if s := tty.String(); !strings.Contains(s, "bigstage") || !strings.Contains(s, "MB") || strings.Contains(s, "msg=progress") {
-		t.Errorf("want a byte progress bar for bigstage on the terminal, got %q", s)
+	// One line per running stage, with bytes done / total.
+	s := tty.String()
+	for _, st := range []string{"bigstage", "other"} {
+		if !regexp.MustCompile(st + `\s+\d+% \|.*\(\d+(\.\d+)?/(101|100\.\d+) MB`).MatchString(s) {
+			t.Errorf("no progress bar for %s on the terminal: %q", st, s)
+		}
+	}
+	if strings.Contains(s, "msg=progress") {
+		t.Errorf("plain progress lines on a terminal: %q", s)
 	}
 	if !strings.Contains(stdout.String(), "bigstage") {
 		t.Errorf("stdout lacks the report: %q", stdout.String())
