@@ -731,3 +731,34 @@ func TestKillResumeDemo(t *testing.T) {
 		t.Errorf("store verify after the kills: %s", r.stdout)
 	}
 }
+
+func TestCLIStoreArgs(t *testing.T) {
+	dir := t.TempDir()
+	if r := ferry(t, "store", "verify", dir); r.code != 2 || !strings.Contains(r.stderr, "not a ferry store") {
+		t.Errorf("empty dir: exit %d %q", r.code, r.stderr)
+	}
+	if r := ferry(t, "store", "gc", filepath.Join(dir, "nope")); r.code != 2 {
+		t.Errorf("missing path: exit %d %q", r.code, r.stderr)
+	}
+	if r := ferry(t, "store", "verify"); r.code != 2 {
+		t.Errorf("no argument: exit %d %q", r.code, r.stderr)
+	}
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, "name: a\nstages:\n  - name: s\n    synth: { size: 10 }\n")
+	if r := ferry(t, "pipeline", "run", p); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	// A store held by a live run: verify says who holds it.
+	write(t, filepath.Join(dir, ".ferry", "lock"), fmt.Sprintf(`{"pid":%d,"host":%q,"started":"2026-01-01T00:00:00Z","command":"test"}`, os.Getpid(), hostname(t)))
+	if r := ferry(t, "store", "verify", p); r.code != 1 || !strings.Contains(r.stderr, fmt.Sprintf("store is locked by pid %d", os.Getpid())) {
+		t.Errorf("locked store: exit %d %q", r.code, r.stderr)
+	}
+}
+
+func hostname(t *testing.T) string {
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
