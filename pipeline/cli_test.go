@@ -54,6 +54,11 @@ func ferryBinary(t testing.TB) string {
 		}
 		binPath = filepath.Join(binDir, "ferry")
 		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(goTool); err != nil {
+			if goTool, binError = exec.LookPath("go"); binError != nil {
+				return
+			}
+		}
 		build := exec.Command(goTool, "build", "-o", binPath, "github.com/ferry-llm/ferry/cmd/ferry")
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
