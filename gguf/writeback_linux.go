@@ -2,9 +2,18 @@ package gguf
 
 import "golang.org/x/sys/unix"
 
-// startWriteback asks the kernel to start writing the range to disk now
-// (sync_file_range SYNC_FILE_RANGE_WRITE, which does not wait), so the
-// final fsync does not find the whole file dirty.
+// writebackEvery is how many bytes the writer lets accumulate before it
+// asks the kernel to start writing them out.
+const writebackEvery = 64 << 20
+
+// startWriteback asks the kernel to start writing dirty pages to disk now
+// (sync_file_range SYNC_FILE_RANGE_WRITE over the whole file, which does
+// not wait for completion) once writebackEvery bytes were written since
+// the last request, so the final fsync does not find the whole file dirty.
 func (w *Writer) startWriteback(off, n int64) {
-	unix.SyncFileRange(int(w.f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+	if w.pending.Add(n) < writebackEvery {
+		return
+	}
+	w.pending.Store(0)
+	unix.SyncFileRange(int(w.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
 }

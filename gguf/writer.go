@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
 )
@@ -270,6 +271,7 @@ type Writer struct {
 	tmp    string
 
 	mu      sync.Mutex
+	pending atomic.Int64 // bytes written since the last writeback request
 	written []bool
 	err     error // sticky
 	done    bool

@@ -28,7 +28,7 @@ var littleEndian = func() bool {
 }()
 
 // bf16ToF16 converts little-endian bfloat16 src into little-endian half dst
-// (len(dst) ≥ len(src), both even).
+// (len(dst) ≥ len(src), both even). dst may be src itself (in place).
 func bf16ToF16(dst, src []byte) {
 	t := bf16ToF16Table()
 	n := len(src) / 2

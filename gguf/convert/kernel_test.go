@@ -35,6 +35,21 @@ func TestBF16ToF16Kernel(t *testing.T) {
 	}
 }
 
+func TestBF16ToF16InPlace(t *testing.T) {
+	src := make([]byte, 2<<16)
+	for i := 0; i < 1<<16; i++ {
+		binary.LittleEndian.PutUint16(src[2*i:], uint16(i))
+	}
+	want := make([]byte, len(src))
+	bf16ToF16(want, src)
+	bf16ToF16(src, src)
+	for i := range src {
+		if src[i] != want[i] {
+			t.Fatalf("in-place conversion differs at byte %d", i)
+		}
+	}
+}
+
 func isNaN16(h uint16) bool { return h&0x7c00 == 0x7c00 && h&0x3ff != 0 }
 
 func BenchmarkBF16ToF16(b *testing.B) {

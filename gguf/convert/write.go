@@ -187,7 +187,7 @@ func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)
 		nb := (j - i) * C * es
 		off := src.Loc.Shard.DataOffset() + src.Loc.Info.Begin + r*C*es
 		var raw []byte
-		if direct && kernel == nil { // same type: read straight into the output
+		if direct && int64(rowBytes) == C*es { // same width: read into the output, convert in place
 			raw = b.out[(i-u.r0)*int64(rowBytes) : (j-u.r0)*int64(rowBytes)]
 		} else {
 			b.raw = grow(b.raw, nb)
