@@ -10,7 +10,11 @@ import (
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // Problem is one thing `store verify` found wrong.
@@ -59,33 +63,64 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 	}
 	present := map[string]bool{}
 	damaged := map[string]string{}
-	for _, e := range entries {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	// Hash the blobs on a bounded pool; results are reported in name order.
+	type hashed struct {
+		d    Digest
+		got  Digest
+		n    int64
+		st   Stamp
+		err  error
+		skip bool
+	}
+	res := make([]hashed, len(entries))
+	var progMu sync.Mutex
+	prog := func(n int64) {
+		if progress != nil {
+			progMu.Lock()
+			progress(n)
+			progMu.Unlock()
 		}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, min(runtime.NumCPU(), 8)))
+	for i, e := range entries {
 		d := Digest(Algorithm + ":" + e.Name())
 		if d.Validate() != nil || !e.Type().IsRegular() {
+			res[i].skip = true
+			continue
+		}
+		res[i].d = d
+		g.Go(func() error {
+			got, n, err := hashFileProgress(gctx, s.BlobPath(d), prog)
+			if err != nil {
+				return err
+			}
+			fi, err := os.Stat(s.BlobPath(d))
+			if err != nil {
+				return err
+			}
+			res[i].got, res[i].n, res[i].st = got, n, StampOf(fi)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	for i, e := range entries {
+		r := res[i]
+		if r.skip {
 			rep.Problems = append(rep.Problems, Problem{Path: filepath.Join(dir, e.Name()), What: "stray entry in the blob directory"})
 			continue
 		}
-		present[d.Hex()] = true
-		p := s.BlobPath(d)
-		got, n, err := hashFileProgress(ctx, p, progress)
-		if err != nil {
-			return nil, err
-		}
+		present[r.d.Hex()] = true
 		rep.Blobs++
-		rep.Bytes += n
-		if got != d {
-			damaged[d.Hex()] = "content does not match its digest"
-			rep.Problems = append(rep.Problems, Problem{Digest: d, What: "content does not match its digest (hashes to " + got.Short() + ")"})
+		rep.Bytes += r.n
+		if r.got != r.d {
+			damaged[r.d.Hex()] = "content does not match its digest"
+			rep.Problems = append(rep.Problems, Problem{Digest: r.d, What: "content does not match its digest (hashes to " + r.got.Short() + ")"})
 			continue
 		}
-		fi, err := os.Stat(p)
-		if err != nil {
-			return nil, err
-		}
-		s.setStamp(d, StampOf(fi))
+		s.setStamp(r.d, r.st)
 	}
 	referenced := map[string]bool{}
 	for _, r := range s.Records() {
