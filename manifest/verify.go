@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-
-	"github.com/ferry-llm/ferry/internal/fsutil"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -15,6 +13,8 @@ import (
 	"sync"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
 // Problem is one thing `store verify` found wrong.
