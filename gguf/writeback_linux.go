@@ -17,3 +17,13 @@ func (w *Writer) startWriteback(off, n int64) {
 	w.pending.Store(0)
 	unix.SyncFileRange(int(w.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
 }
+
+// reserve allocates the file's blocks up front (fallocate), so a disk too
+// small for the output fails at Create instead of part-way through.
+func reserve(fd uintptr, size int64) error {
+	err := unix.Fallocate(int(fd), 0, 0, size)
+	if err == unix.EOPNOTSUPP || err == unix.ENOSYS {
+		return nil // the filesystem cannot preallocate; Truncate sizes the file
+	}
+	return err
+}

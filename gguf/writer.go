@@ -305,6 +305,10 @@ func Create(path string, layout *Layout, opt Options) (*Writer, error) {
 		w.Abort()
 		return nil, err
 	}
+	if err := reserve(f.Fd(), layout.Size); err != nil {
+		w.Abort()
+		return nil, fmt.Errorf("%s: reserving %d bytes: %w", w.tmp, layout.Size, err)
+	}
 	// Extending the file zero-fills every padding gap.
 	if err := f.Truncate(layout.Size); err != nil {
 		w.Abort()
