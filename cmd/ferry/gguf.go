@@ -48,7 +48,6 @@ func ggufConvertCommand() *cli.Command {
 			&cli.StringFlag{Name: "pre", Usage: "tokenizer.ggml.pre `NAME` (default by model family: qwen2 for Qwen2/3 and Qwen3-Next, qwen35 for Qwen3.5/3.6, llama-bpe for Llama)"},
 			&cli.StringFlag{Name: "model-name", Usage: "general.name (default from the directory name)"},
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "tensor workers"},
-			&cli.BoolFlag{Name: "resume", Usage: "reuse FILE.partial from an interrupted run when its header matches (every tensor is rewritten)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the checkpoint and print the plan, write nothing"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result (or the plan with --dry-run) as JSON"},
 		},
@@ -133,10 +132,10 @@ func runGGUFConvert(c *cli.Context) error {
 		progress = func(n int64) { bar.Add64(n) }
 	}
 	start := time.Now()
-	err = convert.Write(c.Context, plan, out, convert.WriteOptions{Jobs: c.Int("jobs"), Resume: c.Bool("resume"), Progress: progress})
+	err = convert.Write(c.Context, plan, out, convert.WriteOptions{Jobs: c.Int("jobs"), Progress: progress})
 	if err != nil {
 		if errors.Is(err, c.Context.Err()) && c.Context.Err() != nil {
-			return fmt.Errorf("interrupted; %s.partial is kept (run again with --resume): %w", out, err)
+			return fmt.Errorf("interrupted; %s was not written (%s.partial holds the unfinished output; a new run starts it over): %w", out, out, err)
 		}
 		return err
 	}
