@@ -177,27 +177,38 @@ func (t TensorPlan) String() string {
 	return s
 }
 
-// DefaultFileName is the converter's naming_convention for an output
-// directory: <Name>-<size label>-<TYPE>.gguf (mtp-<Name>-<TYPE>.gguf for
-// --mtp-only).
+// DefaultFileName is gguf-py's naming_convention, the name the converter
+// gives an output directory: <basename or name>[-<size>][-<finetune>]
+// [-<version>]-<TYPE>.gguf; with --mtp-only the size is left out and the
+// name gets an mtp- prefix.
 func (p *Plan) DefaultFileName(mtpOnly bool) string {
-	get := func(k string) string {
+	get := func(k string) (string, bool) {
 		for _, kv := range p.KVs {
 			if kv.Key == k {
-				s, _ := kv.String()
-				return s
+				s, ok := kv.String()
+				return s, ok
 			}
 		}
-		return ""
+		return "", false
 	}
-	name := strings.ReplaceAll(strings.TrimSpace(get("general.name")), " ", "-")
-	typ := strings.ToUpper(string(p.OutType))
+	clean := func(s string) string { return strings.ReplaceAll(strings.TrimSpace(s), " ", "-") }
+	name := "ggml-model"
+	if b, ok := get("general.basename"); ok {
+		name = strings.ReplaceAll(clean(b), "/", "-")
+	} else if n, ok := get("general.name"); ok {
+		name = strings.ReplaceAll(clean(n), "/", "-")
+	}
+	if s, ok := get("general.size_label"); ok && !mtpOnly {
+		name += "-" + s
+	}
+	for _, k := range []string{"general.finetune", "general.version"} {
+		if s, ok := get(k); ok {
+			name += "-" + clean(s)
+		}
+	}
+	name += "-" + strings.ToUpper(string(p.OutType))
 	if mtpOnly {
-		return "mtp-" + name + "-" + typ + ".gguf"
+		name = "mtp-" + name
 	}
-	parts := []string{name}
-	if s := get("general.size_label"); s != "" {
-		parts = append(parts, s)
-	}
-	return strings.Join(append(parts, typ), "-") + ".gguf"
+	return name + ".gguf"
 }
