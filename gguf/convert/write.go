@@ -35,8 +35,9 @@ type WriteOptions struct {
 	// Progress receives the number of checkpoint bytes consumed, from any
 	// worker goroutine.
 	Progress func(n int64)
-	// TensorDone is called after tensor i's bytes are written (not yet
-	// fsynced; the file is fsynced before it is renamed into place).
+	// TensorDone is called, from worker goroutines (so it must be safe for
+	// concurrent use), after tensor i's bytes are written (not yet fsynced;
+	// the file is fsynced before it is renamed into place).
 	TensorDone func(i int, name string)
 }
 
