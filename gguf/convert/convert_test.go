@@ -665,3 +665,39 @@ func TestInterruptAndResume(t *testing.T) {
 	got := dumpGGUF(t, out, "")
 	compareGolden(t, got, want, intended{"tokenizer.ggml.pre": "see TestGoldenQwen35F16"}, false)
 }
+
+// general.sampling.* come from generation_config.json, before general.name
+// (Metadata.load then set_gguf_meta_model); config.json's _name_or_path
+// gives the name parts when it is a model id.
+func TestGeneralKeys(t *testing.T) {
+	q3 := t.TempDir()
+	if _, err := (testmodel.Qwen3Options{}).Write(q3); err != nil {
+		t.Fatal(err)
+	}
+	dir := writeSingle(t, q3, nil, func(c map[string]any) { c["_name_or_path"] = "Acme/Tiny-Qwen3-Instruct-v2" })
+	gen := `{"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "bos_token_id": 509}`
+	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(gen), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := convertDir(t, dir, Options{}, WriteOptions{})
+	f := openGGUF(t, out)
+	var got []string
+	for _, kv := range f.KVs[:10] {
+		got = append(got, fmt.Sprintf("%s %s %v", kv.Key, kv.Type, kv.Value))
+	}
+	want := []string{
+		"general.architecture STRING qwen3",
+		"general.type STRING model",
+		"general.sampling.top_k INT32 20",
+		"general.sampling.top_p FLOAT32 0.95",
+		"general.sampling.temp FLOAT32 0.6",
+		"general.name STRING Tiny Qwen3 Instruct v2",
+		"general.version STRING v2",
+		"general.organization STRING Acme",
+		"general.finetune STRING Instruct",
+		"general.basename STRING Tiny-Qwen3",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("first keys:\n got %q\nwant %q", got, want)
+	}
+}
