@@ -72,7 +72,7 @@ type ggufConvertResult struct {
 
 func runGGUFConvert(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return usageErrorf("gguf convert: want exactly one checkpoint DIR (flags before it), got %d arguments", c.NArg())
+		return usageErrorf("gguf convert: want exactly one checkpoint DIR, got %d arguments", c.NArg())
 	}
 	if c.Int("jobs") < 1 {
 		return usageErrorf("gguf convert: --jobs must be at least 1")

@@ -105,11 +105,6 @@ func inspectCommand() *cli.Command {
 
 func runInspect(c *cli.Context) error {
 	if c.NArg() != 1 {
-		for _, a := range c.Args().Tail() {
-			if strings.HasPrefix(a, "-") {
-				return usageErrorf("inspect: flags go before PATH (%q comes after %q)", a, c.Args().First())
-			}
-		}
 		return usageErrorf("inspect: want exactly one PATH, got %d arguments", c.NArg())
 	}
 	if c.Int("jobs") < 1 {

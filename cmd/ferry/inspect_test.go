@@ -305,7 +305,8 @@ func TestInspectUsage(t *testing.T) {
 		{[]string{"inspect", "--no-such-flag", bundledBase}, exitBadInput, "no-such-flag"},
 		{[]string{"inspect"}, exitBadInput, "PATH"},
 		{[]string{"inspect", bundledBase, bundledBase}, exitBadInput, "PATH"},
-		{[]string{"inspect", bundledBase, "--json"}, exitBadInput, "flags go before PATH"},
+		// Flags may follow PATH (interspersed moves them in front).
+		{[]string{"inspect", bundledBase, "--json"}, exitOK, ""},
 		{[]string{"merge", "--no-such-flag"}, exitBadInput, "no-such-flag"},
 		{[]string{"inspect", "--jobs", "0", bundledBase}, exitBadInput, "--jobs"},
 		{[]string{"inspect", filepath.Join(dir, "missing")}, exitBadInput, "missing"},

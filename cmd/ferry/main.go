@@ -55,7 +55,8 @@ func newApp() *cli.App {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newApp().RunContext(ctx, os.Args)
+	app := newApp()
+	err := app.RunContext(ctx, interspersed(app, os.Args))
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ferry: %v\n", err)

@@ -21,7 +21,7 @@ func runFerry(t *testing.T, args ...string) (string, int, error) {
 	var out bytes.Buffer
 	app.Writer = &out
 	app.ErrWriter = &out
-	err := app.Run(append([]string{"ferry"}, args...))
+	err := app.Run(interspersed(app, append([]string{"ferry"}, args...)))
 	return out.String(), exitCode(err), err
 }
 

@@ -62,7 +62,7 @@ func pipelineCommand() *cli.Command {
 
 func loadSpec(c *cli.Context) (*pipeline.Spec, error) {
 	if c.NArg() != 1 {
-		return nil, usageErrorf("%s: want one pipeline file, got %d arguments %q (flags go before the file)", c.Command.FullName(), c.NArg(), c.Args().Slice())
+		return nil, usageErrorf("%s: want one pipeline file, got %d arguments %q", c.Command.FullName(), c.NArg(), c.Args().Slice())
 	}
 	pipeline.FerryVersion = version
 	return pipeline.Load(c.Args().First())
