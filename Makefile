@@ -61,8 +61,11 @@ test: vet unit fuzz-smoke cross
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 60m ./...
 
+# The main job on the bundled tiny Qwen3.5 + DoRA example: import, merge
+# (MTP head kept), GGUF F16, MTP gate. A second `make demo` skips every stage.
 demo: build
-	$(BIN) inspect testdata/models/qwen35-tiny/base
+	$(BIN) pipeline run pipelines/demo.yaml
+	$(BIN) verify mtp pipelines/out/merged pipelines/out/gguf/*.gguf
 
 clean:
 	rm -rf bin
