@@ -454,11 +454,13 @@ func Parse(r io.ReaderAt, size int64, path string) (*File, error) {
 		return nil, h.errAt(h.pos, "", "", ErrDataRange, "data section start overflows")
 	}
 	f.DataOffset = int64(start)
-	if len(f.Tensors) > 0 {
-		last := f.Tensors[len(f.Tensors)-1]
-		end := uint64(f.DataOffset) + last.Offset + uint64(last.Size())
-		if end > uint64(size) || uint64(f.DataOffset)+last.Offset < uint64(f.DataOffset) {
-			return nil, &Error{Path: path, Tensor: last.Name, Offset: f.DataOffset + int64(last.Offset),
+	// Offsets are contiguous and increasing, so the first tensor whose
+	// bytes end past the file is the first one a truncated file lacks: name
+	// that one, not the last.
+	for _, t := range f.Tensors {
+		end := uint64(f.DataOffset) + t.Offset + uint64(t.Size())
+		if end > uint64(size) || uint64(f.DataOffset)+t.Offset < uint64(f.DataOffset) {
+			return nil, &Error{Path: path, Tensor: t.Name, Offset: f.DataOffset + int64(t.Offset),
 				Err: fmt.Errorf("%w: data ends at %d but the file has %d bytes", ErrDataRange, end, size)}
 		}
 	}

@@ -216,6 +216,12 @@ func TestParseBadInput(t *testing.T) {
 		{"offset not contiguous", new(builder).head(2, 0).tensor("a", []uint64{8}, TypeF32, 0).tensor("b", []uint64{8}, TypeF32, 64).pad(128).Bytes(), ErrOffset, 82},
 		{"offset overlaps", new(builder).head(2, 0).tensor("a", []uint64{16}, TypeF32, 0).tensor("b", []uint64{8}, TypeF32, 32).pad(128).Bytes(), ErrOffset, 82},
 		{"data past EOF", new(builder).head(1, 0).tensor("t", []uint64{64}, TypeF32, 0).alignTo(32).pad(100).Bytes(), ErrDataRange, 64},
+		{"truncated in the first of three tensors", new(builder).head(3, 0).tensor("a", []uint64{64}, TypeF32, 0).tensor("b", []uint64{8}, TypeF32, 256).tensor("c", []uint64{8}, TypeF32, 288).alignTo(32).pad(100).Bytes(), ErrDataRange, 128},
+	}
+	// The tensor the error must name, where one is at fault.
+	wantTensor := map[string]string{
+		"n_dims 5": "t", "unknown type": "t", "first offset not zero": "t", "offset not contiguous": "b",
+		"data past EOF": "t", "truncated in the first of three tensors": "a",
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -229,6 +235,9 @@ func TestParseBadInput(t *testing.T) {
 			var ge *Error
 			if !errors.As(err, &ge) || !ge.BadInput() || ge.Path != "bad.gguf" {
 				t.Fatalf("error %#v is not a *gguf.Error naming the file", err)
+			}
+			if want, ok := wantTensor[tt.name]; ok && ge.Tensor != want {
+				t.Errorf("tensor %q, want %q (%v)", ge.Tensor, want, err)
 			}
 			if tt.off != -2 && ge.Offset != tt.off {
 				t.Errorf("offset %d, want %d (%v)", ge.Offset, tt.off, err)
