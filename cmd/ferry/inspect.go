@@ -311,12 +311,23 @@ func hashRows(c *cli.Context, rows []inspectRow, sections []hashing.Section) err
 	}
 	digests, err := hashing.Sections(c.Context, sections, c.Int("jobs"), progress)
 	if err != nil {
-		return err
+		return rowHashError(rows, err)
 	}
 	for i, d := range digests {
 		rows[i].SHA256 = hex.EncodeToString(d[:])
 	}
 	return nil
+}
+
+// rowHashError names the shard, tensor and absolute offset of a failed
+// read (a file shortened or unreadable after its header was checked).
+func rowHashError(rows []inspectRow, err error) error {
+	var se *hashing.SectionError
+	if !errors.As(err, &se) || se.Index < 0 || se.Index >= len(rows) {
+		return err
+	}
+	r := rows[se.Index]
+	return fmt.Errorf("shard %s: tensor %q at offset %d: %w", r.Shard, r.Name, r.Offset+se.Offset, se.Err)
 }
 
 func printInspect(w io.Writer, rep *inspectReport) error {

@@ -24,6 +24,21 @@ type Section interface {
 	Size() int64
 }
 
+// SectionError reports a failed read: which section (its index in the
+// slice given to Sections) and the byte offset within it, so a caller can
+// name the file, tensor and absolute offset.
+type SectionError struct {
+	Index  int
+	Offset int64 // relative to the section's start
+	Err    error
+}
+
+func (e *SectionError) Error() string {
+	return fmt.Sprintf("section %d: reading at offset %d: %v", e.Index, e.Offset, e.Err)
+}
+
+func (e *SectionError) Unwrap() error { return e.Err }
+
 // Digest is a sha256.
 type Digest [sha256.Size]byte
 
@@ -62,7 +77,10 @@ func Sections(ctx context.Context, secs []Section, jobs int, progress func(n int
 			for i := range work {
 				d, err := hashOne(ctx, secs[i], buf, progress)
 				if err != nil {
-					return fmt.Errorf("section %d: %w", i, err)
+					if se, ok := err.(*SectionError); ok {
+						se.Index = i
+					}
+					return err
 				}
 				out[i] = d
 			}
@@ -88,7 +106,7 @@ func hashOne(ctx context.Context, s Section, buf []byte, progress func(int64)) (
 			if err == nil || err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
-			return Digest{}, fmt.Errorf("reading at %d: %w", off, err)
+			return Digest{}, &SectionError{Offset: off + int64(m), Err: err}
 		}
 		h.Write(buf[:n])
 		off += int64(n)

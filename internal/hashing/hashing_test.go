@@ -80,6 +80,17 @@ func TestSectionsErrors(t *testing.T) {
 	if _, err := Sections(context.Background(), []Section{short}, 2, nil); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("short section: %v", err)
 	}
+	// A short read names the section and the offset where the bytes ran out
+	// (past the first chunk here), whatever the worker count.
+	ok := io.NewSectionReader(bytes.NewReader(make([]byte, 64)), 0, 64)
+	long := io.NewSectionReader(bytes.NewReader(make([]byte, ChunkSize+5)), 0, 2*ChunkSize)
+	for _, jobs := range []int{1, 3} {
+		_, err := Sections(context.Background(), []Section{ok, long, ok}, jobs, nil)
+		var se *SectionError
+		if !errors.As(err, &se) || se.Index != 1 || se.Offset != ChunkSize+5 || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("jobs %d: short second section: %#v (%v), want index 1 offset %d", jobs, se, err, ChunkSize+5)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	big := io.NewSectionReader(bytes.NewReader(make([]byte, 4*ChunkSize)), 0, 4*ChunkSize)
