@@ -181,6 +181,12 @@ func parseScheme(name string, v any, topFormat, path string) (Scheme, error) {
 	if !mlxBits[bits] {
 		return Scheme{}, bad(ErrBits, "num_bits %d (MLX affine: 2, 3, 4, 5, 6, 8)", bits)
 	}
+	if 32%bits != 0 {
+		// pack_to_int32 puts 32/bits whole values in each int32 and pads
+		// the rest; MLX reads one continuous bit stream. The bytes differ.
+		return Scheme{}, bad(ErrBits, "num_bits %d: compressed-tensors packs %d values per int32 (%d padding bits each), MLX packs a continuous %d-bit stream; only 2, 4 and 8 bits carry over without repacking the values",
+			bits, 32/bits, 32%bits, bits)
+	}
 	if !mlxGS[gs] {
 		return Scheme{}, bad(ErrGroupSize, "group_size %d (MLX affine: 32, 64, 128)", gs)
 	}

@@ -93,7 +93,7 @@ func (c *CompressedCheckpoint) addPacked(r *compressedRand, shard int, module st
 	for i := range u {
 		u[i] = uint32(r.next() >> (64 - s.Bits))
 	}
-	c.add(shard, module+".weight_packed", tensor.I32, []int64{out, in * int64(s.Bits) / 32}, CompressedPack(u, out, in, s.Bits))
+	c.add(shard, module+".weight_packed", tensor.I32, []int64{out, CompressedPackedCols(in, s.Bits)}, CompressedPack(u, out, in, s.Bits))
 	groups := in / int64(s.GroupSize)
 	scales := make([]float32, out*groups)
 	for i := range scales {
@@ -110,26 +110,33 @@ func (c *CompressedCheckpoint) addPacked(r *compressedRand, shard int, module st
 }
 
 // CompressedPack packs unsigned values u (row-major [out, in], each below
-// 2^bits) the compressed-tensors way: each row is one LSB-first bit stream
-// of in·bits bits cut into little-endian 32-bit words.
+// 2^bits) the compressed-tensors way (pack_to_int32, packed_dim 1): each
+// little-endian int32 holds pf = 32/bits consecutive values of a row, value
+// k of the word at bit k·bits, the row padded with zeros to a multiple of
+// pf. For bits dividing 32 (2, 4, 8) that is one LSB-first bit stream, the
+// MLX layout; for 3, 5 or 6 bits every word keeps 32 mod bits padding bits
+// and no value straddles two words.
 func CompressedPack(u []uint32, out, in int64, bits int) []byte {
-	words := in * int64(bits) / 32
+	words := CompressedPackedCols(in, bits)
+	pf := int64(32 / bits)
 	dst := make([]byte, out*words*4)
 	for row := int64(0); row < out; row++ {
-		w := make([]uint64, words+1)
-		for j := int64(0); j < in; j++ {
-			pos := j * int64(bits)
-			v := uint64(u[row*in+j])
-			w[pos/32] |= v << (pos % 32)
-			if pos%32+int64(bits) > 32 {
-				w[pos/32+1] |= v >> (32 - pos%32)
-			}
-		}
 		for k := int64(0); k < words; k++ {
-			binary.LittleEndian.PutUint32(dst[(row*words+k)*4:], uint32(w[k]))
+			var w uint32
+			for j := int64(0); j < pf && k*pf+j < in; j++ {
+				w |= u[row*in+k*pf+j] << (j * int64(bits))
+			}
+			binary.LittleEndian.PutUint32(dst[(row*words+k)*4:], w)
 		}
 	}
 	return dst
+}
+
+// CompressedPackedCols is weight_packed's last dimension for in values of
+// bits bits: ceil(in / (32/bits)).
+func CompressedPackedCols(in int64, bits int) int64 {
+	pf := int64(32 / bits)
+	return (in + pf - 1) / pf
 }
 
 func compressedQuantConfig(s CompressedScheme, ignore []string) map[string]any {
@@ -431,10 +438,12 @@ func (c *CompressedCheckpoint) Write(dir string) error {
 // CompressedDequantize is the compressed-tensors dequantization of one
 // packed module, as float64 values rounded to the scale dtype and returned
 // as float32: W[o][i] = (u − 2^(bits−1)) · scale[o][i/group]. packed is the
-// weight_packed bytes ([out, in·bits/32] little-endian I32), scale the
+// weight_packed bytes ([out, ceil(in/(32/bits))] little-endian I32, laid
+// out as CompressedPack does), scale the
 // weight_scale bytes of dtype sdt ([out, in/group]).
 func CompressedDequantize(packed, scale []byte, sdt tensor.DType, out, in int64, bits, group int) ([]float32, error) {
-	words := in * int64(bits) / 32
+	words := CompressedPackedCols(in, bits)
+	pf := int64(32 / bits)
 	if int64(len(packed)) != out*words*4 {
 		return nil, fmt.Errorf("packed: %d bytes, want %d", len(packed), out*words*4)
 	}
@@ -450,12 +459,8 @@ func CompressedDequantize(packed, scale []byte, sdt tensor.DType, out, in int64,
 	for o := int64(0); o < out; o++ {
 		row := packed[o*words*4 : (o+1)*words*4]
 		for i := int64(0); i < in; i++ {
-			pos := i * int64(bits)
-			lo := uint64(binary.LittleEndian.Uint32(row[pos/32*4:]))
-			if pos/32+1 < words {
-				lo |= uint64(binary.LittleEndian.Uint32(row[(pos/32+1)*4:])) << 32
-			}
-			u := int64((lo >> (pos % 32)) & mask)
+			word := uint64(binary.LittleEndian.Uint32(row[i/pf*4:]))
+			u := int64((word >> (i % pf * int64(bits))) & mask)
 			w := float64(u-offset) * float64(sc[o*groups+i/int64(group)])
 			// Round to the scale dtype, as torch computes in it.
 			if err := tensor.FromF32(sdt, one[:sizeOf(sdt)], []float32{float32(w)}); err != nil {

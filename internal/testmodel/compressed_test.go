@@ -33,12 +33,18 @@ func TestCompressedPackLayout(t *testing.T) {
 			}
 		}
 	}
-	// 3 bits: 32 values fill exactly 3 words and straddle boundaries.
+	// 3 bits: 10 values per word (2 padding bits), none straddles a word;
+	// 32 values take ceil(32/10) = 4 words, the last padded.
 	u := make([]uint32, 32)
-	u[10] = 7 // bits 30..32: word 0 bits 30–31, word 1 bit 0
+	u[9], u[10], u[31] = 7, 5, 3 // word 0 bits 27–29, word 1 bits 0–2, word 3 bits 3–5
 	got := CompressedPack(u, 1, 32, 3)
-	if w0, w1 := binary.LittleEndian.Uint32(got), binary.LittleEndian.Uint32(got[4:]); w0 != 0xc0000000 || w1 != 1 {
-		t.Errorf("3-bit straddle: %#x %#x", w0, w1)
+	if len(got) != 16 || CompressedPackedCols(32, 3) != 4 {
+		t.Fatalf("3-bit: %d bytes, cols %d; want 16 bytes, 4 cols", len(got), CompressedPackedCols(32, 3))
+	}
+	for i, w := range []uint32{7 << 27, 5, 0, 3 << 3} {
+		if g := binary.LittleEndian.Uint32(got[4*i:]); g != w {
+			t.Errorf("3-bit word %d = %#x, want %#x", i, g, w)
+		}
 	}
 }
 
