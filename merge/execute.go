@@ -515,10 +515,12 @@ func (e *executor) prepare(m Module, in, out tensor.DType) (*modMath, error) {
 			return nil, err
 		}
 	}
-	if m.Kind == KindEmbedding && !m.DoRA {
+	if m.Kind == KindEmbedding && !m.DoRA && out != tensor.F32 {
 		// PEFT's Embedding.merge adds delta.to(orig_dtype): ΔW is rounded
-		// to the base dtype before the sum.
-		mm.doubleRound = in
+		// to the weight's dtype before the sum. Merged into float32 (as
+		// PEFT on a float32 copy of the base) that rounding is exact, so
+		// it is skipped rather than done in the base's narrower dtype.
+		mm.doubleRound = out
 	}
 	return mm, nil
 }
