@@ -327,13 +327,16 @@ stages:
   - name: a
     synth: { size: 8MiB, units: 8, seed: 1, file: a.bin }
   - name: b
-    synth: { size: 120MiB, units: 80, seed: 2, file: b.bin }
+    synth: { size: 120MiB, units: 240, seed: 2, file: b.bin }
   - name: c
-    synth: { size: 118MiB, units: 78, seed: 3, from: a, file: c.bin }
+    synth: { size: 118MiB, units: 236, seed: 3, from: a, file: c.bin }
     out: out/c
 `
-	const totalUnits = 166
-	unitsOf := map[string]int{"a": 8, "b": 80, "c": 78}
+	// Many small units: on a loaded machine a run may get far between
+	// the moment the test decides to kill and the kill, and 20 kills must
+	// all land before the work is done.
+	const totalUnits = 484
+	unitsOf := map[string]int{"a": 8, "b": 240, "c": 236}
 	want := map[string]manifest.Digest{}
 	var full time.Duration // the uninterrupted run: random kill times scale with it
 	{
@@ -393,33 +396,42 @@ stages:
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
 		var finished bool
-		if attempt%2 == 0 {
-			// A random moment: start-up, lock, between stages, anywhere.
+		// Even attempts: a random moment (start-up, lock, between stages,
+		// inside or between units), but no later than k unit begins into
+		// the run, k random up to the units left per kill left: the kills
+		// spread over the work, and on a loaded machine one attempt cannot
+		// do most of it. Odd attempts: just after the k-th unit of this
+		// run began (inside a unit).
+		left := totalUnits
+		for _, n := range durable {
+			left -= n
+		}
+		k := 1 + rng.IntN(max(1, left/(20-kills)))
+		deadline, inside := time.Now().Add(time.Duration(rng.Int64N(int64(full/20)+1))), false
+		if attempt%2 == 1 {
+			k, deadline, inside = 1+rng.IntN(3), time.Time{}, true
+		}
+		for !finished {
+			if !deadline.IsZero() && !time.Now().Before(deadline) {
+				break
+			}
+			b, _ := os.ReadFile(logPath)
+			n := 0
+			for _, e := range parseUnits(b[logStart:]) {
+				if e.begin {
+					n++
+				}
+			}
+			if n >= k {
+				if inside {
+					time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+				}
+				break
+			}
 			select {
-			case <-time.After(time.Duration(rng.Int64N(int64(full/40) + 1))):
 			case <-exited:
 				finished = true
-			}
-		} else {
-			// Just after the k-th unit of this run began (inside a unit).
-			k := 1 + rng.IntN(3)
-			for !finished {
-				b, _ := os.ReadFile(logPath)
-				n := 0
-				for _, e := range parseUnits(b[logStart:]) {
-					if e.begin {
-						n++
-					}
-				}
-				if n >= k {
-					time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
-					break
-				}
-				select {
-				case <-exited:
-					finished = true
-				case <-time.After(500 * time.Microsecond):
-				}
+			case <-time.After(500 * time.Microsecond):
 			}
 		}
 		if finished {
@@ -444,6 +456,11 @@ stages:
 		checkStore(t, filepath.Join(dir, ".ferry"), checked)
 	}
 
+	before := 0
+	for _, n := range durable {
+		before += n
+	}
+	t.Logf("after %d kills, %d of %d units were durable", kills, before, totalUnits)
 	r := ferry(t, "--verbose", "pipeline", "run", "--json", "-j", "2", p)
 	logf.WriteString(r.stderr)
 	checkSegment([]byte(r.stderr), "final run")
