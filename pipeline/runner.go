@@ -309,9 +309,14 @@ func Plan(spec *Spec, opts Options) (*Report, error) {
 		case blocked != "":
 			sr.Action, sr.Reason = ActionBlocked, blocked
 		case len(waiting) > 0:
-			if forced[st.Name] {
+			switch {
+			case forced[st.Name]:
 				sr.Action, sr.Reason = ActionRun, "forced (after "+strings.Join(waiting, ", ")+")"
-			} else {
+			case store.StageRecord(spec.Name, st.Name) == nil:
+				// Never run in this pipeline: it runs whatever its inputs
+				// turn out to be.
+				sr.Action, sr.Reason = ActionRun, "new (after "+strings.Join(waiting, ", ")+")"
+			default:
 				sr.Action = ActionPending
 				sr.Reason = fmt.Sprintf("after %s: runs if the outputs it reads change", strings.Join(waiting, ", "))
 			}

@@ -104,7 +104,7 @@ func TestRunSkipAndChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantActions(t, "first plan", rep, map[string]string{"src": "run: new", "syn": "pending: after src"})
+	wantActions(t, "first plan", rep, map[string]string{"src": "run: new", "syn": "run: new (after src)"})
 	rep, err = Run(ctx, spec, Options{})
 	if err != nil {
 		t.Fatal(err)
