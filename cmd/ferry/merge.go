@@ -84,6 +84,23 @@ func runMerge(c *cli.Context) error {
 		return nil
 	}
 
+	// What the plan leaves out is said before the merge, not only by
+	// --dry-run: with --allow-unused the ignored tensors are listed.
+	errw := c.App.ErrWriter
+	if errw == nil {
+		errw = os.Stderr
+	}
+	if len(plan.Unused) > 0 {
+		fmt.Fprintf(errw, "merge: ignoring %d adapter tensors (--allow-unused): %s\n", len(plan.Unused), strings.Join(plan.Unused, ", "))
+	}
+	for i, w := range plan.Warnings {
+		if i == 10 {
+			fmt.Fprintf(errw, "merge: … %d more warnings (--dry-run lists them all)\n", len(plan.Warnings)-i)
+			break
+		}
+		fmt.Fprintf(errw, "merge: warning: %s\n", w)
+	}
+
 	progress, finish := mergeProgress(plan.TotalBytes)
 	start := time.Now()
 	res, err := merge.Execute(c.Context, plan, c.String("out"), merge.ExecOptions{Jobs: c.Int("jobs"), Progress: progress})
@@ -95,9 +112,11 @@ func runMerge(c *cli.Context) error {
 	if c.Bool("json") {
 		return writeMergeJSON(stdout, struct {
 			*merge.Result
-			Modules int     `json:"modules"`
-			Seconds float64 `json:"seconds"`
-		}{res, len(plan.Modules), elapsed.Seconds()})
+			Modules  int      `json:"modules"`
+			Unused   []string `json:"unused,omitempty"`
+			Warnings []string `json:"warnings,omitempty"`
+			Seconds  float64  `json:"seconds"`
+		}{res, len(plan.Modules), plan.Unused, plan.Warnings, elapsed.Seconds()})
 	}
 	fmt.Fprintf(stdout, "merged %d modules into %s: %d shards written, %d resumed, %d files in all (%.1f s, %.0f MB/s)\n",
 		len(plan.Modules), res.OutDir, len(res.Written), len(res.Resumed), len(res.Files), elapsed.Seconds(),

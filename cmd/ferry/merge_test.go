@@ -121,13 +121,23 @@ func TestMergeCLI(t *testing.T) {
 	}
 
 	// Again: everything verified and kept.
-	s, code = ferryMerge(t, "--base", qwen35Base, "--adapter", qwen35DoRA, "--out", out, "--json")
+	// (stdout alone: the plan's warnings go to stderr.)
+	app = newApp()
+	var stdout, stderr bytes.Buffer
+	app.Writer, app.ErrWriter = &stdout, &stderr
+	err = app.Run([]string{"ferry", "merge", "--base", qwen35Base, "--adapter", qwen35DoRA, "--out", out, "--json"})
 	var res struct {
-		Resumed []string `json:"resumed"`
-		Written []string `json:"written"`
+		Resumed  []string `json:"resumed"`
+		Written  []string `json:"written"`
+		Warnings []string `json:"warnings"`
 	}
-	if code != exitOK || json.Unmarshal([]byte(s), &res) != nil || len(res.Resumed) != 7 || len(res.Written) != 0 {
-		t.Fatalf("re-run: exit %d\n%s", code, s)
+	if err != nil || json.Unmarshal(stdout.Bytes(), &res) != nil || len(res.Resumed) != 7 || len(res.Written) != 0 {
+		t.Fatalf("re-run: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	// The adapter has no weights for the MTP layer its config targets:
+	// said on stderr and in the JSON.
+	if len(res.Warnings) != 7 || !strings.Contains(stderr.String(), "warning: config targets mtp.layers.0") {
+		t.Errorf("MTP warnings: %d in --json, stderr:\n%s", len(res.Warnings), stderr.String())
 	}
 }
 
@@ -209,5 +219,56 @@ func stripMagnitudes(t *testing.T, src, dst string) {
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMergeCLIAllowUnused: with --allow-unused the merge goes ahead and says
+// which adapter tensors it ignored, on stderr and in --json.
+func TestMergeCLIAllowUnused(t *testing.T) {
+	dir := t.TempDir()
+	ad := filepath.Join(dir, "adapter")
+	copyDir(t, qwen3RSLoRA, ad)
+	cfgPath := filepath.Join(ad, "adapter_config.json")
+	raw, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["target_modules"] = []string{"q_proj", "down_proj"} // the v_proj factors become unused
+	raw, _ = json.Marshal(cfg)
+	if err := os.WriteFile(cfgPath, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	out := filepath.Join(dir, "out")
+	s, code := ferryMerge(t, "--base", qwen3BaseDir, "--adapter", ad, "--out", out)
+	if code != exitBadInput || !strings.Contains(s, "--allow-unused") {
+		t.Fatalf("without --allow-unused: exit %d\n%s", code, s)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("refused merge created %s", out)
+	}
+
+	app := newApp()
+	var stdout, stderr bytes.Buffer
+	app.Writer, app.ErrWriter = &stdout, &stderr
+	if err := app.Run([]string{"ferry", "merge", "--base", qwen3BaseDir, "--adapter", ad, "--out", out, "--allow-unused", "--json"}); err != nil {
+		t.Fatalf("--allow-unused: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "ignoring 4 adapter tensors") || !strings.Contains(stderr.String(), "layers.0.self_attn.v_proj.lora_A.weight") {
+		t.Errorf("stderr does not list the ignored tensors:\n%s", stderr.String())
+	}
+	var res struct {
+		Modules int      `json:"modules"`
+		Unused  []string `json:"unused"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("--json: %v\n%s", err, stdout.String())
+	}
+	if res.Modules != 4 || len(res.Unused) != 4 {
+		t.Errorf("--json says %d modules and %d unused tensors, want 4 and 4", res.Modules, len(res.Unused))
 	}
 }
