@@ -157,7 +157,7 @@ func TestAllowUnused(t *testing.T) {
 	}
 }
 
-// TestOutputDirRules: a foreign non-empty directory and the inputs
+// TestOutputDirRules: a foreign non-empty directory, a plain file and the inputs
 // themselves are refused; a journal of a different plan too.
 func TestOutputDirRules(t *testing.T) {
 	dir := t.TempDir()
@@ -170,9 +170,15 @@ func TestOutputDirRules(t *testing.T) {
 	foreign := filepath.Join(dir, "foreign")
 	os.MkdirAll(foreign, 0o755)
 	os.WriteFile(filepath.Join(foreign, "notes.txt"), []byte("mine"), 0o644)
-	for _, out := range []string{foreign, base} {
+	file := filepath.Join(dir, "a-file")
+	os.WriteFile(file, []byte("mine"), 0o644)
+	for _, out := range []string{foreign, base, file} {
 		if _, err := Execute(t.Context(), p, out, ExecOptions{}); !errors.Is(err, ErrOutputExists) {
 			t.Errorf("%s: %v, want ErrOutputExists", out, err)
+		}
+		var bi interface{ BadInput() bool }
+		if _, err := Execute(t.Context(), p, out, ExecOptions{}); !errors.As(err, &bi) || !bi.BadInput() {
+			t.Errorf("%s: %v is not a bad-input error (exit 2)", out, err)
 		}
 	}
 	out := filepath.Join(dir, "out")

@@ -157,6 +157,9 @@ func checkOutDir(p *Plan, outDir string) error {
 			return inputErr(outDir, "", -1, ErrOutputExists, "the output directory is an input (%s); inputs are never modified", in)
 		}
 	}
+	if st, err := os.Stat(outDir); err == nil && !st.IsDir() {
+		return inputErr(outDir, "", -1, ErrOutputExists, "it exists and is not a directory; choose another --out")
+	}
 	ents, err := os.ReadDir(outDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return os.MkdirAll(outDir, 0o755)
