@@ -96,10 +96,25 @@ func Open(path string) (*File, error) {
 	return f, nil
 }
 
+// rawTensor is one header entry. Pointers everywhere: encoding/json reads
+// null into a string or int64 as "leave it alone", so a null would pass as
+// "" or 0; the reference parser (serde) rejects it, and so do we.
 type rawTensor struct {
-	DType       *string  `json:"dtype"`
-	Shape       *[]int64 `json:"shape"`
-	DataOffsets *[]int64 `json:"data_offsets"`
+	DType       *string   `json:"dtype"`
+	Shape       *[]*int64 `json:"shape"`
+	DataOffsets *[]*int64 `json:"data_offsets"`
+}
+
+// ints unwraps a decoded integer list, reporting whether any was null.
+func ints(p []*int64) ([]int64, bool) {
+	out := make([]int64, len(p))
+	for i, v := range p {
+		if v == nil {
+			return nil, false
+		}
+		out[i] = *v
+	}
+	return out, true
 }
 
 // Parse reads and validates the header of the safetensors file behind r,
@@ -173,11 +188,19 @@ func (f *File) parseHeader(hdr []byte) error {
 		}
 		seen[key] = true
 		if key == "__metadata__" {
-			var md map[string]string
+			var md map[string]*string
 			if err := dec.Decode(&md); err != nil {
 				return errf(path, "", keyOff, ErrInvalidHeader, "__metadata__ must map strings to strings: %v", err)
 			}
-			f.Metadata = md
+			if md != nil {
+				f.Metadata = make(map[string]string, len(md))
+			}
+			for k, v := range md {
+				if v == nil {
+					return errf(path, "", keyOff, ErrInvalidHeader, "__metadata__ must map strings to strings: %q is null", k)
+				}
+				f.Metadata[k] = *v
+			}
 			continue
 		}
 		var rt rawTensor
@@ -187,22 +210,27 @@ func (f *File) parseHeader(hdr []byte) error {
 		if rt.DType == nil || rt.Shape == nil || rt.DataOffsets == nil {
 			return errf(path, key, keyOff, ErrInvalidHeader, "entry needs dtype, shape and data_offsets")
 		}
+		shape, ok := ints(*rt.Shape)
+		if !ok {
+			return errf(path, key, keyOff, ErrInvalidHeader, "null in shape")
+		}
+		offsets, ok := ints(*rt.DataOffsets)
+		if !ok {
+			return errf(path, key, keyOff, ErrInvalidOffset, "null in data_offsets")
+		}
 		dt := tensor.DType(*rt.DType)
 		if !dt.Known() {
 			return errf(path, key, keyOff, ErrUnknownDType, "%q", *rt.DType)
 		}
-		if len(*rt.DataOffsets) != 2 {
-			return errf(path, key, keyOff, ErrInvalidOffset, "data_offsets has %d values, want 2", len(*rt.DataOffsets))
+		if len(offsets) != 2 {
+			return errf(path, key, keyOff, ErrInvalidOffset, "data_offsets has %d values, want 2", len(offsets))
 		}
-		for _, s := range *rt.Shape {
+		for _, s := range shape {
 			if s < 0 {
-				return errf(path, key, keyOff, ErrInvalidHeader, "negative dimension in shape %v", *rt.Shape)
+				return errf(path, key, keyOff, ErrInvalidHeader, "negative dimension in shape %v", shape)
 			}
 		}
-		t := TensorInfo{Name: key, DType: dt, Shape: *rt.Shape, Begin: (*rt.DataOffsets)[0], End: (*rt.DataOffsets)[1]}
-		if t.Shape == nil {
-			t.Shape = []int64{}
-		}
+		t := TensorInfo{Name: key, DType: dt, Shape: shape, Begin: offsets[0], End: offsets[1]}
 		if t.Begin < 0 || t.End < t.Begin {
 			return errf(path, key, keyOff, ErrInvalidOffset, "data_offsets [%d, %d]", t.Begin, t.End)
 		}

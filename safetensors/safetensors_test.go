@@ -166,6 +166,11 @@ func TestParseRejectsMore(t *testing.T) {
 		{"not UTF-8", "{\"a\xff\":{}}", 0, safetensors.ErrInvalidHeader},
 		{"metadata not strings", `{"__metadata__":{"a":1}}`, 0, safetensors.ErrInvalidHeader},
 		{"metadata twice", `{"__metadata__":{},"__metadata__":{}}`, 0, safetensors.ErrInvalidHeader},
+		// encoding/json would read these nulls as "" and 0; serde rejects them.
+		{"null metadata value", `{"__metadata__":{"format":null}}`, 0, safetensors.ErrInvalidHeader},
+		{"null dimension", `{"a":{"dtype":"U8","shape":[null],"data_offsets":[0,0]}}`, 0, safetensors.ErrInvalidHeader},
+		{"null offset", `{"a":{"dtype":"U8","shape":[0],"data_offsets":[0,null]}}`, 0, safetensors.ErrInvalidOffset},
+		{"null dtype", `{"a":{"dtype":null,"shape":[0],"data_offsets":[0,0]}}`, 0, safetensors.ErrInvalidHeader},
 		{"missing shape", `{"a":{"dtype":"U8","data_offsets":[0,1]}}`, 1, safetensors.ErrInvalidHeader},
 		{"negative dim", `{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}`, 1, safetensors.ErrInvalidHeader},
 		{"three offsets", `{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}}`, 1, safetensors.ErrInvalidOffset},
