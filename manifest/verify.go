@@ -201,9 +201,9 @@ type GCReport struct {
 	KeptBlobs     int   `json:"kept_blobs"`
 }
 
-// GC removes blobs no record refers to, leftover temp files and scratch
-// directories, and (with journals) unfinished resume journals. The caller
-// must hold the lock.
+// GC removes blobs no record refers to and leftover ingest temp files, and
+// (with journals) the resume state of unfinished stage runs: their journals
+// and work directories. The caller must hold the lock.
 func (s *Store) GC(journals bool) (*GCReport, error) {
 	return s.gc(journals, false)
 }
@@ -271,9 +271,11 @@ func (s *Store) gc(journals, prune bool) (*GCReport, error) {
 	if err := fsyncDirIfExists(dir); err != nil {
 		return nil, err
 	}
-	sub := []string{"tmp", "work"}
+	// The journals and the stage work dirs of unfinished runs are what a
+	// resumed run continues from: only --journals drops them.
+	sub := []string{"tmp"}
 	if journals {
-		sub = append(sub, "ingest")
+		sub = append(sub, "ingest", "work")
 	}
 	for _, d := range sub {
 		n, err := clearDir(filepath.Join(s.Root, d))

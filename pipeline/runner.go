@@ -392,7 +392,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			ds := spec.Lookup(dep.Name)
 			in, err := r.existingInput(ds)
 			if err != nil {
-				return nil, fmt.Errorf("stage %s needs %w", st.Name, err)
+				return nil, fmt.Errorf("stage %s needs %s: %w", st.Name, dep.Name, err)
 			}
 			if err := store.MakeView(in.Dir, in.Outputs); err != nil {
 				return nil, err

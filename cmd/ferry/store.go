@@ -31,7 +31,7 @@ func storeCommand() *cli.Command {
 				Usage:     "remove blobs no record refers to, and leftover temp files",
 				ArgsUsage: "STORE_DIR | PIPELINE.yaml",
 				Flags: []cli.Flag{
-					&cli.BoolFlag{Name: "journals", Usage: "also remove resume journals of unfinished stages"},
+					&cli.BoolFlag{Name: "journals", Usage: "also remove the resume state (journals, work dirs) of unfinished stages"},
 					&cli.BoolFlag{Name: "prune-records", Usage: "first drop records no pipeline stage points at (old parameters or inputs)"},
 					&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 				},
