@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sort"
@@ -203,8 +204,12 @@ func (f *File) parseHeader(hdr []byte) error {
 			}
 			continue
 		}
-		var rt rawTensor
-		if err := dec.Decode(&rt); err != nil {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return errf(path, key, keyOff, ErrInvalidHeader, "%v", err)
+		}
+		rt, err := decodeEntry(raw)
+		if err != nil {
 			return errf(path, key, keyOff, ErrInvalidHeader, "%v", err)
 		}
 		if rt.DType == nil || rt.Shape == nil || rt.DataOffsets == nil {
@@ -279,4 +284,43 @@ func (f *File) parseHeader(hdr []byte) error {
 		return errf(path, "", data+end, ErrTrailingBytes, "%d extra bytes (the tensors end at %d, the file at %d)", f.Size-data-end, data+end, f.Size)
 	}
 	return nil
+}
+
+// decodeEntry decodes one tensor entry the way serde does: field names
+// match exactly (encoding/json would also take "DType" or "Shape"), a
+// field given twice is an error (encoding/json would keep the last), and
+// unknown fields are ignored. raw is already known to be valid JSON.
+func decodeEntry(raw []byte) (rawTensor, error) {
+	var rt rawTensor
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return rt, errors.New("entry is not a JSON object")
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return rt, err
+		}
+		k, _ := tok.(string)
+		if seen[k] {
+			return rt, fmt.Errorf("field %q appears twice", k)
+		}
+		seen[k] = true
+		var dst any
+		switch k {
+		case "dtype":
+			dst = &rt.DType
+		case "shape":
+			dst = &rt.Shape
+		case "data_offsets":
+			dst = &rt.DataOffsets
+		default:
+			dst = new(json.RawMessage)
+		}
+		if err := dec.Decode(dst); err != nil {
+			return rt, fmt.Errorf("%s: %v", k, err)
+		}
+	}
+	return rt, nil
 }
