@@ -464,15 +464,28 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 	}
 
 	// Config-targeted 2-D weights with no adapter weights are reported.
+	// The MTP head is the expected case: transformers drops mtp.* on load,
+	// so PEFT never wraps those modules even when target_modules matches
+	// them. It gets one line, not one per module.
 	if !cfg.TargetAll {
+		var mtp []string
 		for _, l := range p.base.Tensors() {
 			n := l.Info.Name
 			if used[n] || len(l.Info.Shape) != 2 || !strings.HasSuffix(n, ".weight") {
 				continue
 			}
-			if m := rewrite.runtime(strings.TrimSuffix(n, ".weight")); cfg.Targets(m) {
-				p.Warnings = append(p.Warnings, fmt.Sprintf("config targets %s but the adapter has no weights for it; it is copied unchanged", m))
+			m := rewrite.runtime(strings.TrimSuffix(n, ".weight"))
+			if !cfg.Targets(m) {
+				continue
 			}
+			if strings.HasPrefix(n, "mtp.") {
+				mtp = append(mtp, m)
+				continue
+			}
+			p.Warnings = append(p.Warnings, fmt.Sprintf("config targets %s but the adapter has no weights for it; it is copied unchanged", m))
+		}
+		if len(mtp) > 0 {
+			p.Warnings = append(p.Warnings, fmt.Sprintf("config targets %d MTP-head modules (%s) that PEFT never saw (transformers drops mtp.* on load); the head is copied unchanged from the base", len(mtp), listSome(mtp, 3)))
 		}
 	}
 	p.KeyRewrite = rewrite.used()
