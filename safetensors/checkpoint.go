@@ -105,14 +105,17 @@ func ParseIndex(data []byte, path string) (*Index, error) {
 					return nil, bad("%v", err)
 				}
 				name := tok.(string)
-				var file string
-				if err := dec.Decode(&file); err != nil {
+				var file *string // null would decode into a string as ""
+				if err := dec.Decode(&file); err != nil || file == nil {
+					if err == nil {
+						err = errors.New("null")
+					}
 					return nil, errf(path, name, dec.InputOffset(), ErrInvalidIndex, "weight_map value must be a file name: %v", err)
 				}
 				if _, dup := idx.WeightMap[name]; dup {
 					return nil, errf(path, name, dec.InputOffset(), ErrInvalidIndex, "appears twice in weight_map")
 				}
-				idx.WeightMap[name] = file
+				idx.WeightMap[name] = *file
 			}
 			if err := expect('}'); err != nil {
 				return nil, err

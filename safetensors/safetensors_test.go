@@ -863,3 +863,27 @@ func TestSectionsStayInTheirTensor(t *testing.T) {
 		}
 	}
 }
+
+func TestParseIndexRejects(t *testing.T) {
+	for _, tt := range []struct{ name, json string }{
+		{"null file name", `{"weight_map":{"a":null}}`},
+		{"number as file name", `{"weight_map":{"a":1}}`},
+		{"tensor twice", `{"weight_map":{"a":"x.safetensors","a":"y.safetensors"}}`},
+		{"weight_map twice", `{"weight_map":{},"weight_map":{}}`},
+		{"no weight_map", `{"metadata":{}}`},
+		{"weight_map not an object", `{"weight_map":[]}`},
+		{"trailing data", `{"weight_map":{}} {}`},
+		{"not an object", `[]`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := safetensors.ParseIndex([]byte(tt.json), "idx.json")
+			var se *safetensors.Error
+			if !errors.Is(err, safetensors.ErrInvalidIndex) || !errors.As(err, &se) || !strings.Contains(err.Error(), "idx.json") {
+				t.Errorf("error %v, want ErrInvalidIndex naming idx.json", err)
+			}
+		})
+	}
+	if idx, err := safetensors.ParseIndex([]byte(`{"metadata":{"total_size":4},"weight_map":{"a":"x.safetensors"},"extra":[1]}`), "idx.json"); err != nil || idx.WeightMap["a"] != "x.safetensors" {
+		t.Errorf("valid index: %v %v", idx, err)
+	}
+}
