@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
 )
@@ -113,6 +114,8 @@ func (w *Writer) Abort() {
 // its stamp, tmp is removed instead; a blob that is there but not known
 // intact is replaced by tmp, whose content is known good.
 func (s *Store) place(tmp string, d Digest, n int64) error {
+	s.placeMu.Lock()
+	defer s.placeMu.Unlock()
 	dst := s.BlobPath(d)
 	if fi, err := os.Stat(dst); err == nil && fi.Size() == n {
 		if st, ok := s.stamp(d); ok && st == StampOf(fi) && s.Damage(d) == "" {
@@ -226,6 +229,9 @@ func checkRelPath(p string) error {
 	return nil
 }
 
+// adoptSeq numbers AdoptKnown's temp names within this process.
+var adoptSeq atomic.Uint64
+
 // AdoptKnown makes the finished file at p (on the store's file system, in
 // a stage's WorkDir) a blob under the digest its writer computed while
 // writing it, without reading it again. The file stays where it is: the blob
@@ -249,8 +255,9 @@ func (s *Store) AdoptKnown(p string, d Digest, size int64) (Digest, int64, error
 			return d, size, nil // already there and intact
 		}
 	}
-	tmp := filepath.Join(s.Root, "tmp", "adopt-"+d.Short()+fsutil.PartialSuffix)
-	os.Remove(tmp)
+	// A name of its own: another stage may be adopting the same content.
+	tmp := filepath.Join(s.Root, "tmp", fmt.Sprintf("adopt-%s-%d%s", d.Short(), adoptSeq.Add(1), fsutil.PartialSuffix))
+	os.Remove(tmp) // left by a killed run of an earlier process
 	if err := os.Link(p, tmp); err != nil {
 		f, err := os.Open(p)
 		if err != nil {

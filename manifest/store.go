@@ -112,6 +112,10 @@ type Store struct {
 
 	mu sync.Mutex
 	m  *Manifest
+	// placeMu serialises moving finished files into blobs/, so that two
+	// stages committing the same content at once agree on the blob and its
+	// stamp.
+	placeMu sync.Mutex
 }
 
 // ErrCorruptManifest reports a manifest.json that cannot be read.
