@@ -46,6 +46,12 @@ func ParseConfig(data []byte, path string) (*Config, error) {
 	if err := dec.Decode(&raw); err != nil {
 		return nil, errf(path, "", dec.InputOffset(), ErrInvalidConfig, "config is not a JSON object: %v", err)
 	}
+	if raw == nil {
+		return nil, errf(path, "", 0, ErrInvalidConfig, "config is null, not a JSON object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errf(path, "", dec.InputOffset(), ErrInvalidConfig, "data after the config object")
+	}
 	c := &Config{Path: path, Raw: raw, merged: map[string]any{}}
 	for k, v := range raw {
 		c.merged[k] = v

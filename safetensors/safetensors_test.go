@@ -785,8 +785,13 @@ func TestConfig(t *testing.T) {
 	if c.MTPLayers() != 2 {
 		t.Errorf("MTPLayers %d", c.MTPLayers())
 	}
-	if _, err := safetensors.ParseConfig([]byte(`[1]`), "config.json"); !errors.Is(err, safetensors.ErrInvalidConfig) {
-		t.Errorf("bad config: %v", err)
+	for _, bad := range []string{`[1]`, `null`, `{"a":1} {"b":2}`, `{"a":1`, ``} {
+		if _, err := safetensors.ParseConfig([]byte(bad), "config.json"); !errors.Is(err, safetensors.ErrInvalidConfig) || !strings.Contains(err.Error(), "config.json") {
+			t.Errorf("bad config %q: %v", bad, err)
+		}
+	}
+	if _, err := safetensors.ParseConfig([]byte("{\"a\":1}\n"), "config.json"); err != nil {
+		t.Errorf("config with a trailing newline: %v", err)
 	}
 }
 
