@@ -2,9 +2,13 @@ package pipeline
 
 import (
 	"context"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ferry-llm/ferry/manifest"
 )
 
 // stageTracker is a Progress factory that records which stages run at the
@@ -100,6 +104,38 @@ stages:
 		}
 		if len(tr.seen["c"]) != 0 {
 			t.Errorf("jobs %d: stage c started while %v were still running", tc.jobs, tr.seen["c"])
+		}
+	}
+}
+
+// Two stages with the same key (same kind, parameters and inputs, wanted in
+// two views) do not run at once on one journal: one runs, the other finds
+// its record and skips, and both views read the same bytes.
+func TestRunSameKeyStages(t *testing.T) {
+	const src = `name: same
+stages:
+  - name: a
+    synth: { size: 8MiB, units: 16, seed: 1 }
+  - name: b
+    synth: { size: 8MiB, units: 16, seed: 1 }
+    out: out/b
+`
+	dir := t.TempDir()
+	spec := loadSpec(t, dir, src)
+	rep, err := Run(context.Background(), spec, Options{Jobs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := actions(rep)
+	if a, b := got["a"], got["b"]; !(strings.HasPrefix(a, "run") && strings.HasPrefix(b, "skip") || strings.HasPrefix(a, "skip") && strings.HasPrefix(b, "run")) {
+		t.Errorf("actions %v, want one run and one skip", got)
+	}
+	if rep.Stages[0].Outputs[0] != rep.Stages[1].Outputs[0] {
+		t.Errorf("outputs differ: %+v %+v", rep.Stages[0].Outputs, rep.Stages[1].Outputs)
+	}
+	for _, v := range []string{filepath.Join(spec.Store, "views", "a", "synth.bin"), filepath.Join(dir, "out", "b", "synth.bin")} {
+		if d, _, err := manifest.HashFile(v); err != nil || d != rep.Stages[0].Outputs[0].Digest {
+			t.Errorf("view %s: %s %v", v, d, err)
 		}
 	}
 }

@@ -81,6 +81,28 @@ type runner struct {
 	store *manifest.Store
 	opts  Options
 	log   *slog.Logger
+
+	keyMu    sync.Mutex
+	keyLocks map[string]*sync.Mutex
+}
+
+// lockKey serialises the stages of one run that have the same key (same
+// kind, parameters and inputs, e.g. one GGUF wanted in two out: views):
+// they would share a journal and a work dir. The second one then finds the
+// first one's record and skips.
+func (r *runner) lockKey(key string) func() {
+	r.keyMu.Lock()
+	if r.keyLocks == nil {
+		r.keyLocks = map[string]*sync.Mutex{}
+	}
+	m := r.keyLocks[key]
+	if m == nil {
+		m = &sync.Mutex{}
+		r.keyLocks[key] = m
+	}
+	r.keyMu.Unlock()
+	m.Lock()
+	return m.Unlock
 }
 
 func newRunner(spec *Spec, store *manifest.Store, opts Options) *runner {
@@ -482,6 +504,12 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 
 func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sem chan struct{}) (StageReport, *Input, error) {
 	sr := StageReport{Stage: st.Name, Kind: st.Kind, View: r.spec.ViewDir(st)}
+	key, _, _, err := r.key(st, ins)
+	if err != nil {
+		sr.Action, sr.Error = ActionFailed, err.Error()
+		return sr, nil, err
+	}
+	defer r.lockKey(key)()
 	d, err := r.decide(st, ins, forced)
 	if err != nil {
 		sr.Action, sr.Error = ActionFailed, err.Error()
