@@ -34,9 +34,17 @@ func CreateAtomic(target string) (*AtomicFile, error) {
 	if dir == "" {
 		dir = "."
 	}
+	if st, err := os.Stat(target); err == nil && st.IsDir() {
+		return nil, fmt.Errorf("%s: is a directory", target)
+	}
 	f, err := os.CreateTemp(dir, "."+base+".*"+PartialSuffix)
 	if err != nil {
-		return nil, err
+		// Name the target, not the temp file the user never asked for.
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, fmt.Errorf("%s: creating: %w", target, err)
 	}
 	return &AtomicFile{File: f, target: target, perm: DefaultPerm}, nil
 }

@@ -1,6 +1,8 @@
 package fsutil
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,5 +110,26 @@ func TestCommitReplacesAndFailsCleanly(t *testing.T) {
 	}
 	if err := SyncDir(dir); err != nil {
 		t.Error(err)
+	}
+}
+
+// Errors name the target the caller asked for, not the temp file; a
+// directory as target fails before anything is written.
+func TestCreateAtomicErrors(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "no", "such", "out.bin")
+	_, err := CreateAtomic(missing)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), missing+": ") || strings.Contains(err.Error(), PartialSuffix) {
+		t.Errorf("missing parent: %v", err)
+	}
+	sub := filepath.Join(dir, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CreateAtomic(sub); err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("directory target: %v", err)
+	}
+	if names := listDir(t, dir); len(names) != 1 {
+		t.Errorf("directory holds %v, want just sub", names)
 	}
 }
