@@ -115,6 +115,9 @@ func runInspect(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := checkParquetDest(c.String("parquet")); err != nil {
+		return err
+	}
 	if !st.IsDir() && isGGUF(path) {
 		return inspectGGUF(c, path)
 	}
@@ -315,6 +318,21 @@ func hashRows(c *cli.Context, rows []inspectRow, sections []hashing.Section) err
 	}
 	for i, d := range digests {
 		rows[i].SHA256 = hex.EncodeToString(d[:])
+	}
+	return nil
+}
+
+// checkParquetDest fails early, before any hashing, when --parquet names a
+// directory or a file in a directory that does not exist.
+func checkParquetDest(p string) error {
+	if p == "" {
+		return nil
+	}
+	if st, err := os.Stat(p); err == nil && st.IsDir() {
+		return usageErrorf("inspect: --parquet %s is a directory", p)
+	}
+	if st, err := os.Stat(filepath.Dir(p)); err != nil || !st.IsDir() {
+		return usageErrorf("inspect: --parquet %s: directory %s does not exist", p, filepath.Dir(p))
 	}
 	return nil
 }

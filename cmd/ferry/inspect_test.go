@@ -253,9 +253,17 @@ func TestInspectParquet(t *testing.T) {
 			t.Errorf("output directory holds %v, want just the parquet file", ents)
 		}
 	}
-	r := execFerry(t, nil, "inspect", "--parquet", filepath.Join(t.TempDir(), "no", "such", "dir.parquet"), bundledBase)
-	if r.code == 0 {
-		t.Error("parquet into a missing directory succeeded")
+	// A bad destination is refused before any work (here before hashing),
+	// exit 2, naming the destination.
+	dir := t.TempDir()
+	for _, dest := range []string{filepath.Join(dir, "no", "such", "dir.parquet"), dir} {
+		r := execFerry(t, nil, "inspect", "--hash", "--parquet", dest, bundledBase)
+		if r.code != exitBadInput || !strings.Contains(r.stderr, dest) || r.stdout != "" {
+			t.Errorf("--parquet %s: exit %d, stderr %q, stdout %d bytes", dest, r.code, r.stderr, len(r.stdout))
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("wrote %v", ents)
 	}
 }
 
