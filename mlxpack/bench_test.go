@@ -17,10 +17,22 @@ import (
 // four packed 4-bit g32 modules of [2048, 4096] (4 MiB packed + 512 KiB
 // scales each) and a 32 MiB BF16 tensor.
 func benchCheckpoint(b *testing.B) (string, int64) {
+	return benchCheckpointOf(b, false)
+}
+
+// benchCheckpointOf is benchCheckpoint, or with moe the same bytes as a
+// qwen3_moe layer: the four modules are experts 0–3 of one up_proj, which
+// --rewrite writes as one stacked [4, ...] weight, scales and biases.
+func benchCheckpointOf(b *testing.B, moe bool) (string, int64) {
 	b.Helper()
 	const out, in = 2048, 4096
 	c := &testmodel.CompressedCheckpoint{Shards: 1, Files: map[string][]byte{}}
 	c.Config = testmodel.CompressedQwen3(1).Config
+	module := "model.layers.%d.mlp.up_proj."
+	if moe {
+		c.Config = testmodel.CompressedQwen3MoE(1).Config
+		module = "model.layers.0.mlp.experts.%d.up_proj."
+	}
 	u := make([]uint32, out*in)
 	for i := range u {
 		u[i] = uint32(i*7+i/13) & 15
@@ -34,7 +46,7 @@ func benchCheckpoint(b *testing.B) (string, int64) {
 	binary.LittleEndian.PutUint64(shp, out)
 	binary.LittleEndian.PutUint64(shp[8:], in)
 	for l := 0; l < 4; l++ {
-		m := fmt.Sprintf("model.layers.%d.mlp.up_proj.", l)
+		m := fmt.Sprintf(module, l)
 		c.Tensors = append(c.Tensors,
 			&testmodel.CompressedTensor{Name: m + "weight_packed", DType: tensor.I32, Shape: []int64{out, in / 8}, Data: packed},
 			&testmodel.CompressedTensor{Name: m + "weight_scale", DType: tensor.BF16, Shape: []int64{out, in / 32}, Data: scales},
@@ -58,6 +70,26 @@ func benchCheckpoint(b *testing.B) (string, int64) {
 // with the shard (about the 1 MiB chunk buffers, for a 50 MiB shard).
 func BenchmarkRewrite(b *testing.B) {
 	src, size := benchCheckpoint(b)
+	b.SetBytes(size)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		plan, err := PlanRepack(src, Options{Rewrite: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := Repack(context.Background(), plan, filepath.Join(b.TempDir(), "mlx")); err != nil {
+			b.Fatal(err)
+		}
+		plan.Close()
+	}
+}
+
+// BenchmarkRewriteStacked is BenchmarkRewrite with the four modules
+// experts of one qwen3_moe switch_mlp stack: the stacks stream expert after
+// expert, so B/op stays at the chunk buffers, not a 16 MiB stack.
+func BenchmarkRewriteStacked(b *testing.B) {
+	src, size := benchCheckpointOf(b, true)
 	b.SetBytes(size)
 	b.ReportAllocs()
 	b.ResetTimer()

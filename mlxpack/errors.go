@@ -7,7 +7,9 @@
 // a derived "quantization" block. For model families whose mlx-lm sanitize
 // does not rename weight_packed → weight, Rewrite writes new shards for the
 // tensors that need MLX names (weight as the U32 view, scales, biases =
-// −2^(bits−1)·scales) and links the rest.
+// −2^(bits−1)·scales) and links the rest; for families whose sanitize
+// stacks only experts' .weight into switch_mlp (qwen3_moe, qwen3_5_moe) it
+// writes the packed experts already stacked, streaming expert after expert.
 //
 // The stage has the house shape: PlanRepack reads headers (and the tiny
 // weight_shape tensors) and makes every decision; Repack executes the plan.

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/ferry-llm/ferry/safetensors"
@@ -64,7 +65,18 @@ type Entry struct {
 type outTensor struct {
 	spec safetensors.TensorSpec
 	from safetensors.Location
-	bias int // > 0: write −2^(bias−1)·from (scales → biases); 0: copy
+	// parts, when set, are the sources of a stacked tensor (one per
+	// expert, in expert order), streamed one after another instead of from.
+	parts []safetensors.Location
+	bias  int // > 0: write −2^(bias−1)·source (scales → biases); 0: copy
+}
+
+// sources are the tensors whose bytes make t, in write order.
+func (t outTensor) sources() []safetensors.Location {
+	if t.parts != nil {
+		return t.parts
+	}
+	return []safetensors.Location{t.from}
 }
 
 // shardPlan is one rewritten shard.
@@ -117,7 +129,33 @@ var renamesPacked = map[string]bool{"deepseek_v3": true, "kimi_k2": true, "kimi_
 // buffers), so a per-layer override can be keyed by the checkpoint name.
 var namePreserving = map[string]bool{"llama": true, "qwen2": true, "qwen3": true}
 
-var expertRE = regexp.MustCompile(`\.experts\.\d+\.`)
+// stacksExperts are the model types whose mlx-lm sanitize stacks
+// per-expert .weight tensors (only those) into switch_mlp: models/qwen3_moe.py
+// and models/qwen3_5_moe.py (_normalize_experts). Their packed experts
+// are written already stacked by --rewrite, under the switch_mlp names, so
+// the weight, scales and biases of a stack load together.
+var stacksExperts = map[string]bool{"qwen3_moe": true, "qwen3_5_moe": true}
+
+var (
+	expertRE      = regexp.MustCompile(`\.experts\.(\d+)\.`)
+	fusedExpertRE = regexp.MustCompile(`\.experts\.(gate_up_proj|down_proj)$`)
+)
+
+// qwen35Path is the module path mlx-lm's qwen3_5_moe sanitize gives a
+// checkpoint name: model.language_model.mtp.* → language_model.mtp.*,
+// model.language_model.* → language_model.model.*, language_model.* kept,
+// anything else under language_model.
+func qwen35Path(name string) string {
+	switch {
+	case strings.HasPrefix(name, "model.language_model.mtp."):
+		return strings.Replace(name, "model.language_model.", "language_model.", 1)
+	case strings.HasPrefix(name, "model.language_model"):
+		return strings.Replace(name, "model.language_model", "language_model.model", 1)
+	case strings.HasPrefix(name, "language_model."):
+		return name
+	}
+	return "language_model." + name
+}
 
 // mlxPaths maps a checkpoint module to the module path(s) mlx-lm's model
 // has after sanitize, where per-layer overrides are keyed. ok is false if
@@ -130,6 +168,12 @@ func mlxPaths(modelType, module string) (paths []string, ok bool) {
 		p := expertRE.ReplaceAllString(module, ".switch_mlp.")
 		if base, ok := strings.CutSuffix(p, ".kv_b_proj"); ok {
 			return []string{base + ".embed_q", base + ".unembed_out"}, true
+		}
+		return []string{p}, true
+	case stacksExperts[modelType]:
+		p := expertRE.ReplaceAllString(module, ".switch_mlp.")
+		if modelType == "qwen3_5_moe" {
+			p = qwen35Path(p)
 		}
 		return []string{p}, true
 	case namePreserving[modelType]:
@@ -365,12 +409,18 @@ func (p *Plan) decideMode() error {
 	cfgPath := p.ckpt.Config.Path
 	if p.Opts.Rewrite {
 		p.Mode = ModeRewrite
-		if !renamesPacked[p.ModelType] {
-			for _, m := range p.Modules {
-				if expertRE.MatchString(m.Name + ".") {
-					return errf(cfgPath, m.Name+sfxPacked, ErrNotBuilt,
-						"--rewrite of per-expert packed modules for model_type %q: its mlx-lm sanitize stacks experts' .weight only, so renamed scales and biases would not load; stacking experts into switch_mlp is not built", p.ModelType)
-				}
+		if renamesPacked[p.ModelType] {
+			return nil
+		}
+		for _, m := range p.Modules {
+			switch {
+			case stacksExperts[p.ModelType] && fusedExpertRE.MatchString(m.Name):
+				return errf(cfgPath, m.Name+sfxPacked, ErrNotBuilt,
+					"--rewrite of fused packed experts for model_type %q: mlx-lm splits a fused gate_up_proj .weight only, so its scales and biases would not load; splitting fused experts is not built", p.ModelType)
+			case stacksExperts[p.ModelType]:
+			case expertRE.MatchString(m.Name + "."):
+				return errf(cfgPath, m.Name+sfxPacked, ErrNotBuilt,
+					"--rewrite of per-expert packed modules for model_type %q: ferry stacks experts into switch_mlp only for %s, whose mlx-lm sanitize it knows; for this type it is not built", p.ModelType, stackingTypes())
 			}
 		}
 		return nil
@@ -445,9 +495,21 @@ func (p *Plan) quantBlock(cfgPath string) error {
 	return nil
 }
 
+func stackingTypes() string {
+	var t []string
+	for k := range stacksExperts {
+		t = append(t, k)
+	}
+	sort.Strings(t)
+	return strings.Join(t, ", ")
+}
+
 func knownTypes() string {
 	var t []string
 	for k := range renamesPacked {
+		t = append(t, k)
+	}
+	for k := range stacksExperts {
 		t = append(t, k)
 	}
 	for k := range namePreserving {
@@ -480,31 +542,58 @@ func newConfig(raw map[string]any, q map[string]any) ([]byte, error) {
 // planRewrite lays out the new shards: every shard holding a packed-module
 // tensor is rewritten in its own tensor order, weight_packed → weight (U32,
 // same bytes), weight_scale → scales (same bytes) followed by biases,
-// weight_shape dropped; other tensors copied.
+// weight_shape dropped; other tensors copied. For model types whose mlx-lm
+// sanitize stacks experts' .weight only (stacksExperts), the packed experts
+// of each switch_mlp module are written stacked instead: weight, scales and
+// biases [E, ...] in expert order, where the first expert's weight_packed
+// (resp. weight_scale) was; the per-expert tensors are dropped from their
+// shards.
 func (p *Plan) planRewrite() error {
-	bits := map[string]int{}
-	for _, m := range p.Modules {
-		bits[m.Name] = m.Bits
+	mods := map[string]*Module{}
+	for i := range p.Modules {
+		mods[p.Modules[i].Name] = &p.Modules[i]
+	}
+	stacks, err := p.planStacks()
+	if err != nil {
+		return err
 	}
 	wm := map[string]string{}
 	var total int64
+	emitted := map[string]bool{}
 	for _, sh := range p.ckpt.Shards {
 		var tensors []outTensor
 		touched := false
 		for _, t := range sh.Tensors {
 			l := safetensors.Location{Shard: sh, Info: t}
 			spec := safetensors.TensorSpec{Name: t.Name, DType: t.DType, Shape: t.Shape}
-			if mod, ok := strings.CutSuffix(t.Name, sfxPacked); ok && bits[mod] > 0 {
+			if mod, ok := strings.CutSuffix(t.Name, sfxPacked); ok && mods[mod] != nil {
 				touched = true
+				if st := stacks[mod]; st != nil {
+					if !emitted[st.name+sfxPacked] {
+						emitted[st.name+sfxPacked] = true
+						tensors = append(tensors, outTensor{spec: st.spec(".weight", tensor.U32, t.Shape), parts: st.packed})
+					}
+					continue
+				}
 				spec.Name, spec.DType = mod+".weight", tensor.U32
 				tensors = append(tensors, outTensor{spec: spec, from: l})
-			} else if mod, ok := strings.CutSuffix(t.Name, sfxScale); ok && bits[mod] > 0 {
+			} else if mod, ok := strings.CutSuffix(t.Name, sfxScale); ok && mods[mod] != nil {
 				touched = true
+				bits := mods[mod].Bits
+				if st := stacks[mod]; st != nil {
+					if !emitted[st.name+sfxScale] {
+						emitted[st.name+sfxScale] = true
+						tensors = append(tensors,
+							outTensor{spec: st.spec(".scales", t.DType, t.Shape), parts: st.scale},
+							outTensor{spec: st.spec(".biases", t.DType, t.Shape), parts: st.scale, bias: bits})
+					}
+					continue
+				}
 				spec.Name = mod + ".scales"
 				tensors = append(tensors, outTensor{spec: spec, from: l})
 				spec.Name = mod + ".biases"
-				tensors = append(tensors, outTensor{spec: spec, from: l, bias: bits[mod]})
-			} else if mod, ok := strings.CutSuffix(t.Name, sfxShape); ok && bits[mod] > 0 {
+				tensors = append(tensors, outTensor{spec: spec, from: l, bias: bits})
+			} else if mod, ok := strings.CutSuffix(t.Name, sfxShape); ok && mods[mod] != nil {
 				touched = true
 			} else {
 				tensors = append(tensors, outTensor{spec: spec, from: l})
@@ -514,7 +603,13 @@ func (p *Plan) planRewrite() error {
 			wm[t.spec.Name] = sh.Name
 			total += t.spec.Size()
 		}
-		if touched {
+		switch {
+		case touched && len(tensors) == 0:
+			// Only experts stacked into another shard: the file would be
+			// empty (named by no index entry) or missing from the N-of-N
+			// series; neither is a checkpoint ferry or Hugging Face reads.
+			return errf(sh.Path, "", ErrNotBuilt, "every tensor of this shard is an expert stacked into a switch_mlp tensor written in an earlier shard; rebalancing shards so none is left empty is not built")
+		case touched:
 			p.shards = append(p.shards, shardPlan{name: sh.Name, metadata: sh.Metadata, tensors: tensors})
 		}
 	}
@@ -565,4 +660,113 @@ func (p *Plan) planEntries() error {
 		}
 	}
 	return nil
+}
+
+// expertStack is one switch_mlp module written stacked: its experts'
+// weight_packed and weight_scale tensors in expert order.
+type expertStack struct {
+	name          string // checkpoint-style module name, e.g. model.layers.1.mlp.switch_mlp.up_proj
+	packed, scale []safetensors.Location
+}
+
+// spec is the stacked tensor <name><suffix>: [E] + one expert's shape.
+func (s *expertStack) spec(suffix string, dt tensor.DType, part []int64) safetensors.TensorSpec {
+	shape := append([]int64{int64(len(s.packed))}, part...)
+	return safetensors.TensorSpec{Name: s.name + suffix, DType: dt, Shape: shape}
+}
+
+// planStacks groups the packed experts of a stacksExperts model type by
+// switch_mlp module (keyed by each member's module name). A stack must hold
+// experts 0…E−1, E the config's num_experts where it declares one, all
+// with one setting, one weight_shape and one scale dtype; and no
+// per-expert tensor that is not part of a packed expert may share the
+// layer's experts (mlx-lm refuses mixed expert layouts).
+func (p *Plan) planStacks() (map[string]*expertStack, error) {
+	if !stacksExperts[p.ModelType] {
+		return nil, nil
+	}
+	c := p.ckpt
+	type member struct {
+		e int
+		m *Module
+	}
+	groups := map[string][]member{}
+	var order []string
+	for i := range p.Modules {
+		m := &p.Modules[i]
+		loc := expertRE.FindStringSubmatchIndex(m.Name + ".")
+		if loc == nil {
+			continue
+		}
+		e, err := strconv.Atoi(m.Name[loc[2]:loc[3]])
+		if err != nil || e > 1<<20 {
+			return nil, errf(c.Config.Path, m.Name+sfxPacked, ErrInconsistent, "expert index %q out of range", m.Name[loc[2]:loc[3]])
+		}
+		key := expertRE.ReplaceAllString(m.Name+".", ".switch_mlp.")
+		key = key[:len(key)-1]
+		if _, ok := groups[key]; !ok {
+			order = append(order, key)
+		}
+		groups[key] = append(groups[key], member{e, m})
+	}
+	prefixes := map[string]string{} // "<layer>.experts." → a stack in it
+	packedExpert := map[string]bool{}
+	for _, key := range order {
+		layer, _, _ := strings.Cut(key, ".switch_mlp.")
+		prefixes[layer+".experts."] = key
+		for _, mb := range groups[key] {
+			packedExpert[mb.m.Name] = true
+		}
+	}
+	for _, l := range c.Tensors() {
+		name := l.Info.Name
+		loc := expertRE.FindStringIndex(name)
+		if loc == nil {
+			continue
+		}
+		key, ok := prefixes[name[:loc[0]]+".experts."]
+		if !ok {
+			continue
+		}
+		mod := name
+		for _, sfx := range []string{sfxPacked, sfxScale, sfxShape} {
+			mod = strings.TrimSuffix(mod, sfx)
+		}
+		if !packedExpert[mod] {
+			return nil, errf(l.Shard.Path, name, ErrMixed, "per-expert tensor beside the packed experts stacked into %s: mlx-lm loads one expert layout per layer, and a stack of packed and float experts is not one", key)
+		}
+	}
+	declared, hasDeclared := c.Config.Int("num_experts")
+	out := map[string]*expertStack{}
+	for _, key := range order {
+		ms := groups[key]
+		sort.Slice(ms, func(i, j int) bool { return ms[i].e < ms[j].e })
+		first := ms[0].m
+		st := &expertStack{name: key}
+		for i, mb := range ms {
+			m := mb.m
+			if mb.e != i {
+				return nil, errf(c.Config.Path, first.Name+sfxPacked, ErrInconsistent, "%s stacks experts 0…%d, but expert %d has no packed module", key, ms[len(ms)-1].e, i)
+			}
+			switch {
+			case m.Setting != first.Setting:
+				return nil, errf(c.Config.Path, m.Name+sfxPacked, ErrMixed, "%s, but %s, stacked with it into %s, is %s", m.Setting, first.Name, key, first.Setting)
+			case !equalShape(m.Shape, first.Shape):
+				return nil, errf(c.Config.Path, m.Name+sfxShape, ErrInconsistent, "weight_shape %v, but %s, stacked with it into %s, is %v", m.Shape, first.Name, key, first.Shape)
+			case m.ScaleDType != first.ScaleDType:
+				return nil, errf(c.Config.Path, m.Name+sfxScale, ErrInconsistent, "dtype %s, but %s, stacked with it into %s, has %s scales", m.ScaleDType, first.Name, key, first.ScaleDType)
+			}
+			pl, _ := c.Lookup(m.Name + sfxPacked)
+			sl, _ := c.Lookup(m.Name + sfxScale)
+			st.packed = append(st.packed, pl)
+			st.scale = append(st.scale, sl)
+		}
+		if hasDeclared && int64(len(ms)) != declared {
+			return nil, errf(c.Config.Path, first.Name+sfxPacked, ErrInconsistent, "%s stacks %d experts, but num_experts is %d", key, len(ms), declared)
+		}
+		for _, mb := range ms {
+			out[mb.m.Name] = st
+		}
+	}
+	return out, nil
 }

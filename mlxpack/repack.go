@@ -490,15 +490,19 @@ func writeBody(ctx context.Context, w io.Writer, s shardPlan) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		sec := t.from.Section()
-		if t.bias == 0 {
-			if _, err := io.CopyBuffer(w, io.LimitReader(sec, sec.Size()), buf); err != nil {
-				return fmt.Errorf("%s: tensor %q: %w", t.from.Shard.Path, t.from.Info.Name, err)
+		// A stacked tensor is its parts one after another (expert after
+		// expert), each streamed in chunks.
+		for _, from := range t.sources() {
+			sec := from.Section()
+			if t.bias == 0 {
+				if _, err := io.CopyBuffer(w, io.LimitReader(sec, sec.Size()), buf); err != nil {
+					return fmt.Errorf("%s: tensor %q: %w", from.Shard.Path, from.Info.Name, err)
+				}
+				continue
 			}
-			continue
-		}
-		if err := writeBiases(ctx, w, sec, t, sc); err != nil {
-			return err
+			if err := writeBiases(ctx, w, sec, from, t, sc); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -507,7 +511,7 @@ func writeBody(ctx context.Context, w io.Writer, s shardPlan) error {
 // writeBiases writes biases = −2^(bits−1)·scales in the scale dtype. A
 // power-of-two multiple is exact in BF16, F16 and F32 unless it overflows,
 // which is reported rather than written as infinity.
-func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, t outTensor, sc *scratch) error {
+func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, from safetensors.Location, t outTensor, sc *scratch) error {
 	dt := t.spec.DType
 	width := dt.Bits() / 8
 	factor := -float32(math.Ldexp(1, t.bias-1))
@@ -526,7 +530,7 @@ func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, t outT
 		m := int(min(int64(n), sec.Size()-off))
 		b := buf[:m]
 		if _, err := sec.ReadAt(b, off); err != nil {
-			return fmt.Errorf("%s: tensor %q: %w", t.from.Shard.Path, t.from.Info.Name, err)
+			return fmt.Errorf("%s: tensor %q: %w", from.Shard.Path, from.Info.Name, err)
 		}
 		v := vals[:m/width]
 		if err := tensor.ToF32(dt, v, b); err != nil {
@@ -535,7 +539,7 @@ func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, t outT
 		for i, s := range v {
 			r := s * factor
 			if math.IsInf(float64(r), 0) && !math.IsInf(float64(s), 0) {
-				return errf(t.from.Shard.Path, t.from.Info.Name, ErrInconsistent, "scale %g at element %d: %g·scale overflows %s", s, (off/int64(width))+int64(i), factor, dt)
+				return errf(from.Shard.Path, from.Info.Name, ErrInconsistent, "scale %g at element %d: %g·scale overflows %s", s, (off/int64(width))+int64(i), factor, dt)
 			}
 			v[i] = r
 		}
@@ -550,7 +554,7 @@ func writeBiases(ctx context.Context, w io.Writer, sec *io.SectionReader, t outT
 			}
 			for i := range v {
 				if back[i] != v[i] && !(math.IsNaN(float64(back[i])) && math.IsNaN(float64(v[i]))) {
-					return errf(t.from.Shard.Path, t.from.Info.Name, ErrInconsistent, "element %d: %g·scale is not exact in %s", (off/int64(width))+int64(i), factor, dt)
+					return errf(from.Shard.Path, from.Info.Name, ErrInconsistent, "element %d: %g·scale is not exact in %s", (off/int64(width))+int64(i), factor, dt)
 				}
 			}
 		}

@@ -868,6 +868,12 @@ func TestMLXPaths(t *testing.T) {
 		{"deepseek_v3", "model.layers.3.self_attn.o_proj", []string{"model.layers.3.self_attn.o_proj"}, true},
 		{"qwen3", "model.layers.0.mlp.down_proj", []string{"model.layers.0.mlp.down_proj"}, true},
 		{"qwen3_5", "model.language_model.layers.0.mlp.down_proj", []string{"model.language_model.layers.0.mlp.down_proj"}, false},
+		{"qwen3_moe", "model.layers.2.mlp.experts.11.up_proj", []string{"model.layers.2.mlp.switch_mlp.up_proj"}, true},
+		{"qwen3_moe", "model.layers.2.self_attn.q_proj", []string{"model.layers.2.self_attn.q_proj"}, true},
+		{"qwen3_5_moe", "model.language_model.layers.0.mlp.experts.3.down_proj", []string{"language_model.model.layers.0.mlp.switch_mlp.down_proj"}, true},
+		{"qwen3_5_moe", "model.language_model.mtp.layers.0.mlp.experts.3.down_proj", []string{"language_model.mtp.layers.0.mlp.switch_mlp.down_proj"}, true},
+		{"qwen3_5_moe", "mtp.layers.0.mlp.experts.3.gate_proj", []string{"language_model.mtp.layers.0.mlp.switch_mlp.gate_proj"}, true},
+		{"qwen3_5_moe", "model.language_model.layers.0.linear_attn.in_proj_qkv", []string{"language_model.model.layers.0.linear_attn.in_proj_qkv"}, true},
 	}
 	for _, tc := range cases {
 		got, ok := mlxPaths(tc.modelType, tc.module)
@@ -877,21 +883,17 @@ func TestMLXPaths(t *testing.T) {
 	}
 }
 
-func TestRewriteExpertsNotBuilt(t *testing.T) {
-	c := testmodel.CompressedQwen3(22)
-	c.Config["model_type"] = "qwen3_moe"
-	for _, tn := range c.Tensors {
-		tn.Name = strings.Replace(tn.Name, ".mlp.", ".mlp.experts.0.", 1)
-	}
-	src := writeFixture(t, c)
-	_, err := repack(t, src, filepath.Join(t.TempDir(), "mlx"), Options{Rewrite: true})
-	if !errors.Is(err, ErrNotBuilt) || isBadInput(err) {
-		t.Fatalf("err = %v", err)
+func TestRewriteSameWhateverJobs(t *testing.T) {
+	for name, c := range map[string]*testmodel.CompressedCheckpoint{
+		"deepseek_v3": testmodel.CompressedDeepSeekV3(23),
+		"qwen3_moe":   testmodel.CompressedQwen3MoE(24),
+	} {
+		t.Run(name, func(t *testing.T) { rewriteSameWhateverJobs(t, c) })
 	}
 }
 
-func TestRewriteSameWhateverJobs(t *testing.T) {
-	src := writeFixture(t, testmodel.CompressedDeepSeekV3(23))
+func rewriteSameWhateverJobs(t *testing.T, c *testmodel.CompressedCheckpoint) {
+	src := writeFixture(t, c)
 	var want map[string]string
 	for _, jobs := range []int{1, 2, 8} {
 		dst := filepath.Join(t.TempDir(), "mlx")

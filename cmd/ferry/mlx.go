@@ -33,7 +33,9 @@ func mlxRepackCommand() *cli.Command {
 			"quantization block derived from SRC's quantization_config. mlx-lm reads the packed\n" +
 			"weights directly for deepseek_v3, kimi_k2, kimi_k25 and joyai_llm_flash; for other\n" +
 			"model types --rewrite writes MLX-named shards for the packed tensors (weight as the\n" +
-			"uint32 view, scales, biases = -2^(bits-1)*scales) and links the rest.",
+			"uint32 view, scales, biases = -2^(bits-1)*scales) and links the rest; for qwen3_moe\n" +
+			"and qwen3_5_moe it writes per-expert packed modules stacked into switch_mlp\n" +
+			"(weight, scales, biases [E, ...] in expert order), as mlx-lm stacks only .weight.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "src", Usage: "source checkpoint directory (compressed-tensors)"},
 			&cli.StringFlag{Name: "dst", Usage: "destination directory (created; an existing one must be empty or an earlier repack)"},

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/safetensors"
 )
 
 // runFerry runs the CLI in-process and returns stdout and the exit code
@@ -107,13 +108,34 @@ func TestMLXRepackCLIRewrite(t *testing.T) {
 	}
 }
 
+func TestMLXRepackCLIRewriteMoE(t *testing.T) {
+	src := mlxWriteFixture(t, testmodel.CompressedQwen3MoE(5))
+	dst := filepath.Join(t.TempDir(), "mlx")
+	if _, code, err := runFerry(t, "mlx", "repack", "--src", src, "--dst", dst); code != exitBadInput || err == nil || !strings.Contains(err.Error(), "--rewrite") {
+		t.Fatalf("plain repack: exit %d, %v", code, err)
+	}
+	if _, code, err := runFerry(t, "mlx", "repack", "--src", src, "--dst", dst, "--rewrite"); code != 0 || err != nil {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	ck, err := safetensors.OpenDirOptions(dst, safetensors.DirOptions{FollowExternalLinks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	for _, name := range []string{"model.layers.1.mlp.switch_mlp.down_proj.weight", "model.layers.1.mlp.switch_mlp.down_proj.scales", "model.layers.1.mlp.switch_mlp.down_proj.biases"} {
+		if l, ok := ck.Lookup(name); !ok || l.Info.Shape[0] != 4 {
+			t.Errorf("%s: %v", name, ok)
+		}
+	}
+}
+
 func TestMLXRepackCLIErrors(t *testing.T) {
 	good := mlxWriteFixture(t, testmodel.CompressedDeepSeekV3(3))
 	asym := testmodel.CompressedDeepSeekV3(3)
 	asym.QuantWeights("group_0")["symmetric"] = false
 	asymDir := mlxWriteFixture(t, asym)
 	moe := testmodel.CompressedQwen3(4)
-	moe.Config["model_type"] = "qwen3_moe"
+	moe.Config["model_type"] = "qwen2_moe" // experts stacked only for qwen3_moe, qwen3_5_moe
 	for _, tn := range moe.Tensors {
 		tn.Name = strings.Replace(tn.Name, ".mlp.", ".mlp.experts.0.", 1)
 	}

@@ -336,6 +336,88 @@ func CompressedQwen3With(seed uint64, s CompressedScheme, down *CompressedScheme
 	return c
 }
 
+// CompressedQwen3MoE is a tiny Qwen3-MoE (model_type qwen3_moe): both
+// layers sparse with 4 routed experts, every decoder Linear packed (W4A16
+// group 32 by default) except the router (mlp.gate, ignored as
+// llm-compressor's MoE recipes do), in 4 shards: the embeddings alone in
+// shard 0 (a shard --rewrite leaves alone), layer 0 in shard 1, layer 1 in
+// shard 2 with experts 2–3 of it in shard 3 beside the final norm and
+// lm_head (a switch_mlp stack gathered across shards).
+func CompressedQwen3MoE(seed uint64) *CompressedCheckpoint {
+	return CompressedQwen3MoEWith(seed, CompressedScheme{Bits: 4, GroupSize: 32}, nil)
+}
+
+// CompressedQwen3MoEWith is CompressedQwen3MoE quantized with s; when down
+// is not nil the experts' down_proj modules use it instead, declared by a
+// second config group ("group_1", targets re:.*experts\.\d+\.down_proj$).
+func CompressedQwen3MoEWith(seed uint64, s CompressedScheme, down *CompressedScheme) *CompressedCheckpoint {
+	r := &compressedRand{s: seed}
+	const hidden, moeInter, vocab, heads, kvHeads, headDim, experts = 64, 64, 128, 2, 1, 32, 4
+	ds := s
+	if down != nil {
+		ds = *down
+	}
+	c := &CompressedCheckpoint{Shards: 4, Files: compressedCommonFiles()}
+	c.Config = map[string]any{
+		"architectures":           []any{"Qwen3MoeForCausalLM"},
+		"model_type":              "qwen3_moe",
+		"hidden_size":             hidden,
+		"intermediate_size":       128,
+		"moe_intermediate_size":   moeInter,
+		"num_hidden_layers":       2,
+		"num_attention_heads":     heads,
+		"num_key_value_heads":     kvHeads,
+		"head_dim":                headDim,
+		"num_experts":             experts,
+		"num_experts_per_tok":     2,
+		"decoder_sparse_step":     1,
+		"mlp_only_layers":         []any{},
+		"norm_topk_prob":          true,
+		"vocab_size":              vocab,
+		"max_position_embeddings": 4096,
+		"rms_norm_eps":            1e-6,
+		"rope_theta":              1000000.0,
+		"tie_word_embeddings":     false,
+		"torch_dtype":             "bfloat16",
+		"quantization_config":     compressedQuantConfig(s, []string{"lm_head", `re:.*mlp\.gate$`}),
+	}
+	bf := tensor.BF16
+	c.addFloat(r, 0, "model.embed_tokens.weight", bf, 0.5, vocab, hidden)
+	for l := 0; l < 2; l++ {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		sh := 1 + l
+		c.addFloat(r, sh, p+"input_layernorm.weight", bf, 1, hidden)
+		c.addFloat(r, sh, p+"post_attention_layernorm.weight", bf, 1, hidden)
+		c.addFloat(r, sh, p+"self_attn.q_norm.weight", bf, 1, headDim)
+		c.addFloat(r, sh, p+"self_attn.k_norm.weight", bf, 1, headDim)
+		c.addPacked(r, sh, p+"self_attn.q_proj", s, heads*headDim, hidden)
+		c.addPacked(r, sh, p+"self_attn.k_proj", s, kvHeads*headDim, hidden)
+		c.addPacked(r, sh, p+"self_attn.v_proj", s, kvHeads*headDim, hidden)
+		c.addPacked(r, sh, p+"self_attn.o_proj", s, hidden, heads*headDim)
+		c.addFloat(r, sh, p+"mlp.gate.weight", bf, 0.1, experts, hidden)
+		for e := 0; e < experts; e++ {
+			x := fmt.Sprintf("%smlp.experts.%d.", p, e)
+			esh := sh
+			if l == 1 && e >= 2 {
+				esh = 3
+			}
+			// Hugging Face's order within an expert: down, gate, up.
+			c.addPacked(r, esh, x+"down_proj", ds, hidden, moeInter)
+			c.addPacked(r, esh, x+"gate_proj", s, moeInter, hidden)
+			c.addPacked(r, esh, x+"up_proj", s, moeInter, hidden)
+		}
+	}
+	c.addFloat(r, 3, "model.norm.weight", bf, 1, hidden)
+	c.addFloat(r, 3, "lm_head.weight", bf, 0.1, vocab, hidden)
+	if down != nil {
+		qc := c.Config["quantization_config"].(map[string]any)
+		g1 := compressedQuantConfig(ds, nil)["config_groups"].(map[string]any)["group_0"].(map[string]any)
+		g1["targets"] = []any{`re:.*experts\.\d+\.down_proj$`}
+		qc["config_groups"].(map[string]any)["group_1"] = g1
+	}
+	return c
+}
+
 // Find returns the named tensor, or nil.
 func (c *CompressedCheckpoint) Find(name string) *CompressedTensor {
 	for _, t := range c.Tensors {

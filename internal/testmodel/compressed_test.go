@@ -85,6 +85,7 @@ func TestCompressedFixtures(t *testing.T) {
 	}{
 		{"deepseek_v3", CompressedDeepSeekV3, "deepseek_v3", 3, 12},
 		{"qwen3", CompressedQwen3, "qwen3", 2, 14},
+		{"qwen3_moe", CompressedQwen3MoE, "qwen3_moe", 4, 32},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
