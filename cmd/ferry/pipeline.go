@@ -101,6 +101,9 @@ func pipelineRun(c *cli.Context) error {
 	opts.Log = slog.Default()
 	rep, err := pipeline.Run(c.Context, spec, opts)
 	done()
+	if err != nil && c.Context.Err() != nil {
+		err = fmt.Errorf("interrupted (%w): finished stages are recorded and unfinished ones resume where they stopped; run the same command again", err)
+	}
 	if rep != nil {
 		if perr := printReport(c, rep, true); perr != nil && err == nil {
 			err = perr
