@@ -396,20 +396,29 @@ stages:
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
 		var finished bool
-		// Even attempts: a random moment (start-up, lock, between stages,
-		// inside or between units), but no later than k unit begins into
-		// the run, k random up to the units left per kill left: the kills
-		// spread over the work, and on a loaded machine one attempt cannot
-		// do most of it. Odd attempts: just after the k-th unit of this
-		// run began (inside a unit).
+		// Where each kill lands. k is random up to the units left per kill
+		// left, so the kills spread over the whole work and, on a loaded
+		// machine, one attempt cannot do most of it (20 kills must land
+		// before the work is done).
+		//   attempt%4 == 0: a random moment early in the run (start-up,
+		//     lock, journal reopen, first units), capped at k unit begins;
+		//   attempt%4 == 2: a random moment up to 20 ms after the k-th unit
+		//     of this run began (inside or between units, a commit);
+		//   odd attempts: just after the k-th unit began (inside a unit).
 		left := totalUnits
 		for _, n := range durable {
 			left -= n
 		}
-		k := 1 + rng.IntN(max(1, left/(20-kills)))
-		deadline, inside := time.Now().Add(time.Duration(rng.Int64N(int64(full/20)+1))), false
-		if attempt%2 == 1 {
-			k, deadline, inside = 1+rng.IntN(3), time.Time{}, true
+		k := 1 + rng.IntN(max(1, left/(20-kills+1)))
+		var deadline time.Time
+		var after time.Duration
+		switch {
+		case attempt%4 == 0:
+			deadline = time.Now().Add(time.Duration(rng.Int64N(int64(full/20) + 1)))
+		case attempt%4 == 2:
+			after = time.Duration(rng.Int64N(int64(20 * time.Millisecond)))
+		default:
+			after = time.Duration(rng.IntN(3000)) * time.Microsecond
 		}
 		for !finished {
 			if !deadline.IsZero() && !time.Now().Before(deadline) {
@@ -423,9 +432,7 @@ stages:
 				}
 			}
 			if n >= k {
-				if inside {
-					time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
-				}
+				time.Sleep(after)
 				break
 			}
 			select {
