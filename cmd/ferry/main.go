@@ -13,14 +13,21 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// version is stamped by the Makefile (-ldflags "-X main.version=…").
+// releaseVersion is ferry's release. It is part of every pipeline stage key
+// (with each stage kind's own version), so it changes only when a release
+// may change outputs — not with every commit, which would make users re-run
+// a 27B merge after a README edit.
+const releaseVersion = "0.1.0"
+
+// version is the build, stamped by the Makefile (-ldflags "-X main.version=…");
+// it is shown by --version and never enters a stage key.
 var version = "dev"
 
 func newApp() *cli.App {
 	return withUsageErrors(&cli.App{
 		Name:    "ferry",
 		Usage:   "carry a fine-tuned LLM from training box to serving machines",
-		Version: version,
+		Version: releaseVersion + " (build " + version + ")",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "verbose", Usage: "debug logging on stderr"},
 		},

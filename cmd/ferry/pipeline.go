@@ -64,7 +64,7 @@ func loadSpec(c *cli.Context) (*pipeline.Spec, error) {
 	if c.NArg() != 1 {
 		return nil, usageErrorf("%s: want one pipeline file, got %d arguments %q", c.Command.FullName(), c.NArg(), c.Args().Slice())
 	}
-	pipeline.FerryVersion = version
+	pipeline.FerryVersion = releaseVersion
 	return pipeline.Load(c.Args().First())
 }
 
