@@ -2,8 +2,8 @@ package gguf
 
 import (
 	"errors"
-	"fmt"
-	"strings"
+
+	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
 // Sentinel errors, wrapped in *Error with the file, key or tensor, and the
@@ -31,32 +31,4 @@ var (
 
 // Error is a bad-input error naming the file, the key or tensor, and the
 // absolute byte offset where reading went wrong.
-type Error struct {
-	Path   string
-	Key    string // metadata key, "" when not about one key
-	Tensor string // tensor name, "" when not about one tensor
-	Offset int64  // absolute file offset, or -1
-	Err    error
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	b.WriteString(e.Path)
-	if e.Key != "" {
-		fmt.Fprintf(&b, ": key %q", e.Key)
-	}
-	if e.Tensor != "" {
-		fmt.Fprintf(&b, ": tensor %q", e.Tensor)
-	}
-	if e.Offset >= 0 {
-		fmt.Fprintf(&b, " at offset %d", e.Offset)
-	}
-	b.WriteString(": ")
-	b.WriteString(e.Err.Error())
-	return b.String()
-}
-
-func (e *Error) Unwrap() error { return e.Err }
-
-// BadInput marks the error as the user's input being wrong (exit code 2).
-func (e *Error) BadInput() bool { return true }
+type Error = inputerr.Error

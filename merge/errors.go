@@ -2,8 +2,8 @@ package merge
 
 import (
 	"errors"
-	"fmt"
-	"strings"
+
+	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
 // Sentinel errors, wrapped in *InputError with the file, tensor and offset.
@@ -27,32 +27,8 @@ var (
 
 // InputError is a bad-input error (exit code 2): the file, and the tensor
 // and absolute byte offset where they apply.
-type InputError struct {
-	Path   string
-	Tensor string
-	Offset int64 // absolute file offset, or -1
-	Err    error
-}
-
-func (e *InputError) Error() string {
-	var b strings.Builder
-	b.WriteString(e.Path)
-	if e.Tensor != "" {
-		fmt.Fprintf(&b, ": tensor %q", e.Tensor)
-	}
-	if e.Offset >= 0 {
-		fmt.Fprintf(&b, " at offset %d", e.Offset)
-	}
-	b.WriteString(": ")
-	b.WriteString(e.Err.Error())
-	return b.String()
-}
-
-func (e *InputError) Unwrap() error { return e.Err }
-
-// BadInput marks the error as the user's input being wrong.
-func (e *InputError) BadInput() bool { return true }
+type InputError = inputerr.Error
 
 func inputErr(path, tensor string, off int64, sentinel error, format string, args ...any) error {
-	return &InputError{Path: path, Tensor: tensor, Offset: off, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+	return inputerr.New(path, tensor, off, sentinel, format, args...)
 }

@@ -7,7 +7,8 @@ package safetensors
 import (
 	"errors"
 	"fmt"
-	"strings"
+
+	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
 // Sentinel errors, wrapped in *Error with the file, tensor and offset.
@@ -44,35 +45,8 @@ var (
 
 // Error is a bad-input error: the file (and tensor, and absolute byte
 // offset where one applies) and what is wrong.
-type Error struct {
-	Path   string
-	Tensor string // "" when the error is not about one tensor
-	Offset int64  // absolute file offset, or -1
-	Err    error
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	b.WriteString(e.Path)
-	if e.Tensor != "" {
-		fmt.Fprintf(&b, ": tensor %q", e.Tensor)
-	}
-	if e.Offset >= 0 {
-		fmt.Fprintf(&b, " at offset %d", e.Offset)
-	}
-	b.WriteString(": ")
-	b.WriteString(e.Err.Error())
-	return b.String()
-}
-
-func (e *Error) Unwrap() error { return e.Err }
-
-// BadInput marks the error as the user's input being wrong (exit code 2).
-func (e *Error) BadInput() bool { return true }
+type Error = inputerr.Error
 
 func errf(path, tensor string, off int64, sentinel error, format string, args ...any) error {
-	if format == "" {
-		return &Error{Path: path, Tensor: tensor, Offset: off, Err: sentinel}
-	}
-	return &Error{Path: path, Tensor: tensor, Offset: off, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+	return inputerr.New(path, tensor, off, sentinel, format, args...)
 }

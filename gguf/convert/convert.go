@@ -21,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
 // Sentinel errors; all are reported as bad input (exit 2) through *Error.
@@ -37,37 +38,10 @@ var (
 
 // Error is a conversion input error: the file (and tensor, and offset where
 // one applies) and what is wrong.
-type Error struct {
-	Path   string
-	Tensor string
-	Offset int64 // absolute offset in Path, or -1
-	Err    error
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	b.WriteString(e.Path)
-	if e.Tensor != "" {
-		fmt.Fprintf(&b, ": tensor %q", e.Tensor)
-	}
-	if e.Offset >= 0 {
-		fmt.Fprintf(&b, " at offset %d", e.Offset)
-	}
-	b.WriteString(": ")
-	b.WriteString(e.Err.Error())
-	return b.String()
-}
-
-func (e *Error) Unwrap() error { return e.Err }
-
-// BadInput marks the error as the user's input being wrong (exit code 2).
-func (e *Error) BadInput() bool { return true }
+type Error = inputerr.Error
 
 func errf(path, tensor string, off int64, sentinel error, format string, args ...any) error {
-	if format == "" {
-		return &Error{Path: path, Tensor: tensor, Offset: off, Err: sentinel}
-	}
-	return &Error{Path: path, Tensor: tensor, Offset: off, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+	return inputerr.New(path, tensor, off, sentinel, format, args...)
 }
 
 // OutType is the --outtype of the converter.
