@@ -3,7 +3,6 @@ package pipeline_test
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -13,32 +12,8 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/ferry-llm/ferry/internal/ptytest"
 )
-
-// openPseudoTerminal opens a pseudo-terminal pair (Linux /dev/ptmx).
-func openPseudoTerminal(t *testing.T) (master, slave *os.File) {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatalf("no pseudo-terminal: %v", err)
-	}
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	return m, s
-}
 
 // On a terminal each running stage draws a byte progress bar (named after
 // the stage); elsewhere the run logs plain progress lines.
@@ -47,7 +22,7 @@ func TestCLIProgress(t *testing.T) {
 	p := filepath.Join(dir, "p.yaml")
 	write(t, p, "name: tty\nstages:\n  - name: bigstage\n    synth: { size: 96MiB, units: 48 }\n  - name: other\n    synth: { size: 96MiB, units: 48, seed: 5 }\n")
 
-	master, slave := openPseudoTerminal(t)
+	master, slave := ptytest.Open(t)
 	defer master.Close()
 	cmd := exec.Command(ferryBinary(t), "pipeline", "run", "-j", "2", p)
 	var stdout bytes.Buffer

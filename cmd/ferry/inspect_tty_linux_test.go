@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -12,37 +11,13 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/ferry-llm/ferry/internal/ptytest"
 )
-
-// openPTY opens a pseudo-terminal pair (Linux /dev/ptmx).
-func openPTY(t *testing.T) (master, slave *os.File) {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminal on this machine: %v", err)
-	}
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
-	return m, s
-}
 
 // With stderr on a terminal, --hash draws a byte progress bar there, and
 // stdout still carries only the result.
 func TestInspectHashProgressOnTTY(t *testing.T) {
-	master, slave := openPTY(t)
+	master, slave := ptytest.Open(t)
 	defer master.Close()
 	cmd := exec.Command(os.Args[0], "inspect", "--json", "--hash", "--jobs", "1", bundledBase)
 	cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
