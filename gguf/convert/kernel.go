@@ -21,6 +21,10 @@ var bf16ToF16Table = sync.OnceValue(func() *[1 << 16]uint16 {
 	return &t
 })
 
+// forceTable makes bf16ToF16 use the table alone (tests compare the
+// vector kernel against it).
+var forceTable bool
+
 // littleEndian is whether the host stores uint16 as the files do.
 var littleEndian = func() bool {
 	x := uint16(1)
@@ -35,8 +39,9 @@ func bf16ToF16(dst, src []byte) {
 	if littleEndian && n > 0 && uintptr(unsafe.Pointer(&src[0]))%2 == 0 && uintptr(unsafe.Pointer(&dst[0]))%2 == 0 {
 		s := unsafe.Slice((*uint16)(unsafe.Pointer(&src[0])), n)
 		d := unsafe.Slice((*uint16)(unsafe.Pointer(&dst[0])), n)
-		for i, x := range s {
-			d[i] = t[x]
+		k := bf16ToF16Fast(d, s)
+		for i, x := range s[k:] {
+			d[k+i] = t[x]
 		}
 		return
 	}
@@ -49,11 +54,13 @@ func bf16ToF16(dst, src []byte) {
 }
 
 // directKernel reports whether tensor bytes can go from source to output
-// without the float32 stage (no transform, and a conversion that is a copy
-// or a table lookup), and the function doing it (nil: a plain copy).
+// without the float32 stage (no element op, and a conversion that keeps
+// the element width: a copy or the bfloat16 → half kernel), and the
+// function doing it (nil: a plain copy). Row gathers and column
+// permutations move whole elements and commute with the conversion.
 func directKernel(t *TensorPlan) (ok bool, conv func(dst, src []byte)) {
 	v := t.vt
-	if len(v.ops) > 0 || v.col != nil || len(v.srcs) == 0 {
+	if len(v.ops) > 0 || len(v.srcs) == 0 {
 		return false, nil
 	}
 	dt := v.srcs[0].DType

@@ -1,37 +1,53 @@
 package convert
 
 import (
+	"bytes"
 	"encoding/binary"
+	"fmt"
 	"testing"
 
 	"github.com/ferry-llm/ferry/tensor"
 )
 
-// The direct BF16 → F16 kernel equals the float32 path (BF16ToF32 then the
-// RNE F32ToF16) for every one of the 65536 bfloat16 patterns, aligned and
-// not.
+// The direct BF16 → F16 kernel gives, bit for bit, what the float32 path
+// (exact widening, then the RNE Float32ToF16, NaN → sign|0x7e00) gives for
+// every one of the 65536 bfloat16 patterns: through the vector kernel and
+// the table alone, at aligned and odd addresses, with and without a tail
+// shorter than a vector block.
 func TestBF16ToF16Kernel(t *testing.T) {
-	src := make([]byte, 2<<16+1)
-	for i := 0; i < 1<<16; i++ {
+	src := make([]byte, 2<<16)
+	want := make([]uint16, 1<<16)
+	for i := range want {
 		binary.LittleEndian.PutUint16(src[2*i:], uint16(i))
+		want[i] = tensor.Float32ToF16(tensor.BF16ToFloat32(uint16(i)))
 	}
-	f := make([]float32, 1<<16)
-	tensor.BF16ToF32(f, src[:2<<16])
-	want := make([]byte, 2<<16)
-	tensor.F32ToF16(want, f)
-	for _, off := range []int{0, 1} {
-		s := append([]byte(nil), src[:2<<16]...)
-		if off == 1 { // odd address: the portable loop
-			s = append(make([]byte, 1, 2<<16+1), s...)[1:]
-		}
-		got := make([]byte, 2<<16)
-		bf16ToF16(got, s)
-		for i := 0; i < 1<<16; i++ {
-			g, w := binary.LittleEndian.Uint16(got[2*i:]), binary.LittleEndian.Uint16(want[2*i:])
-			if g != w && !(isNaN16(g) && isNaN16(w)) {
-				t.Fatalf("offset %d: bf16 %#04x → %#04x, float32 path %#04x", off, i, g, w)
+	for _, tc := range []struct {
+		name  string
+		table bool
+		odd   bool
+		n     int
+	}{
+		{"vector", false, false, 1 << 16},
+		{"vector-tail", false, false, 1<<16 - 5},
+		{"vector-short", false, false, 15},
+		{"table", true, false, 1 << 16},
+		{"odd-address", false, true, 1 << 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forceTable = tc.table
+			defer func() { forceTable = false }()
+			s := append([]byte(nil), src[:2*tc.n]...)
+			if tc.odd { // odd address: the portable loop
+				s = append(make([]byte, 1, 2*tc.n+1), s...)[1:]
 			}
-		}
+			got := make([]byte, 2*tc.n)
+			bf16ToF16(got, s)
+			for i := 0; i < tc.n; i++ {
+				if g := binary.LittleEndian.Uint16(got[2*i:]); g != want[i] {
+					t.Fatalf("bf16 %#04x → %#04x, float32 path %#04x", i, g, want[i])
+				}
+			}
+		})
 	}
 }
 
@@ -50,16 +66,53 @@ func TestBF16ToF16InPlace(t *testing.T) {
 	}
 }
 
-func isNaN16(h uint16) bool { return h&0x7c00 == 0x7c00 && h&0x3ff != 0 }
-
+// BenchmarkBF16ToF16 is the direct kernel, vector (AVX2/F16C where the
+// CPU has it) and table alone.
 func BenchmarkBF16ToF16(b *testing.B) {
 	src := make([]byte, 1<<20)
 	dst := make([]byte, 1<<20)
 	for i := range src {
 		src[i] = byte(i * 7)
 	}
-	b.SetBytes(int64(len(src)))
-	for i := 0; i < b.N; i++ {
-		bf16ToF16(dst, src)
+	for _, table := range []bool{false, true} {
+		name := "vector"
+		if table {
+			name = "table"
+		}
+		b.Run(name, func(b *testing.B) {
+			forceTable = table
+			defer func() { forceTable = false }()
+			b.SetBytes(int64(len(src)))
+			for i := 0; i < b.N; i++ {
+				bf16ToF16(dst, src)
+			}
+		})
+	}
+}
+
+// gatherCols moves whole elements: for 2-, 4- and 3-byte elements and
+// several rows, dst[row][c] = src[row][perm[c]].
+func TestGatherCols(t *testing.T) {
+	perm := []int64{3, 0, 4, 1, 2}
+	for _, es := range []int{2, 4, 3} {
+		t.Run(fmt.Sprint(es), func(t *testing.T) {
+			const rows = 3
+			C := len(perm)
+			src := make([]byte, rows*C*es)
+			for i := range src {
+				src[i] = byte(i*31 + 7)
+			}
+			dst := make([]byte, len(src))
+			gatherCols(dst, src, perm, es)
+			for r := 0; r < rows; r++ {
+				for c, pc := range perm {
+					got := dst[(r*C+c)*es : (r*C+c+1)*es]
+					want := src[(r*C+int(pc))*es : (r*C+int(pc)+1)*es]
+					if !bytes.Equal(got, want) {
+						t.Fatalf("row %d column %d: %x, want source column %d %x", r, c, got, pc, want)
+					}
+				}
+			}
+		})
 	}
 }

@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package convert
+
+// bf16ToF16Fast has no vector kernel on this architecture: the table
+// converts everything.
+func bf16ToF16Fast(d, s []uint16) int { return 0 }
