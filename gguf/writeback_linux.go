@@ -1,21 +1,58 @@
 package gguf
 
-import "golang.org/x/sys/unix"
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
 
 // writebackEvery is how many bytes the writer lets accumulate before it
 // asks the kernel to start writing them out.
 const writebackEvery = 64 << 20
 
-// startWriteback asks the kernel to start writing dirty pages to disk now
-// (sync_file_range SYNC_FILE_RANGE_WRITE over the whole file, which does
-// not wait for completion) once writebackEvery bytes were written since
-// the last request, so the final fsync does not find the whole file dirty.
-func (w *Writer) startWriteback(off, n int64) {
+// flusher asks the kernel, from a goroutine of its own, to start writing
+// the file's dirty pages to disk (sync_file_range SYNC_FILE_RANGE_WRITE
+// over the whole file, which does not wait for the data to reach the
+// disk). Writeback then runs alongside the conversion instead of all at
+// the final fsync, and the writers never stall in the call: submitting
+// writeback costs CPU and blocks while the device queue is full.
+type flusher struct {
+	kick chan struct{}
+	done chan struct{}
+}
+
+func newFlusher(f *os.File) *flusher {
+	fl := &flusher{kick: make(chan struct{}, 1), done: make(chan struct{})}
+	fd := int(f.Fd())
+	go func() {
+		defer close(fl.done)
+		for range fl.kick {
+			unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+		}
+	}()
+	return fl
+}
+
+// stop waits for a request in progress; the file may then be closed.
+func (fl *flusher) stop() {
+	if fl == nil {
+		return
+	}
+	close(fl.kick)
+	<-fl.done
+}
+
+// startWriteback notes n more bytes written and, every writebackEvery
+// bytes, wakes the flusher (a request already pending covers these too).
+func (w *Writer) startWriteback(n int64) {
 	if w.pending.Add(n) < writebackEvery {
 		return
 	}
 	w.pending.Store(0)
-	unix.SyncFileRange(int(w.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+	select {
+	case w.fl.kick <- struct{}{}:
+	default:
+	}
 }
 
 // reserve allocates the file's blocks up front (fallocate), so a disk too

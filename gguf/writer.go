@@ -271,7 +271,9 @@ type Writer struct {
 	tmp    string
 
 	mu      sync.Mutex
+	wmu     sync.Mutex   // serializes WriteAt's pwrite
 	pending atomic.Int64 // bytes written since the last writeback request
+	fl      *flusher     // background writeback requests (Linux)
 	written []bool
 	err     error // sticky
 	done    bool
@@ -292,6 +294,7 @@ func Create(path string, layout *Layout, opt Options) (*Writer, error) {
 	if opt.Resume {
 		if f, ok := reusable(w.tmp, layout); ok {
 			w.f = f
+			w.fl = newFlusher(f)
 			w.resumed = true
 			return w, nil
 		}
@@ -301,6 +304,7 @@ func Create(path string, layout *Layout, opt Options) (*Writer, error) {
 		return nil, err
 	}
 	w.f = f
+	w.fl = newFlusher(f)
 	if _, err := f.WriteAt(layout.Header, 0); err != nil {
 		w.Abort()
 		return nil, err
@@ -361,9 +365,12 @@ func (w *Writer) TensorWriter(i int) io.Writer {
 }
 
 // WriteAt writes part of tensor i's body: b at byte off within the
-// tensor. It is safe for concurrent use on disjoint ranges; the bytes are
-// handed to the kernel's writeback at once (Linux), so Close's fsync has
-// little left to do.
+// tensor. It is safe for concurrent use on disjoint ranges. The writes
+// themselves are serialized: buffered writes to one file take its inode
+// lock, and a kernel waiter spins on it (burning the core another worker
+// could convert on), while a Go mutex parks it. Writeback of the written
+// bytes starts in the background (Linux), so Close's fsync has little
+// left to do.
 func (w *Writer) WriteAt(i int, b []byte, off int64) error {
 	if err := w.sticky(); err != nil {
 		return err
@@ -373,10 +380,13 @@ func (w *Writer) WriteAt(i int, b []byte, off int64) error {
 		return w.fail(fmt.Errorf("%s: tensor %q: %w: bytes %d..%d of %d", w.path, t.Name, ErrWriteSize, off, off+int64(len(b)), t.Size()))
 	}
 	at := w.layout.TensorOffset(i) + off
-	if _, err := w.f.WriteAt(b, at); err != nil {
+	w.wmu.Lock()
+	_, err := w.f.WriteAt(b, at)
+	w.wmu.Unlock()
+	if err != nil {
 		return w.fail(fmt.Errorf("%s: tensor %q: %w", w.path, t.Name, err))
 	}
-	w.startWriteback(at, int64(len(b)))
+	w.startWriteback(int64(len(b)))
 	return nil
 }
 
@@ -467,6 +477,7 @@ func (w *Writer) Close() error {
 	}
 	w.done = true
 	w.mu.Unlock()
+	w.fl.stop()
 	if err := w.f.Sync(); err != nil {
 		w.f.Close()
 		return fmt.Errorf("%s: fsync: %w", w.tmp, err)
@@ -488,6 +499,7 @@ func (w *Writer) Abort() {
 		return
 	}
 	w.done = true
+	w.fl.stop()
 	w.f.Close()
 	os.Remove(w.tmp)
 }
@@ -500,6 +512,7 @@ func (w *Writer) Detach() error {
 		return nil
 	}
 	w.done = true
+	w.fl.stop()
 	err := w.f.Sync()
 	if cerr := w.f.Close(); err == nil {
 		err = cerr

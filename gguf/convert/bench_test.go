@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,7 +42,9 @@ func init() {
 // benchCheckpoint writes (once per process) a Qwen3.5-27B-width checkpoint:
 // 4 layers (3 linear-attention + 1 full) + 1 MTP layer at the real widths,
 // vocab 32768 (the 248320 vocabulary would add 5 GB of embeddings), BF16,
-// 2 GB shards, with a tokenizer. FERRY_BENCH_DIR keeps it between runs.
+// 2 GB shards, with a tokenizer. FERRY_BENCH_DIR keeps it between runs;
+// FERRY_BENCH_LAYERS sets the layer count (default 4: 4.56 GB; 12: 10.65
+// GB, more than the kernel's default dirty-page limit on a 24 GiB machine).
 func benchCheckpoint(b *testing.B) string {
 	dir := os.Getenv("FERRY_BENCH_DIR")
 	if dir != "" {
@@ -51,7 +54,15 @@ func benchCheckpoint(b *testing.B) string {
 	} else {
 		dir = filepath.Join(b.TempDir(), "qwen35-27b-slice")
 	}
-	o := testmodel.Large27B(4)
+	layers := 4
+	if s := os.Getenv("FERRY_BENCH_LAYERS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("FERRY_BENCH_LAYERS=%q: want a layer count ≥ 1", s)
+		}
+		layers = n
+	}
+	o := testmodel.Large27B(layers)
 	o.VocabSize = 32768
 	o.NoTokenizer = false
 	if _, err := o.Write(dir); err != nil {

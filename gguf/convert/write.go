@@ -54,6 +54,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 	if jobs <= 0 {
 		jobs = runtime.GOMAXPROCS(0)
 	}
+
 	chunk := wo.ChunkElems
 	if chunk <= 0 {
 		chunk = 1 << 20
@@ -87,6 +88,8 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		remaining[i].Store(n)
 	}
 
+	// Each worker reads, converts and writes its unit: the bytes are still
+	// in its core's cache when pwrite copies them into the page cache.
 	g, gctx := errgroup.WithContext(ctx)
 	ch := make(chan unit)
 	g.Go(func() error {
@@ -107,8 +110,15 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 				if err := gctx.Err(); err != nil {
 					return err
 				}
-				if err := writeUnit(w, p, u, &b, wo.Progress); err != nil {
+				off, consumed, err := convertUnit(p, u, &b)
+				if err != nil {
 					return err
+				}
+				if err := w.WriteAt(u.t, b.out, off); err != nil {
+					return err
+				}
+				if wo.Progress != nil {
+					wo.Progress(consumed)
 				}
 				if remaining[u.t].Add(-1) == 0 {
 					if err := w.Finish(u.t); err != nil {
@@ -157,13 +167,24 @@ func grow[T any](s []T, n int64) []T {
 	return s[:n]
 }
 
-func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)) error {
+// convertUnit reads and converts unit u into b.out and returns the byte
+// offset within the tensor where b.out belongs and the checkpoint bytes
+// it consumed.
+func convertUnit(p *Plan, u unit, b *buffers) (int64, int64, error) {
 	t := &p.Tensors[u.t]
 	v := t.vt
 	C := v.cols()
 	rowBytes, _ := t.Type.RowSize(uint64(C))
 	b.out = grow(b.out, (u.r1-u.r0)*int64(rowBytes))
 	direct, kernel := directKernel(t)
+	// A column permutation without element ops commutes with the element
+	// conversion: convert the source rows, then gather their columns.
+	permuted := direct && v.col != nil
+	if permuted {
+		if err := colPerm(t, b); err != nil {
+			return 0, 0, err
+		}
+	}
 	if !direct {
 		b.f32 = grow(b.f32, (u.r1-u.r0)*C)
 	}
@@ -183,26 +204,37 @@ func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)
 		es := int64(src.DType.Bits() / 8)
 		srcElems := src.Loc.Info.Size() / es
 		if srcElems%C != 0 || r < 0 || (r+(j-i))*C > srcElems {
-			return fmt.Errorf("%s: tensor %q: internal plan error: rows %d..%d of %d columns outside %d elements", src.Loc.Shard.Path, src.HFName, r, r+(j-i), C, srcElems)
+			return 0, 0, fmt.Errorf("%s: tensor %q: internal plan error: rows %d..%d of %d columns outside %d elements", src.Loc.Shard.Path, src.HFName, r, r+(j-i), C, srcElems)
 		}
 		nb := (j - i) * C * es
+		if direct && int64(rowBytes) != C*es {
+			return 0, 0, fmt.Errorf("tensor %q: internal plan error: direct conversion from %d-byte to %d-byte rows", t.Name, C*es, rowBytes)
+		}
 		off := src.Loc.Shard.DataOffset() + src.Loc.Info.Begin + r*C*es
-		var raw []byte
-		if direct && int64(rowBytes) == C*es { // same width: read into the output, convert in place
-			raw = b.out[(i-u.r0)*int64(rowBytes) : (j-u.r0)*int64(rowBytes)]
+		// Direct conversions keep the element width (rowBytes == C·es).
+		dst := b.out[(i-u.r0)*int64(rowBytes) : (j-u.r0)*int64(rowBytes)]
+		var in []byte
+		if direct && !permuted { // read into the output, convert in place
+			in = dst
 		} else {
 			b.raw = grow(b.raw, nb)
-			raw = b.raw
+			in = b.raw
 		}
-		if _, err := src.Loc.Shard.ReaderAt().ReadAt(raw, off); err != nil {
-			return fmt.Errorf("%s: tensor %q at offset %d: %w", src.Loc.Shard.Path, src.HFName, off, err)
+		if _, err := src.Loc.Shard.ReaderAt().ReadAt(in, off); err != nil {
+			return 0, 0, fmt.Errorf("%s: tensor %q at offset %d: %w", src.Loc.Shard.Path, src.HFName, off, err)
 		}
 		switch {
+		case direct && permuted:
+			gatherCols(dst, in, b.perm, int(es))
+			if kernel != nil {
+				kernel(dst, dst)
+			}
 		case direct && kernel != nil:
-			kernel(b.out[(i-u.r0)*int64(rowBytes):(j-u.r0)*int64(rowBytes)], raw)
-		case !direct:
-			if err := tensor.ToF32(src.DType, b.f32[(i-u.r0)*C:(j-u.r0)*C], raw); err != nil {
-				return fmt.Errorf("%s: tensor %q: %w", src.Loc.Shard.Path, src.HFName, err)
+			kernel(dst, dst)
+		case direct: // a plain copy: the bytes are in place
+		default:
+			if err := tensor.ToF32(src.DType, b.f32[(i-u.r0)*C:(j-u.r0)*C], in); err != nil {
+				return 0, 0, fmt.Errorf("%s: tensor %q: %w", src.Loc.Shard.Path, src.HFName, err)
 			}
 		}
 		consumed += nb
@@ -210,16 +242,49 @@ func writeUnit(w *gguf.Writer, p *Plan, u unit, b *buffers, progress func(int64)
 	}
 	if !direct {
 		if err := transformEncode(t, b, u); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
-	if err := w.WriteAt(u.t, b.out, u.r0*int64(rowBytes)); err != nil {
-		return err
-	}
-	if progress != nil {
-		progress(consumed)
+	return u.r0 * int64(rowBytes), consumed, nil
+}
+
+// colPerm fills b.perm with tensor t's column permutation (output column
+// c is source column b.perm[c]), checked to stay inside the row.
+func colPerm(t *TensorPlan, b *buffers) error {
+	v := t.vt
+	C := v.cols()
+	b.perm = grow(b.perm, C)
+	for c := int64(0); c < C; c++ {
+		b.perm[c] = v.col(c)
+		if b.perm[c] < 0 || b.perm[c] >= C {
+			return fmt.Errorf("tensor %q: internal plan error: column %d maps to %d", t.Name, c, b.perm[c])
+		}
 	}
 	return nil
+}
+
+// gatherCols writes the rows of src into dst with their columns permuted:
+// dst[row][c] = src[row][perm[c]], elements of es bytes.
+func gatherCols(dst, src []byte, perm []int64, es int) {
+	C := len(perm)
+	rowBytes := C * es
+	for r := 0; r+rowBytes <= len(dst); r += rowBytes {
+		d, s := dst[r:r+rowBytes], src[r:r+rowBytes]
+		switch es {
+		case 2:
+			for c, pc := range perm {
+				d[2*c], d[2*c+1] = s[2*pc], s[2*pc+1]
+			}
+		case 4:
+			for c, pc := range perm {
+				copy(d[4*c:4*c+4], s[4*pc:4*pc+4])
+			}
+		default:
+			for c, pc := range perm {
+				copy(d[es*c:es*c+es], s[int64(es)*pc:int64(es)*pc+int64(es)])
+			}
+		}
+	}
 }
 
 // transformEncode applies the column permutation and element ops to the
@@ -229,12 +294,8 @@ func transformEncode(t *TensorPlan, b *buffers, u unit) error {
 	C := v.cols()
 	f32 := b.f32
 	if v.col != nil {
-		b.perm = grow(b.perm, C)
-		for c := int64(0); c < C; c++ {
-			b.perm[c] = v.col(c)
-			if b.perm[c] < 0 || b.perm[c] >= C {
-				return fmt.Errorf("tensor %q: internal plan error: column %d maps to %d", t.Name, c, b.perm[c])
-			}
+		if err := colPerm(t, b); err != nil {
+			return err
 		}
 		b.row = grow(b.row, C)
 		for r := int64(0); r < u.r1-u.r0; r++ {
