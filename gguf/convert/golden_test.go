@@ -110,6 +110,12 @@ func loadGolden(t *testing.T, name string) *goldenFile {
 			t.Fatal(err)
 		}
 	}
+	return loadGoldenPath(t, path)
+}
+
+// loadGoldenPath reads a golden dump, its KV values compacted.
+func loadGoldenPath(t *testing.T, path string) *goldenFile {
+	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -208,10 +214,16 @@ func TestGoldenQwen3F16(t *testing.T) {
 	out, _ := convertDir(t, qwen3Dir, Options{OutType: OutF16}, WriteOptions{})
 	got := dumpGGUF(t, out, "")
 	compareGolden(t, got, want, nil, false)
+	wantIdentical(t, got, want, "")
+}
+
+// wantIdentical fails unless got is the reference file byte for byte.
+func wantIdentical(t *testing.T, got, want *goldenFile, what string) {
+	t.Helper()
 	if got.SHA256 != want.SHA256 {
-		t.Errorf("file sha256 %s, reference %s: not byte-identical", got.SHA256, want.SHA256)
+		t.Errorf("%sfile sha256 %s, reference %s: not byte-identical", what, got.SHA256, want.SHA256)
 	} else {
-		t.Logf("whole file byte-identical to the reference (sha256 %s)", got.SHA256)
+		t.Logf("%swhole file byte-identical to the reference (sha256 %s)", what, got.SHA256)
 	}
 }
 
@@ -235,11 +247,7 @@ func TestGoldenQwen35F16(t *testing.T) {
 	out2, _ := convertDir(t, qwen35Dir, Options{OutType: OutF16, Pre: "qwen2"}, WriteOptions{Jobs: 1})
 	got2 := dumpGGUF(t, out2, "")
 	compareGolden(t, got2, want, nil, false)
-	if got2.SHA256 != want.SHA256 {
-		t.Errorf("with --pre qwen2: file sha256 %s, reference %s", got2.SHA256, want.SHA256)
-	} else {
-		t.Logf("with --pre qwen2 the whole file is byte-identical to the reference (sha256 %s)", got2.SHA256)
-	}
+	wantIdentical(t, got2, want, "with --pre qwen2: ")
 }
 
 // convertQ8_0SHA256 is the sha256 of the reference converter's own
