@@ -29,6 +29,12 @@ var familyGoldens = []struct {
 	{"qwen2-F16", "qwen2", Options{OutType: OutF16}, nil},
 	{"qwen35moe-F16", "qwen35moe", Options{OutType: OutF16}, preTweak("qwen35")},
 	{"qwen35moe-BF16", "qwen35moe", Options{OutType: OutBF16}, preTweak("qwen35")},
+	{"qwen3moe-F16", "qwen3moe", Options{OutType: OutF16}, nil},
+	{"qwen3moe-Q8_0", "qwen3moe", Options{OutType: OutQ8_0}, nil},
+	{"qwen35moe-fused-F16", "qwen35moe-fused", Options{OutType: OutF16}, preTweak("qwen35")},
+	{"qwen35moe-fused-mtp-F16", "qwen35moe-fused", Options{OutType: OutF16, MTPOnly: true}, preTweak("qwen35")},
+	{"qwen35-condgen-F16", "qwen35-condgen", Options{OutType: OutF16}, preTweak("qwen35")},
+	{"qwen35-condgen-mtp-F16", "qwen35-condgen", Options{OutType: OutF16, MTPOnly: true}, preTweak("qwen35")},
 	{"qwen3next-F16", "qwen3next", Options{OutType: OutF16}, nil},
 }
 

@@ -26,6 +26,26 @@ type Qwen3Options struct {
 	Common
 }
 
+// Qwen3MoEOptions configures a Qwen3MoeForCausalLM checkpoint (model_type
+// qwen3_moe): Qwen3 attention (q_norm/k_norm), and in every layer a router
+// mlp.gate [experts, H] and per-expert mlp.experts.{e}.{gate,up,down}_proj
+// (no shared expert), as transformers 5 saves it. MoE's shared-expert and
+// fused fields are not used.
+type Qwen3MoEOptions struct {
+	Common
+	MoE
+}
+
+// Write generates the checkpoint into dir.
+func (o Qwen3MoEOptions) Write(dir string) (*Model, error) {
+	return finish(dir)(buildDense(o.Common, kindQwen3MoE, o.MoE))
+}
+
+// Layout returns the Model Write would produce, writing nothing.
+func (o Qwen3MoEOptions) Layout() (*Model, error) {
+	return finish("")(buildDense(o.Common, kindQwen3MoE, o.MoE))
+}
+
 // Qwen3Reference has the dimensions of ../shared/reference/qwen3/base:
 // 2 layers, hidden 256, 4 heads of 64, 2 KV heads, intermediate 512, vocab
 // 512, tied embeddings, 1 MB shards.
@@ -42,33 +62,41 @@ const (
 	kindLlama denseKind = iota
 	kindQwen2
 	kindQwen3
+	kindQwen3MoE
 )
 
 // Write generates the checkpoint into dir.
 func (o LlamaOptions) Write(dir string) (*Model, error) {
-	return finish(dir)(buildDense(o.Common, kindLlama))
+	return finish(dir)(buildDense(o.Common, kindLlama, MoE{}))
 }
 
 // Layout returns the Model Write would produce, writing nothing.
-func (o LlamaOptions) Layout() (*Model, error) { return finish("")(buildDense(o.Common, kindLlama)) }
+func (o LlamaOptions) Layout() (*Model, error) {
+	return finish("")(buildDense(o.Common, kindLlama, MoE{}))
+}
 
 // Write generates the checkpoint into dir.
 func (o Qwen2Options) Write(dir string) (*Model, error) {
-	return finish(dir)(buildDense(o.Common, kindQwen2))
+	return finish(dir)(buildDense(o.Common, kindQwen2, MoE{}))
 }
 
 // Layout returns the Model Write would produce, writing nothing.
-func (o Qwen2Options) Layout() (*Model, error) { return finish("")(buildDense(o.Common, kindQwen2)) }
+func (o Qwen2Options) Layout() (*Model, error) {
+	return finish("")(buildDense(o.Common, kindQwen2, MoE{}))
+}
 
 // Write generates the checkpoint into dir.
 func (o Qwen3Options) Write(dir string) (*Model, error) {
-	return finish(dir)(buildDense(o.Common, kindQwen3))
+	return finish(dir)(buildDense(o.Common, kindQwen3, MoE{}))
 }
 
 // Layout returns the Model Write would produce, writing nothing.
-func (o Qwen3Options) Layout() (*Model, error) { return finish("")(buildDense(o.Common, kindQwen3)) }
+func (o Qwen3Options) Layout() (*Model, error) {
+	return finish("")(buildDense(o.Common, kindQwen3, MoE{}))
+}
 
-func buildDense(c Common, kind denseKind) (*builder, error) {
+func buildDense(c Common, kind denseKind, moe MoE) (*builder, error) {
+	moe = moe.withDefaults()
 	d := denseDefaults
 	if kind == kindQwen2 {
 		h := c.HiddenSize
@@ -107,13 +135,24 @@ func buildDense(c Common, kind denseKind) (*builder, error) {
 			}
 		}
 		b.add(p+"self_attn.o_proj.weight", matInit, H, q)
-		if kind == kindQwen3 {
+		if kind == kindQwen3 || kind == kindQwen3MoE {
 			b.add(p+"self_attn.q_norm.weight", oneInit, int64(c.HeadDim))
 			b.add(p+"self_attn.k_norm.weight", oneInit, int64(c.HeadDim))
 		}
-		b.add(p+"mlp.gate_proj.weight", matInit, I, H)
-		b.add(p+"mlp.up_proj.weight", matInit, I, H)
-		b.add(p+"mlp.down_proj.weight", matInit, H, I)
+		if kind == kindQwen3MoE {
+			E, EI := int64(moe.NumExperts), int64(moe.MoEIntermediateSize)
+			b.add(p+"mlp.gate.weight", matInit, E, H)
+			for e := int64(0); e < E; e++ {
+				ep := fmt.Sprintf("%smlp.experts.%d.", p, e)
+				b.add(ep+"gate_proj.weight", matInit, EI, H)
+				b.add(ep+"up_proj.weight", matInit, EI, H)
+				b.add(ep+"down_proj.weight", matInit, H, EI)
+			}
+		} else {
+			b.add(p+"mlp.gate_proj.weight", matInit, I, H)
+			b.add(p+"mlp.up_proj.weight", matInit, I, H)
+			b.add(p+"mlp.down_proj.weight", matInit, H, I)
+		}
 		b.add(p+"input_layernorm.weight", oneInit, H)
 		b.add(p+"post_attention_layernorm.weight", oneInit, H)
 	}
@@ -160,6 +199,21 @@ func buildDense(c Common, kind denseKind) (*builder, error) {
 		cfg["layer_types"] = full
 		cfg["max_window_layers"] = 28
 		cfg["rope_parameters"] = map[string]any{"rope_theta": 1000000.0, "rope_type": "default"}
+		cfg["sliding_window"] = nil
+		cfg["use_sliding_window"] = false
+	case kindQwen3MoE:
+		b.arch, b.modelType = "Qwen3MoeForCausalLM", "qwen3_moe"
+		cfg["attention_bias"] = false
+		cfg["head_dim"] = c.HeadDim
+		cfg["decoder_sparse_step"] = 1
+		cfg["mlp_only_layers"] = []int{}
+		cfg["moe_intermediate_size"] = moe.MoEIntermediateSize
+		cfg["norm_topk_prob"] = true
+		cfg["num_experts"] = moe.NumExperts
+		cfg["num_experts_per_tok"] = moe.NumExpertsPerTok
+		cfg["output_router_logits"] = false
+		cfg["rope_parameters"] = map[string]any{"rope_theta": 1000000.0, "rope_type": "default"}
+		cfg["router_aux_loss_coef"] = 0.001
 		cfg["sliding_window"] = nil
 		cfg["use_sliding_window"] = false
 	case kindQwen3:

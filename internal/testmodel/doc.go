@@ -12,6 +12,7 @@
 //   - LlamaOptions    LlamaForCausalLM (model_type llama)
 //   - Qwen2Options    Qwen2ForCausalLM (q/k/v biases)
 //   - Qwen3Options    Qwen3ForCausalLM (q_norm/k_norm, optional tied embeddings)
+//   - Qwen3MoEOptions Qwen3MoeForCausalLM (router + per-expert MLPs)
 //   - Qwen35Options   Qwen3_5ForCausalLM hybrid (Gated DeltaNet + gated full
 //     attention, 15 mtp.* tensors in the last shard), optionally in the
 //     Qwen3_5ForConditionalGeneration layout, or with the MTP tensors

@@ -17,8 +17,17 @@ var ConverterFamilies = map[string]func(dir string) (*Model, error){
 	"qwen2": func(dir string) (*Model, error) {
 		return Qwen2Options{Common{Seed: 11}}.Write(dir)
 	},
+	"qwen3moe": func(dir string) (*Model, error) {
+		return Qwen3MoEOptions{Common: Common{Seed: 11}}.Write(dir)
+	},
 	"qwen35moe": func(dir string) (*Model, error) {
 		return Qwen35MoEOptions{Common: Common{Seed: 11}}.Write(dir)
+	},
+	"qwen35moe-fused": func(dir string) (*Model, error) {
+		return Qwen35MoEOptions{Common: Common{Seed: 11}, MoE: MoE{FusedExperts: true}}.Write(dir)
+	},
+	"qwen35-condgen": func(dir string) (*Model, error) {
+		return Qwen35Options{Common: Common{Seed: 11}, ConditionalGeneration: true}.Write(dir)
 	},
 	"qwen3next": func(dir string) (*Model, error) {
 		return Qwen3NextOptions{Common: Common{Seed: 11}}.Write(dir)
