@@ -339,6 +339,12 @@ func reusable(tmp string, layout *Layout) (*os.File, bool) {
 	return f, true
 }
 
+// ReadAt reads back bytes of the partial file (at any absolute offset).
+func (w *Writer) ReadAt(b []byte, off int64) (int, error) { return w.f.ReadAt(b, off) }
+
+// Path is the final name the file gets at Close.
+func (w *Writer) Path() string { return w.path }
+
 // Resumed reports whether Create reused an earlier partial file.
 func (w *Writer) Resumed() bool { return w.resumed }
 

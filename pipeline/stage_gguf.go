@@ -130,6 +130,7 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		env.Progress.Add(plan.InputBytes)
 		return &Result{Outputs: []manifest.Output{{Path: name, Digest: d, Size: n}}}, nil
 	}
+	var sum []byte
 	err = convert.Write(ctx, plan, out, convert.WriteOptions{
 		Jobs:   env.Jobs,
 		Resume: true,
@@ -138,6 +139,7 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		},
 		Progress:   env.Progress.Add,
 		TensorDone: dl.add,
+		Digest:     func(s []byte) { sum = s },
 	})
 	if err != nil {
 		if ferr := dl.flush(); ferr != nil {
@@ -149,7 +151,8 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err := dl.markComplete(out); err != nil {
 		return nil, err
 	}
-	d, n, err := env.Store.Adopt(out)
+	// Hashed while it was written: adopt it without reading it again.
+	d, n, err := env.Store.AdoptKnown(out, manifest.NewDigest(sum), plan.Layout.Size)
 	if err != nil {
 		return nil, err
 	}

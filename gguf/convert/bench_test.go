@@ -2,7 +2,9 @@ package convert
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,5 +201,55 @@ func BenchmarkConvertSmall(b *testing.B) {
 		if err := Write(context.Background(), p, out, WriteOptions{}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkConvertHashed is the conversion the pipeline's gguf stage runs,
+// which needs the output's sha256 for the manifest: "follow" hashes while
+// writing (WriteOptions.Digest), "after" converts and then reads the file
+// back to hash it (what the stage did before). Same checkpoint as
+// BenchmarkConvertQwen35F16, in process.
+func BenchmarkConvertHashed(b *testing.B) {
+	dir := benchCheckpoint(b)
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ck.Close()
+	p, err := NewPlan(ck, Options{OutType: OutF16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := filepath.Join(b.TempDir(), "out.gguf")
+	for _, mode := range []string{"follow", "after"} {
+		b.Run(mode, func(b *testing.B) {
+			b.SetBytes(ck.TotalBytes())
+			for i := 0; i < b.N; i++ {
+				var sum []byte
+				wo := WriteOptions{}
+				if mode == "follow" {
+					wo.Digest = func(s []byte) { sum = s }
+				}
+				if err := Write(context.Background(), p, out, wo); err != nil {
+					b.Fatal(err)
+				}
+				if mode == "after" {
+					f, err := os.Open(out)
+					if err != nil {
+						b.Fatal(err)
+					}
+					h := sha256.New()
+					if _, err := io.Copy(h, f); err != nil {
+						b.Fatal(err)
+					}
+					f.Close()
+					sum = h.Sum(nil)
+				}
+				if len(sum) != sha256.Size {
+					b.Fatal("no digest")
+				}
+				os.Remove(out)
+			}
+		})
 	}
 }

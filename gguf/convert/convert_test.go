@@ -1,7 +1,10 @@
 package convert
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -648,13 +651,14 @@ func TestInterruptAndResume(t *testing.T) {
 		t.Fatalf("no partial file: %v", err)
 	}
 	var skipped int
+	var sum []byte
 	err = Write(context.Background(), p, out, WriteOptions{Jobs: 2, Resume: true, Verify: func(i int, name string, r *io.SectionReader) bool {
 		if journal[name] {
 			skipped++
 			return true
 		}
 		return false
-	}})
+	}, Digest: func(s []byte) { sum = s }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -664,6 +668,45 @@ func TestInterruptAndResume(t *testing.T) {
 	want := loadGolden(t, "qwen35-base-F16")
 	got := dumpGGUF(t, out, "")
 	compareGolden(t, got, want, intended{"tokenizer.ggml.pre": "see TestGoldenQwen35F16"}, false)
+	// The digest hashed the skipped tensors from the partial file.
+	if hex.EncodeToString(sum) != got.SHA256 {
+		t.Errorf("resumed write's digest %x, file sha256 %s", sum, got.SHA256)
+	}
+}
+
+// WriteOptions.Digest is the sha256 of the file written, whatever the
+// worker count and unit size (many units per tensor, out of order).
+func TestWriteDigest(t *testing.T) {
+	ck, err := safetensors.OpenDir(qwen35Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	for _, tc := range []struct {
+		jobs  int
+		chunk int64
+		out   OutType
+	}{{1, 0, OutF16}, {4, 0, OutF16}, {3, 1000, OutF16}, {8, 64, OutQ8_0}, {2, 4096, OutF32}} {
+		t.Run(fmt.Sprintf("jobs%d-chunk%d-%s", tc.jobs, tc.chunk, tc.out), func(t *testing.T) {
+			p, err := NewPlan(ck, Options{OutType: tc.out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(t.TempDir(), "m.gguf")
+			var sum []byte
+			if err := Write(context.Background(), p, out, WriteOptions{Jobs: tc.jobs, ChunkElems: tc.chunk, Digest: func(s []byte) { sum = s }}); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := sha256.Sum256(b)
+			if !bytes.Equal(sum, want[:]) {
+				t.Errorf("digest %x, file sha256 %x", sum, want)
+			}
+		})
+	}
 }
 
 // general.sampling.* come from generation_config.json, before general.name

@@ -2,8 +2,10 @@ package convert
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"hash"
 	"io"
 	"math"
 	"runtime"
@@ -35,6 +37,12 @@ type WriteOptions struct {
 	// Progress receives the number of checkpoint bytes consumed, from any
 	// worker goroutine.
 	Progress func(n int64)
+	// Digest, when set, receives the sha256 of the finished file (header,
+	// tensors and padding) after Write renamed it into place. It is
+	// computed while the tensors are written, by a reader that follows the
+	// workers through the page cache in file order, so the file is not read
+	// again afterwards (a resumed run reads back the tensors it skipped).
+	Digest func(sum []byte)
 	// TensorDone is called, from worker goroutines (so it must be safe for
 	// concurrent use), after tensor i's bytes are written (not yet fsynced;
 	// the file is fsynced before it is renamed into place).
@@ -54,7 +62,6 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 	if jobs <= 0 {
 		jobs = runtime.GOMAXPROCS(0)
 	}
-
 	chunk := wo.ChunkElems
 	if chunk <= 0 {
 		chunk = 1 << 20
@@ -91,22 +98,28 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 	// Each worker reads, converts and writes its unit: the bytes are still
 	// in its core's cache when pwrite copies them into the page cache.
 	g, gctx := errgroup.WithContext(ctx)
-	ch := make(chan unit)
+	ch := make(chan int)
 	g.Go(func() error {
 		defer close(ch)
-		for _, u := range units {
+		for k := range units {
 			select {
-			case ch <- u:
+			case ch <- k:
 			case <-gctx.Done():
 				return gctx.Err()
 			}
 		}
 		return nil
 	})
+	var hf *hashFollower
+	if wo.Digest != nil {
+		hf = newHashFollower(w, p, units)
+		g.Go(func() error { return hf.run(gctx) })
+	}
 	for k := 0; k < jobs; k++ {
 		g.Go(func() error {
 			var b buffers
-			for u := range ch {
+			for k := range ch {
+				u := units[k]
 				if err := gctx.Err(); err != nil {
 					return err
 				}
@@ -117,6 +130,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 				if err := w.WriteAt(u.t, b.out, off); err != nil {
 					return err
 				}
+				hf.written(k)
 				if wo.Progress != nil {
 					wo.Progress(consumed)
 				}
@@ -140,7 +154,83 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		w.Detach()
 		return err
 	}
-	return w.Close()
+	if err := w.Close(); err != nil {
+		return err
+	}
+	if hf != nil {
+		wo.Digest(hf.h.Sum(nil))
+	}
+	return nil
+}
+
+// hashFollower hashes the file being written in file order, reading each
+// range back from the page cache once every unit before it is written:
+// units are planned in file order, and everything between them (header,
+// padding, tensors a resumed run skipped) is already in the file.
+type hashFollower struct {
+	w      *gguf.Writer
+	h      hash.Hash
+	start  []int64 // file offset where unit k begins
+	done   []atomic.Bool
+	notify chan struct{}
+	size   int64
+}
+
+func newHashFollower(w *gguf.Writer, p *Plan, units []unit) *hashFollower {
+	hf := &hashFollower{w: w, h: sha256.New(), start: make([]int64, len(units)), done: make([]atomic.Bool, len(units)),
+		notify: make(chan struct{}, 1), size: p.Layout.Size}
+	for k, u := range units {
+		off, _ := unitSpan(p, u)
+		hf.start[k] = p.Layout.TensorOffset(u.t) + off
+	}
+	return hf
+}
+
+// written notes that unit k's bytes are in the file.
+func (hf *hashFollower) written(k int) {
+	if hf == nil {
+		return
+	}
+	hf.done[k].Store(true)
+	select {
+	case hf.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (hf *hashFollower) run(ctx context.Context) error {
+	buf := make([]byte, 1<<20)
+	var hashed int64
+	next := 0
+	for hashed < hf.size {
+		for next < len(hf.done) && hf.done[next].Load() {
+			next++
+		}
+		safe := hf.size
+		if next < len(hf.start) {
+			safe = hf.start[next]
+		}
+		if safe <= hashed {
+			select {
+			case <-hf.notify:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		for hashed < safe {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n := min(int64(len(buf)), safe-hashed)
+			if _, err := hf.w.ReadAt(buf[:n], hashed); err != nil {
+				return fmt.Errorf("%s: hashing bytes %d..%d: %w", hf.w.Path(), hashed, hashed+n, err)
+			}
+			hf.h.Write(buf[:n])
+			hashed += n
+		}
+	}
+	return nil
 }
 
 func (t TensorPlan) inputBytes() int64 {
@@ -245,7 +335,15 @@ func convertUnit(p *Plan, u unit, b *buffers) (int64, int64, error) {
 			return 0, 0, err
 		}
 	}
-	return u.r0 * int64(rowBytes), consumed, nil
+	off, _ := unitSpan(p, u)
+	return off, consumed, nil
+}
+
+// unitSpan is the byte range [off, off+n) of unit u within its tensor.
+func unitSpan(p *Plan, u unit) (off, n int64) {
+	t := &p.Tensors[u.t]
+	rowBytes, _ := t.Type.RowSize(uint64(t.vt.cols()))
+	return u.r0 * int64(rowBytes), (u.r1 - u.r0) * int64(rowBytes)
 }
 
 // colPerm fills b.perm with tensor t's column permutation (output column
