@@ -339,11 +339,17 @@ func Parse(r io.ReaderAt, size int64, path string) (*File, error) {
 		return nil, err
 	}
 	// Each tensor info needs at least 24 bytes, each KV at least 13.
-	if nTensors > MaxTensors || nTensors > uint64(h.left())/24 {
-		return nil, h.errAt(8, "", "", ErrTooLarge, "tensor count %d for %d bytes left (limit %d)", nTensors, h.left(), MaxTensors)
+	if nTensors > MaxTensors {
+		return nil, h.errAt(8, "", "", ErrTooLarge, "tensor count %d over the %d limit", nTensors, MaxTensors)
 	}
-	if nKV > MaxKVs || nKV > uint64(h.left())/13 {
-		return nil, h.errAt(16, "", "", ErrTooLarge, "metadata count %d for %d bytes left (limit %d)", nKV, h.left(), MaxKVs)
+	if nKV > MaxKVs {
+		return nil, h.errAt(16, "", "", ErrTooLarge, "metadata count %d over the %d limit", nKV, MaxKVs)
+	}
+	if nTensors > uint64(h.left())/24 {
+		return nil, h.errAt(8, "", "", ErrTruncated, "tensor count %d needs at least %d bytes, %d left", nTensors, nTensors*24, h.left())
+	}
+	if nKV > uint64(h.left())/13 {
+		return nil, h.errAt(16, "", "", ErrTruncated, "metadata count %d needs at least %d bytes, %d left", nKV, nKV*13, h.left())
 	}
 
 	f.KVs = make([]KV, 0, nKV)
@@ -509,8 +515,11 @@ func (h *hdr) value(key string) (KV, error) {
 	if elem == ValueString {
 		minSize = 8
 	}
-	if n > MaxArrayLen || n > uint64(h.left())/uint64(minSize) {
-		return KV{}, h.errAt(nAt, key, "", ErrTooLarge, "array of %d %s for %d bytes left (limit %d)", n, elem, h.left(), MaxArrayLen)
+	if n > MaxArrayLen {
+		return KV{}, h.errAt(nAt, key, "", ErrTooLarge, "array of %d %s over the %d limit", n, elem, MaxArrayLen)
+	}
+	if n > uint64(h.left())/uint64(minSize) {
+		return KV{}, h.errAt(nAt, key, "", ErrTruncated, "array of %d %s needs at least %d bytes, %d left", n, elem, n*uint64(minSize), h.left())
 	}
 	if elem != ValueString {
 		if int64(n)*minSize > h.budget {

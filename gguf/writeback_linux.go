@@ -2,6 +2,7 @@ package gguf
 
 import (
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,8 +18,10 @@ const writebackEvery = 64 << 20
 // the final fsync, and the writers never stall in the call: submitting
 // writeback costs CPU and blocks while the device queue is full.
 type flusher struct {
-	kick chan struct{}
-	done chan struct{}
+	mu      sync.Mutex
+	stopped bool
+	kick    chan struct{}
+	done    chan struct{}
 }
 
 func newFlusher(f *os.File) *flusher {
@@ -33,12 +36,34 @@ func newFlusher(f *os.File) *flusher {
 	return fl
 }
 
+// request wakes the flusher unless a request is pending or it stopped
+// (a WriteAt racing a Close, Abort or Detach).
+func (fl *flusher) request() {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.stopped {
+		return
+	}
+	select {
+	case fl.kick <- struct{}{}:
+	default:
+	}
+}
+
 // stop waits for a request in progress; the file may then be closed.
+// Calling it again is a no-op.
 func (fl *flusher) stop() {
 	if fl == nil {
 		return
 	}
+	fl.mu.Lock()
+	if fl.stopped {
+		fl.mu.Unlock()
+		return
+	}
+	fl.stopped = true
 	close(fl.kick)
+	fl.mu.Unlock()
 	<-fl.done
 }
 
@@ -49,10 +74,7 @@ func (w *Writer) startWriteback(n int64) {
 		return
 	}
 	w.pending.Store(0)
-	select {
-	case w.fl.kick <- struct{}{}:
-	default:
-	}
+	w.fl.request()
 }
 
 // reserve allocates the file's blocks up front (fallocate), so a disk too

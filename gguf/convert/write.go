@@ -155,6 +155,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		return err
 	}
 	if err := w.Close(); err != nil {
+		w.Detach() // keeps the partial file; a no-op once Close got that far
 		return err
 	}
 	if hf != nil {
