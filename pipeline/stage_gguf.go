@@ -1,18 +1,10 @@
 package pipeline
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/manifest"
@@ -116,12 +108,12 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	out := filepath.Join(work, name)
 	env.Progress.SetTotal(plan.InputBytes)
 
-	dl, err := openDoneList(filepath.Join(work, "tensors.done"), out+".partial")
+	dl, err := convert.OpenJournal(filepath.Join(work, "tensors.done"), out, convert.Stamp(ck, plan))
 	if err != nil {
 		return nil, err
 	}
-	defer dl.close()
-	if dl.complete(out) {
+	defer dl.Close()
+	if dl.Complete(out) {
 		// A run killed after the conversion finished: the file is whole.
 		d, n, err := env.Store.Adopt(out)
 		if err != nil {
@@ -132,23 +124,21 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	var sum []byte
 	err = convert.Write(ctx, plan, out, convert.WriteOptions{
-		Jobs:   env.Jobs,
-		Resume: true,
-		Verify: func(i int, name string, _ *io.SectionReader) bool {
-			return dl.has(i, name)
-		},
+		Jobs:       env.Jobs,
+		Resume:     true,
+		Verify:     dl.Has,
 		Progress:   env.Progress.Add,
-		TensorDone: dl.add,
+		TensorDone: dl.Done,
 		Digest:     func(s []byte) { sum = s },
 	})
 	if err != nil {
-		if ferr := dl.flush(); ferr != nil {
+		if ferr := dl.Flush(); ferr != nil {
 			env.Log.Warn("gguf: could not save the done list", "err", ferr)
 		}
 		return nil, err
 	}
 	// convert.Write fsynced and renamed the file; say so durably.
-	if err := dl.markComplete(out); err != nil {
+	if err := dl.MarkComplete(out); err != nil {
 		return nil, err
 	}
 	// Hashed while it was written: adopt it without reading it again.
@@ -157,116 +147,4 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	return &Result{Outputs: []manifest.Output{{Path: name, Digest: d, Size: n}}}, nil
-}
-
-// doneList records the tensors of a partial GGUF whose bytes are durable:
-// tensors reported done are kept pending until the partial file has been
-// fsynced (at most once a second), then appended to the list and the list
-// fsynced. A line is "index name".
-type doneList struct {
-	mu      sync.Mutex
-	path    string
-	partial string
-	done    map[string]bool
-	pending []string
-	last    time.Time
-	f       *os.File
-}
-
-const maxDoneList = 64 << 20
-
-func openDoneList(path, partial string) (*doneList, error) {
-	dl := &doneList{path: path, partial: partial, done: map[string]bool{}, last: time.Now()}
-	_, perr := os.Stat(partial)
-	_, oerr := os.Stat(strings.TrimSuffix(partial, ".partial"))
-	if errors.Is(perr, fs.ErrNotExist) && errors.Is(oerr, fs.ErrNotExist) {
-		os.Remove(path) // neither a partial nor a finished file: the list is stale
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	sc := bufio.NewScanner(io.LimitReader(f, maxDoneList))
-	for sc.Scan() {
-		line := sc.Text()
-		i, name, ok := strings.Cut(line, " ")
-		if _, err := strconv.Atoi(i); ok && err == nil && name != "" || strings.HasPrefix(line, completeMark) {
-			dl.done[line] = true
-		}
-	}
-	dl.f = f
-	return dl, nil
-}
-
-func (dl *doneList) has(i int, name string) bool {
-	dl.mu.Lock()
-	defer dl.mu.Unlock()
-	return dl.done[strconv.Itoa(i)+" "+name]
-}
-
-func (dl *doneList) add(i int, name string) {
-	dl.mu.Lock()
-	dl.pending = append(dl.pending, strconv.Itoa(i)+" "+name)
-	due := time.Since(dl.last) > time.Second
-	dl.mu.Unlock()
-	if due {
-		dl.flush()
-	}
-}
-
-// flush fsyncs the partial file, then records the pending tensors.
-func (dl *doneList) flush() error {
-	dl.mu.Lock()
-	defer dl.mu.Unlock()
-	dl.last = time.Now()
-	if len(dl.pending) == 0 {
-		return nil
-	}
-	pf, err := os.Open(dl.partial)
-	if err != nil {
-		return err
-	}
-	err = pf.Sync()
-	pf.Close()
-	if err != nil {
-		return err
-	}
-	var b strings.Builder
-	for _, l := range dl.pending {
-		b.WriteString(l + "\n")
-		dl.done[l] = true
-	}
-	if _, err := dl.f.WriteString(b.String()); err != nil {
-		return err
-	}
-	dl.pending = dl.pending[:0]
-	return dl.f.Sync()
-}
-
-func (dl *doneList) close() { dl.f.Close() }
-
-const completeMark = "complete "
-
-// markComplete records that out is finished (convert.Write has renamed it).
-func (dl *doneList) markComplete(out string) error {
-	dl.mu.Lock()
-	defer dl.mu.Unlock()
-	line := completeMark + filepath.Base(out)
-	if _, err := dl.f.WriteString(line + "\n"); err != nil {
-		return err
-	}
-	dl.done[line] = true
-	return dl.f.Sync()
-}
-
-// complete reports whether an earlier run finished out and it is still there.
-func (dl *doneList) complete(out string) bool {
-	dl.mu.Lock()
-	ok := dl.done[completeMark+filepath.Base(out)]
-	dl.mu.Unlock()
-	if !ok {
-		return false
-	}
-	_, err := os.Stat(out)
-	return err == nil
 }

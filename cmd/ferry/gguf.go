@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -14,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/term"
 
+	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/safetensors"
 )
@@ -39,6 +41,9 @@ func ggufConvertCommand() *cli.Command {
 		Description: "Reads every shard header first and refuses unknown architectures, missing tensors, shape\n" +
 			"mismatches and a config that promises an MTP head the shards lack, before writing a byte.\n" +
 			"Then streams the tensors (a row block per worker) into FILE.partial and renames it to FILE.\n" +
+			"An interrupted run (Ctrl-C, kill) resumes: FILE.journal lists the tensors already durable in\n" +
+			"FILE.partial, and the same command run again writes only the others (other inputs or options\n" +
+			"start over). Both are removed once FILE is complete.\n" +
 			"Supported architectures: " + strings.Join(convert.Supported(), ", ") + ".",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Aliases: []string{"o"}, Usage: "output `FILE` (an existing directory gets <Name>-<size>-<TYPE>.gguf)"},
@@ -65,6 +70,7 @@ type ggufConvertResult struct {
 	Bytes        int64    `json:"bytes"`
 	InputBytes   int64    `json:"input_bytes"`
 	MTPLayers    int      `json:"nextn_predict_layers"`
+	Resumed      int      `json:"resumed_tensors,omitempty"`
 	Seconds      float64  `json:"seconds,omitempty"`
 	DryRun       bool     `json:"dry_run,omitempty"`
 	Plan         []string `json:"plan,omitempty"`
@@ -132,11 +138,36 @@ func runGGUFConvert(c *cli.Context) error {
 		progress = func(n int64) { bar.Add64(n) }
 	}
 	start := time.Now()
-	err = convert.Write(c.Context, plan, out, convert.WriteOptions{Jobs: c.Int("jobs"), Progress: progress})
+	jpath := out + ".journal"
+	j, err := convert.OpenJournal(jpath, out, convert.Stamp(ck, plan))
 	if err != nil {
+		return err
+	}
+	defer j.Close()
+	err = convert.Write(c.Context, plan, out, convert.WriteOptions{
+		Jobs: c.Int("jobs"), Progress: progress, Resume: true,
+		Verify: func(i int, name string, r *io.SectionReader) bool {
+			if j.Has(i, name, r) {
+				res.Resumed++
+				return true
+			}
+			return false
+		},
+		TensorDone: j.Done,
+	})
+	if err != nil {
+		ferr := j.Flush()
 		if errors.Is(err, c.Context.Err()) && c.Context.Err() != nil {
-			return fmt.Errorf("interrupted; %s was not written (%s.partial holds the unfinished output; a new run starts it over): %w", out, out, err)
+			if ferr != nil {
+				return fmt.Errorf("interrupted; %s was not written, and recording the finished tensors failed (%v): a new run starts over: %w", out, ferr, err)
+			}
+			return fmt.Errorf("interrupted; %s was not written: %d of %d tensors are durable in %s, run the same command again to resume: %w",
+				out, j.Durable(), len(plan.Tensors), gguf.PartialPath(out), err)
 		}
+		return err
+	}
+	j.Close()
+	if err := os.Remove(jpath); err != nil {
 		return err
 	}
 	res.Seconds = time.Since(start).Seconds()

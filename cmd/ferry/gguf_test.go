@@ -1,14 +1,20 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/safetensors"
 )
 
 func TestGGUFConvertCLI(t *testing.T) {
@@ -114,5 +120,96 @@ func TestGGUFConvertCLIErrors(t *testing.T) {
 	r := execFerry(t, nil, "gguf", "convert", "--no-mtp", "--out", out, merged)
 	if r.code != 0 {
 		t.Errorf("--no-mtp: exit %d: %s", r.code, r.stderr)
+	}
+}
+
+// interruptConvert leaves what a Ctrl-C'd `ferry gguf convert DIR --out
+// out` leaves after n tensors: out.partial and out.journal.
+func interruptConvert(t *testing.T, dir, out string, n int) {
+	t.Helper()
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	p, err := convert.NewPlan(ck, convert.Options{OutType: convert.OutF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := convert.OpenJournal(out+".journal", out, convert.Stamp(ck, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var done atomic.Int32
+	err = convert.Write(ctx, p, out, convert.WriteOptions{Jobs: 1, Resume: true, Verify: j.Has, TensorDone: func(i int, name string) {
+		j.Done(i, name)
+		if done.Add(1) == int32(n) {
+			cancel()
+		}
+	}})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted write: %v", err)
+	}
+	if err := j.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An interrupted conversion resumes: the same command writes only the
+// tensors the journal does not hold, the result is byte-identical to an
+// uninterrupted run, and the journal and partial file are gone. Other
+// options start over.
+func TestGGUFConvertResume(t *testing.T) {
+	dir := t.TempDir()
+	ref := filepath.Join(dir, "ref.gguf")
+	if r := execFerry(t, nil, "gguf", "convert", "--out", ref, bundledBase); r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	want, err := os.ReadFile(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name        string
+		args        []string
+		wantResumed bool
+	}{
+		{"same command", nil, true},
+		{"other outtype", []string{"--outtype", "bf16"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "m.gguf")
+			interruptConvert(t, bundledBase, out, 20)
+			r := execFerry(t, nil, append([]string{"gguf", "convert", "--json", "--out", out, bundledBase}, tc.args...)...)
+			if r.code != 0 {
+				t.Fatalf("exit %d: %s", r.code, r.stderr)
+			}
+			var res ggufConvertResult
+			if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+				t.Fatalf("%v: %s", err, r.stdout)
+			}
+			if tc.wantResumed && res.Resumed < 20 {
+				t.Errorf("resumed %d tensors, want ≥ 20 (the journal holds 20)", res.Resumed)
+			}
+			if !tc.wantResumed && res.Resumed != 0 {
+				t.Errorf("resumed %d tensors of another conversion", res.Resumed)
+			}
+			for _, leftover := range []string{out + ".journal", out + ".partial"} {
+				if _, err := os.Stat(leftover); !os.IsNotExist(err) {
+					t.Errorf("%s left behind (%v)", leftover, err)
+				}
+			}
+			if tc.wantResumed {
+				got, err := os.ReadFile(out)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Error("resumed output differs from an uninterrupted conversion")
+				}
+			}
+		})
 	}
 }
