@@ -95,6 +95,14 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		remaining[i].Store(n)
 	}
 
+	var hf *hashFollower
+	if wo.Digest != nil {
+		if hf, err = newHashFollower(w, p, units); err != nil {
+			w.Detach()
+			return err
+		}
+	}
+
 	// Each worker reads, converts and writes its unit: the bytes are still
 	// in its core's cache when pwrite copies them into the page cache.
 	g, gctx := errgroup.WithContext(ctx)
@@ -110,9 +118,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		}
 		return nil
 	})
-	var hf *hashFollower
-	if wo.Digest != nil {
-		hf = newHashFollower(w, p, units)
+	if hf != nil {
 		g.Go(func() error { return hf.run(gctx) })
 	}
 	for k := 0; k < jobs; k++ {
@@ -177,14 +183,18 @@ type hashFollower struct {
 	size   int64
 }
 
-func newHashFollower(w *gguf.Writer, p *Plan, units []unit) *hashFollower {
+func newHashFollower(w *gguf.Writer, p *Plan, units []unit) (*hashFollower, error) {
 	hf := &hashFollower{w: w, h: sha256.New(), start: make([]int64, len(units)), done: make([]atomic.Bool, len(units)),
 		notify: make(chan struct{}, 1), size: p.Layout.Size}
 	for k, u := range units {
 		off, _ := unitSpan(p, u)
 		hf.start[k] = p.Layout.TensorOffset(u.t) + off
+		if k > 0 && hf.start[k] < hf.start[k-1] {
+			return nil, fmt.Errorf("%s: internal plan error: unit %d of tensor %q starts at %d, before the unit ahead of it (%d)",
+				w.Path(), k, p.Tensors[u.t].Name, hf.start[k], hf.start[k-1])
+		}
 	}
-	return hf
+	return hf, nil
 }
 
 // written notes that unit k's bytes are in the file.
