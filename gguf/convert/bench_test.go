@@ -3,6 +3,7 @@ package convert
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -55,21 +56,14 @@ func init() {
 	os.Exit(0)
 }
 
-// benchCheckpoint writes (once per process) a Qwen3.5-27B-width checkpoint:
+// benchCheckpoint writes (once per process and layer count) a
+// Qwen3.5-27B-width checkpoint:
 // 4 layers (3 linear-attention + 1 full) + 1 MTP layer at the real widths,
 // vocab 32768 (the 248320 vocabulary would add 5 GB of embeddings), BF16,
 // 2 GB shards, with a tokenizer. FERRY_BENCH_DIR keeps it between runs;
 // FERRY_BENCH_LAYERS sets the layer count (default 4: 4.56 GB; 12: 10.65
 // GB, more than the kernel's default dirty-page limit on a 24 GiB machine).
 func benchCheckpoint(b *testing.B) string {
-	dir := os.Getenv("FERRY_BENCH_DIR")
-	if dir != "" {
-		if _, err := os.Stat(filepath.Join(dir, "config.json")); err == nil {
-			return dir
-		}
-	} else {
-		dir = filepath.Join(b.TempDir(), "qwen35-27b-slice")
-	}
 	layers := 4
 	if s := os.Getenv("FERRY_BENCH_LAYERS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -78,6 +72,23 @@ func benchCheckpoint(b *testing.B) string {
 		}
 		layers = n
 	}
+	dir := os.Getenv("FERRY_BENCH_DIR")
+	if dir == "" {
+		benchTmp.once.Do(func() { benchTmp.dir, benchTmp.err = os.MkdirTemp("", "ferry-bench-") })
+		if benchTmp.err != nil {
+			b.Fatal(benchTmp.err)
+		}
+		dir = filepath.Join(benchTmp.dir, fmt.Sprintf("qwen35-27b-slice-%d", layers))
+	}
+	if cfg, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
+		var c struct {
+			Layers int `json:"num_hidden_layers"`
+		}
+		if err := json.Unmarshal(cfg, &c); err != nil || c.Layers != layers {
+			b.Fatalf("%s holds a %d-layer checkpoint (%v), want %d (FERRY_BENCH_LAYERS): use another FERRY_BENCH_DIR", dir, c.Layers, err, layers)
+		}
+		return dir
+	}
 	o := testmodel.Large27B(layers)
 	o.VocabSize = 32768
 	o.NoTokenizer = false
@@ -85,6 +96,22 @@ func benchCheckpoint(b *testing.B) string {
 		b.Fatal(err)
 	}
 	return dir
+}
+
+// benchTmp holds the generated benchmark checkpoints of this process
+// (without FERRY_BENCH_DIR), shared by the benchmarks, removed by TestMain.
+var benchTmp struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if benchTmp.dir != "" {
+		os.RemoveAll(benchTmp.dir)
+	}
+	os.Exit(code)
 }
 
 func runChild(b *testing.B, env string, name string, args ...string) (time.Duration, int64) {
