@@ -159,7 +159,7 @@ func runGGUFConvert(c *cli.Context) error {
 		ferr := j.Flush()
 		if errors.Is(err, c.Context.Err()) && c.Context.Err() != nil {
 			if ferr != nil {
-				return fmt.Errorf("interrupted; %s was not written, and recording the finished tensors failed (%v): a new run starts over: %w", out, ferr, err)
+				return fmt.Errorf("interrupted; %s was not written, and recording the last finished tensors in %s failed (%v): running the same command again resumes from the ones recorded before: %w", out, jpath, ferr, err)
 			}
 			return fmt.Errorf("interrupted; %s was not written: %d of %d tensors are durable in %s, run the same command again to resume: %w",
 				out, j.Durable(), len(plan.Tensors), gguf.PartialPath(out), err)
