@@ -28,12 +28,16 @@ import (
 // started afresh, so stale bytes are never kept. Lines are "index name"
 // and, once Write renamed the file into place, "complete NAME".
 type Journal struct {
-	mu      sync.Mutex
-	partial string
-	done    map[string]bool
-	pending []string
-	last    time.Time
-	f       *os.File
+	mu       sync.Mutex
+	partial  string
+	done     map[string]bool
+	pending  []string
+	last     time.Time
+	flushing bool // a background Flush is running
+	f        *os.File
+
+	flushMu sync.Mutex     // one Flush at a time
+	bg      sync.WaitGroup // background flushes, waited for by Close
 }
 
 // maxJournal bounds how much of a journal is read back.
@@ -117,24 +121,55 @@ func (j *Journal) Has(i int, name string, _ *io.SectionReader) bool {
 }
 
 // Done is WriteOptions.TensorDone: tensor i is written, not yet durable.
+// About once a second it starts a Flush in the background, so the
+// workers calling it never wait for the disk.
 func (j *Journal) Done(i int, name string) {
 	j.mu.Lock()
 	j.pending = append(j.pending, strconv.Itoa(i)+" "+name)
-	due := time.Since(j.last) > time.Second
+	due := !j.flushing && time.Since(j.last) > time.Second
+	if due {
+		j.flushing = true
+		j.bg.Add(1)
+	}
 	j.mu.Unlock()
 	if due {
-		j.Flush()
+		go func() {
+			defer j.bg.Done()
+			j.Flush() // an error leaves the tensors pending for the next Flush
+			j.mu.Lock()
+			j.flushing = false
+			j.mu.Unlock()
+		}()
 	}
 }
 
-// Flush fsyncs the partial file, then records the pending tensors.
+// Flush fsyncs the partial file, then records the tensors reported done
+// before it started.
 func (j *Journal) Flush() error {
+	j.flushMu.Lock()
+	defer j.flushMu.Unlock()
 	j.mu.Lock()
-	defer j.mu.Unlock()
+	lines := j.pending
+	j.pending = nil
 	j.last = time.Now()
-	if len(j.pending) == 0 {
+	j.mu.Unlock()
+	if len(lines) == 0 {
 		return nil
 	}
+	err := j.record(lines)
+	j.mu.Lock()
+	if err != nil {
+		j.pending = append(lines, j.pending...)
+	} else {
+		for _, l := range lines {
+			j.done[l] = true
+		}
+	}
+	j.mu.Unlock()
+	return err
+}
+
+func (j *Journal) record(lines []string) error {
 	pf, err := os.Open(j.partial)
 	if err != nil {
 		return err
@@ -145,14 +180,12 @@ func (j *Journal) Flush() error {
 		return err
 	}
 	var b strings.Builder
-	for _, l := range j.pending {
+	for _, l := range lines {
 		b.WriteString(l + "\n")
-		j.done[l] = true
 	}
 	if _, err := j.f.WriteString(b.String()); err != nil {
 		return err
 	}
-	j.pending = j.pending[:0]
 	return j.f.Sync()
 }
 
@@ -169,8 +202,11 @@ func (j *Journal) Durable() int {
 	return n
 }
 
-// Close closes the journal file.
-func (j *Journal) Close() error { return j.f.Close() }
+// Close waits for a background flush and closes the journal file.
+func (j *Journal) Close() error {
+	j.bg.Wait()
+	return j.f.Close()
+}
 
 // MarkComplete records that out is finished (Write has renamed it).
 func (j *Journal) MarkComplete(out string) error {
