@@ -21,7 +21,8 @@ import (
 )
 
 // The test binary doubles as a converter: with FERRY_CONVERT_CHILD=DIR:OUT
-// it converts DIR to OUT (F16) and exits, so the benchmark measures a
+// it converts DIR to OUT (F16) as the CLI does (journal, resume) and exits,
+// so the benchmark measures a
 // separate process's wall time and peak RSS. It writes to OUT+".times"
 // how long the final fsync, rename and directory sync took after the last
 // tensor byte was written (seconds), so the parent can tell the time to
@@ -37,15 +38,22 @@ func init() {
 	if err == nil {
 		var p *Plan
 		if p, err = NewPlan(ck, Options{OutType: OutF16}); err == nil {
-			var mu sync.Mutex
-			var last time.Time
-			err = Write(context.Background(), p, out, WriteOptions{TensorDone: func(int, string) {
-				mu.Lock()
-				last = time.Now()
-				mu.Unlock()
-			}})
-			if err == nil {
-				err = os.WriteFile(out+".times", []byte(fmt.Sprint(time.Since(last).Seconds())), 0o644)
+			// As `ferry gguf convert` runs it: resumable, with a journal.
+			var j *Journal
+			if j, err = OpenJournal(out+".journal", out, Stamp(ck, p)); err == nil {
+				var mu sync.Mutex
+				var last time.Time
+				err = Write(context.Background(), p, out, WriteOptions{Resume: true, Verify: j.Has, TensorDone: func(i int, name string) {
+					j.Done(i, name)
+					mu.Lock()
+					last = time.Now()
+					mu.Unlock()
+				}})
+				j.Close()
+				if err == nil {
+					err = os.WriteFile(out+".times", []byte(fmt.Sprint(time.Since(last).Seconds())), 0o644)
+				}
+				os.Remove(out + ".journal")
 			}
 		}
 	}
