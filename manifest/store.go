@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
@@ -331,11 +332,14 @@ func (s *Store) Commit(rec *Record) error {
 			return err
 		}
 		fi, err := os.Stat(s.BlobPath(o.Digest))
+		if errors.Is(err, fs.ErrNotExist) {
+			err = errkind.Mark(errkind.VerifyFailed, err) // a blob vanished: damage, not bad input
+		}
 		if err != nil {
 			return fmt.Errorf("commit %s: output %q: blob %s: %w", rec.Stage, o.Path, o.Digest.Short(), err)
 		}
 		if fi.Size() != o.Size {
-			return fmt.Errorf("commit %s: output %q: blob %s is %d bytes, record says %d", rec.Stage, o.Path, o.Digest.Short(), fi.Size(), o.Size)
+			return errkind.Errorf(errkind.VerifyFailed, "commit %s: output %q: blob %s is %d bytes, record says %d", rec.Stage, o.Path, o.Digest.Short(), fi.Size(), o.Size)
 		}
 	}
 	rec.Status = StatusComplete

@@ -17,8 +17,8 @@ package mlxpack
 
 import (
 	"errors"
-	"fmt"
-	"strings"
+
+	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
 // Sentinel errors; bad-input ones arrive wrapped in *Error.
@@ -37,38 +37,14 @@ var (
 	ErrNeedsRewrite      = errors.New("mlx-lm does not rename weight_packed for this model type")
 	ErrDestination       = errors.New("destination refused")
 	ErrNoConfig          = errors.New("no config.json")
-	ErrNotBuilt          = errors.New("not built")
 	ErrDestinationInside = errors.New("destination inside the source")
 )
 
 // Error is a bad-input error about the source checkpoint or the
 // destination: the file, the tensor where one applies, and what is wrong.
-type Error struct {
-	Path   string
-	Tensor string
-	Err    error
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	b.WriteString(e.Path)
-	if e.Tensor != "" {
-		fmt.Fprintf(&b, ": tensor %q", e.Tensor)
-	}
-	b.WriteString(": ")
-	b.WriteString(e.Err.Error())
-	return b.String()
-}
-
-func (e *Error) Unwrap() error { return e.Err }
-
-// BadInput marks the error as the user's input being wrong (exit code 2).
-// A feature that is not built is not bad input.
-func (e *Error) BadInput() bool { return !errors.Is(e.Err, ErrNotBuilt) }
+// One that wraps ErrNotBuilt is of kind NotBuilt, not bad input.
+type Error = inputerr.Error
 
 func errf(path, tensor string, sentinel error, format string, args ...any) error {
-	if format == "" {
-		return &Error{Path: path, Tensor: tensor, Err: sentinel}
-	}
-	return &Error{Path: path, Tensor: tensor, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+	return inputerr.New(path, tensor, -1, sentinel, format, args...)
 }

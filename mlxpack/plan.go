@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -313,7 +314,7 @@ func (p *Plan) checkModule(ct *CTConfig, mod string, packed safetensors.Location
 	}
 	sch, err := ct.SchemeFor(mod)
 	if err != nil {
-		return Module{}, &Error{Path: pPath, Tensor: packed.Info.Name, Err: err}
+		return Module{}, &Error{Path: pPath, Tensor: packed.Info.Name, Offset: -1, Err: err}
 	}
 	scale, ok := c.Lookup(mod + sfxScale)
 	if !ok {
@@ -415,11 +416,11 @@ func (p *Plan) decideMode() error {
 		for _, m := range p.Modules {
 			switch {
 			case stacksExperts[p.ModelType] && fusedExpertRE.MatchString(m.Name):
-				return errf(cfgPath, m.Name+sfxPacked, ErrNotBuilt,
+				return errf(cfgPath, m.Name+sfxPacked, errkind.ErrNotBuilt,
 					"--rewrite of fused packed experts for model_type %q: mlx-lm splits a fused gate_up_proj .weight only, so its scales and biases would not load; splitting fused experts is not built", p.ModelType)
 			case stacksExperts[p.ModelType]:
 			case expertRE.MatchString(m.Name + "."):
-				return errf(cfgPath, m.Name+sfxPacked, ErrNotBuilt,
+				return errf(cfgPath, m.Name+sfxPacked, errkind.ErrNotBuilt,
 					"--rewrite of per-expert packed modules for model_type %q: ferry stacks experts into switch_mlp only for %s, whose mlx-lm sanitize it knows; for this type it is not built", p.ModelType, stackingTypes())
 			}
 		}
@@ -608,7 +609,7 @@ func (p *Plan) planRewrite() error {
 			// Only experts stacked into another shard: the file would be
 			// empty (named by no index entry) or missing from the N-of-N
 			// series; neither is a checkpoint ferry or Hugging Face reads.
-			return errf(sh.Path, "", ErrNotBuilt, "every tensor of this shard is an expert stacked into a switch_mlp tensor written in an earlier shard; rebalancing shards so none is left empty is not built")
+			return errf(sh.Path, "", errkind.ErrNotBuilt, "every tensor of this shard is an expert stacked into a switch_mlp tensor written in an earlier shard; rebalancing shards so none is left empty is not built")
 		case touched:
 			p.shards = append(p.shards, shardPlan{name: sh.Name, metadata: sh.Metadata, tensors: tensors})
 		}

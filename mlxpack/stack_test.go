@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -305,10 +306,10 @@ func TestRewriteStackRefusals(t *testing.T) {
 			for _, tn := range c.Tensors {
 				tn.Name = strings.Replace(tn.Name, "layers.0.mlp.experts.0.up_proj.", "layers.0.mlp.experts.gate_up_proj.", 1)
 			}
-		}, ErrNotBuilt, "fused", false},
+		}, errkind.ErrNotBuilt, "fused", false},
 		{"family not known to stack", func(c *testmodel.CompressedCheckpoint) {
 			c.Config["model_type"] = "qwen2_moe"
-		}, ErrNotBuilt, "qwen3_5_moe, qwen3_moe", false},
+		}, errkind.ErrNotBuilt, "qwen3_5_moe, qwen3_moe", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -337,7 +338,7 @@ func TestRewriteShardOfOnlyStackedExperts(t *testing.T) {
 	src := writeFixture(t, c)
 	dst := filepath.Join(t.TempDir(), "mlx")
 	_, err := repack(t, src, dst, Options{Rewrite: true})
-	if !errors.Is(err, ErrNotBuilt) || isBadInput(err) || !strings.Contains(err.Error(), safetensors.ShardName(4, 4)) {
+	if !errors.Is(err, errkind.ErrNotBuilt) || isBadInput(err) || !strings.Contains(err.Error(), safetensors.ShardName(4, 4)) {
 		t.Fatalf("err = %v", err)
 	}
 	if _, err := os.Lstat(dst); !errors.Is(err, os.ErrNotExist) {

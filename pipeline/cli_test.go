@@ -229,6 +229,10 @@ func TestCLIStoreVerify(t *testing.T) {
 		!regexp.MustCompile(`(?m)^\s+s\s+synth\s+pending`).MatchString(r.stdout) {
 		t.Errorf("plan after delete:\n%s", r.stdout)
 	}
+	// A stage run alone (--only) whose input's blob vanished: damage, exit 3.
+	if r := ferry(t, "pipeline", "run", "--only", "s", p); r.code != 3 || !strings.Contains(r.stderr, "stage m: output b.bin") {
+		t.Errorf("--only s over a deleted input blob: exit %d %s", r.code, r.stderr)
+	}
 	if r := ferry(t, "pipeline", "run", p); r.code != 0 {
 		t.Fatal(r.stderr)
 	}

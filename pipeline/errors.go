@@ -3,13 +3,12 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
 )
 
 // ErrSpec is wrapped by every error about the pipeline file itself.
 var ErrSpec = errors.New("bad pipeline file")
-
-// ErrNotBuilt reports a stage kind whose package has not landed yet.
-var ErrNotBuilt = errors.New("stage kind is not built yet")
 
 // SpecError is a problem in a pipeline file, with the YAML line it is on.
 // It is bad input: the CLI exits 2.
@@ -31,7 +30,7 @@ func (e *SpecError) Error() string {
 	return fmt.Sprintf("%s: %s", loc, e.Msg)
 }
 
-// BadInput marks the error as the user's input being wrong (exit 2).
-func (e *SpecError) BadInput() bool { return true }
+// Kind says the error is the user's input being wrong (exit 2).
+func (e *SpecError) Kind() errkind.Kind { return errkind.BadInput }
 
 func (e *SpecError) Unwrap() error { return ErrSpec }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 )
 
@@ -122,21 +123,21 @@ func (r *runner) selection() (map[string]bool, map[string]bool, error) {
 	forced := map[string]bool{}
 	for _, n := range r.opts.Force {
 		if r.spec.Lookup(n) == nil {
-			return nil, nil, fmt.Errorf("%w: --force %q: no such stage in %s", ErrUsage, n, r.spec.File)
+			return nil, nil, errkind.Errorf(errkind.Usage, "--force %q: no such stage in %s", n, r.spec.File)
 		}
 		forced[n] = true
 	}
 	switch {
 	case r.opts.Only != "" && r.opts.From != "":
-		return nil, nil, fmt.Errorf("%w: --only and --from cannot be combined", ErrUsage)
+		return nil, nil, errkind.Errorf(errkind.Usage, "--only and --from cannot be combined")
 	case r.opts.Only != "":
 		if r.spec.Lookup(r.opts.Only) == nil {
-			return nil, nil, fmt.Errorf("%w: --only %q: no such stage in %s", ErrUsage, r.opts.Only, r.spec.File)
+			return nil, nil, errkind.Errorf(errkind.Usage, "--only %q: no such stage in %s", r.opts.Only, r.spec.File)
 		}
 		sel[r.opts.Only] = true
 	case r.opts.From != "":
 		if r.spec.Lookup(r.opts.From) == nil {
-			return nil, nil, fmt.Errorf("%w: --from %q: no such stage in %s", ErrUsage, r.opts.From, r.spec.File)
+			return nil, nil, errkind.Errorf(errkind.Usage, "--from %q: no such stage in %s", r.opts.From, r.spec.File)
 		}
 		for n := range r.spec.Dependents(r.opts.From) {
 			sel[n] = true
@@ -149,9 +150,6 @@ func (r *runner) selection() (map[string]bool, map[string]bool, error) {
 	}
 	return sel, forced, nil
 }
-
-// ErrUsage marks a bad flag value (exit 2).
-var ErrUsage = errors.New("usage")
 
 func (r *runner) key(st *StageSpec, inputs []Input) (string, json.RawMessage, []manifest.Input, error) {
 	params, err := json.Marshal(st.Stage.Params())
@@ -274,7 +272,8 @@ func (r *runner) existingInput(st *StageSpec) (Input, error) {
 	}
 	for _, o := range rec.Outputs {
 		if why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify); why != "" {
-			return Input{}, fmt.Errorf("stage %s: output %s %s; re-run it first", st.Name, o.Path, why)
+			// The store is damaged (a blob vanished or changed), exit 3.
+			return Input{}, errkind.Errorf(errkind.VerifyFailed, "stage %s: output %s %s; re-run it first", st.Name, o.Path, why)
 		}
 	}
 	return r.recordInput(st, rec), nil
@@ -380,7 +379,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		}
 	}
 	if len(notBuilt) > 0 {
-		return nil, fmt.Errorf("%w: %s; nothing was run (see 'ferry pipeline plan')", ErrNotBuilt, strings.Join(notBuilt, ", "))
+		return nil, fmt.Errorf("stage kind is %w yet: %s; nothing was run (see 'ferry pipeline plan')", errkind.ErrNotBuilt, strings.Join(notBuilt, ", "))
 	}
 	store, err := manifest.Open(spec.Store)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 )
 
@@ -193,7 +194,7 @@ func TestRunSkipAndChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantActions(t, "from", rep, map[string]string{"src": "run: forced", "syn": "run: forced"})
-	if _, err := Run(ctx, spec, Options{Only: "nope"}); !errors.Is(err, ErrUsage) {
+	if _, err := Run(ctx, spec, Options{Only: "nope"}); errkind.Of(err) != errkind.Usage {
 		t.Errorf("--only nope: %v", err)
 	}
 }
@@ -226,7 +227,7 @@ stages:
 		t.Fatal(err)
 	}
 	wantActions(t, "plan", rep, map[string]string{"src": "run: new", "ship": `not-built: kind "future" is not built yet (comes with issue 99 (future/))`})
-	if _, err := Run(context.Background(), spec, Options{}); !errors.Is(err, ErrNotBuilt) {
+	if _, err := Run(context.Background(), spec, Options{}); !errors.Is(err, errkind.ErrNotBuilt) {
 		t.Fatalf("run: %v", err)
 	}
 	if _, err := os.Stat(spec.Store); !errors.Is(err, os.ErrNotExist) {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
 )
 
 const goodSpec = `name: demo
@@ -92,7 +94,7 @@ func TestParseBad(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.msg) {
 				t.Errorf("error %q does not say %q", err, tc.msg)
 			}
-			if !strings.HasPrefix(err.Error(), "p.yaml:") || !errors.Is(err, ErrSpec) || !se.BadInput() {
+			if !strings.HasPrefix(err.Error(), "p.yaml:") || !errors.Is(err, ErrSpec) || errkind.Of(se) != errkind.BadInput {
 				t.Errorf("error %q: want file:line prefix, ErrSpec, BadInput", err)
 			}
 		})

@@ -4,20 +4,20 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path"
 	"path/filepath"
 	"sort"
 	"strings"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/verify"
 )
 
-// ErrVerifyFailed is wrapped by a verification stage whose check failed;
-// the CLI exits 3.
-var ErrVerifyFailed = errors.New("verification failed")
+// ErrVerifyFailed is wrapped by a verification stage whose check failed
+// (kind VerifyFailed: the CLI exits 3).
+var ErrVerifyFailed = errkind.New(errkind.VerifyFailed, "verification failed")
 
 // verifyMTPStage checks that the MTP head of every artifact of its from
 // stages is really in the weight index (verify.MTP): each .gguf file a

@@ -100,6 +100,9 @@ func TestCLIInterruptResumes(t *testing.T) {
 	if err == nil {
 		t.Fatal("interrupted run exited 0")
 	}
+	if c := cmd.ProcessState.ExitCode(); c != 130 {
+		t.Errorf("interrupted run exited %d, want 130", c)
+	}
 	if !strings.Contains(errb.String(), "context canceled") {
 		t.Errorf("stderr: %s", errb.String())
 	}

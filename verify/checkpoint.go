@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -48,7 +49,7 @@ func verifyCheckpoint(path string, fi fs.FileInfo, opts Options) (*Report, error
 		if errors.As(err, &pe) && !errors.Is(err, fs.ErrNotExist) {
 			// Unreadable shard or index (permissions, I/O): still the
 			// input's fault as far as a user is concerned.
-			return nil, &Error{Path: dir, Err: err}
+			return nil, inputerr.Wrap(dir, err)
 		}
 		return nil, err
 	}
@@ -111,7 +112,7 @@ func isMLX(ck *safetensors.Checkpoint) bool {
 func openSideFiles(dir string, rep *Report) ([]*wTensor, func(), error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, nil, &Error{Path: dir, Err: err}
+		return nil, nil, inputerr.Wrap(dir, err)
 	}
 	var files []*safetensors.File
 	closeAll := func() {

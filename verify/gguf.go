@@ -377,7 +377,7 @@ func (g *ggufAnalysis) deep() error {
 		res, err := scan(g.f.Section(t), t.Size(), l)
 		rep.BytesRead += res.bytes
 		if err != nil {
-			return &Error{Path: g.f.Path, Err: fmt.Errorf("tensor %q at offset %d: %w", t.Name, off, err)}
+			return &Error{Path: g.f.Path, Tensor: t.Name, Offset: off, Err: err}
 		}
 		text, problem := res.text(what, l.unit, off)
 		rt.Deep += text

@@ -5,6 +5,8 @@ import (
 	"io"
 	"io/fs"
 	"os"
+
+	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
 // MTP checks the MTP head of the artifact at path: a GGUF file, a
@@ -20,7 +22,7 @@ func MTP(path string, opts Options) (*Report, error) {
 		if errors.As(err, &pe) {
 			err = pe.Err // the path is already in Error
 		}
-		return nil, &Error{Path: path, Err: err}
+		return nil, inputerr.Wrap(path, err)
 	}
 	if fi.IsDir() {
 		return verifyCheckpoint(path, fi, opts)
@@ -30,12 +32,12 @@ func MTP(path string, opts Options) (*Report, error) {
 	}
 	fh, err := os.Open(path)
 	if err != nil {
-		return nil, &Error{Path: path, Err: err}
+		return nil, inputerr.Wrap(path, err)
 	}
 	defer fh.Close()
 	var magic [4]byte
 	if _, err := fh.ReadAt(magic[:], 0); err != nil && err != io.EOF {
-		return nil, &Error{Path: path, Err: err}
+		return nil, inputerr.Wrap(path, err)
 	}
 	if string(magic[:]) == "GGUF" {
 		return GGUF(fh, fi.Size(), path, opts)

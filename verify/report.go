@@ -10,7 +10,8 @@ package verify
 
 import (
 	"errors"
-	"fmt"
+
+	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
 // Verdict is the outcome of an MTP check.
@@ -150,20 +151,8 @@ var (
 )
 
 // Error is a bad-input error from verify: the path and what is wrong.
-type Error struct {
-	Path string
-	Err  error
-}
-
-func (e *Error) Error() string { return fmt.Sprintf("%s: %v", e.Path, e.Err) }
-func (e *Error) Unwrap() error { return e.Err }
-
-// BadInput marks the error as the user's input being wrong (exit code 2).
-func (e *Error) BadInput() bool { return true }
+type Error = inputerr.Error
 
 func badf(path string, sentinel error, format string, args ...any) error {
-	if format == "" {
-		return &Error{Path: path, Err: sentinel}
-	}
-	return &Error{Path: path, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+	return inputerr.New(path, "", -1, sentinel, format, args...)
 }

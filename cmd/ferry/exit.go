@@ -1,53 +1,56 @@
 package main
 
 import (
-	"errors"
-	"fmt"
-	"io/fs"
+	"context"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
 )
 
-// Exit codes, documented in the README.
+// Exit codes, documented in the README. This file is the one place that
+// maps errors to them: packages classify their errors (internal/errkind)
+// and never choose an exit code.
 const (
-	exitOK       = 0
-	exitFailure  = 1
-	exitBadInput = 2 // usage error or bad input
-	exitVerify   = 3 // a verification ran and failed
+	exitOK          = 0
+	exitFailure     = 1   // failure, a feature not built, a retryable I/O error that did not pass
+	exitBadInput    = 2   // usage error or bad input
+	exitVerify      = 3   // a verification ran and failed, or the store is damaged
+	exitInterrupted = 130 // Ctrl-C or SIGTERM: what was written resumes (128 + SIGINT, as shells report it)
 )
 
-// exitError carries an explicit exit code.
-type exitError struct {
-	code int
-	err  error
+// exitCodes maps each error kind to its exit code.
+var exitCodes = map[errkind.Kind]int{
+	errkind.Failure:      exitFailure,
+	errkind.Usage:        exitBadInput,
+	errkind.BadInput:     exitBadInput,
+	errkind.NotBuilt:     exitFailure,
+	errkind.VerifyFailed: exitVerify,
+	errkind.Retryable:    exitFailure,
+	errkind.Interrupted:  exitInterrupted,
 }
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
 
 func usageErrorf(format string, args ...any) error {
-	return &exitError{code: exitBadInput, err: fmt.Errorf(format, args...)}
+	return errkind.Errorf(errkind.Usage, format, args...)
 }
 
-func verifyFailed(err error) error { return &exitError{code: exitVerify, err: err} }
+func verifyFailed(err error) error { return errkind.Mark(errkind.VerifyFailed, err) }
 
-// badInput is implemented by the error types of the format packages
-// (safetensors.Error, …) whose errors mean the input is wrong.
-type badInput interface{ BadInput() bool }
+// interrupted marks err as the end of a run cancelled by a signal: whatever
+// the error says (a closed file, a cancelled context deep in a stage), the
+// run stopped because it was asked to.
+func interrupted(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return errkind.Mark(errkind.Interrupted, err)
+	}
+	return err
+}
 
 // exitCode maps an error to the documented exit code.
 func exitCode(err error) int {
 	if err == nil {
 		return exitOK
 	}
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return ee.code
-	}
-	var bi badInput
-	if errors.As(err, &bi) && bi.BadInput() {
-		return exitBadInput
-	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return exitBadInput
+	if code, ok := exitCodes[errkind.Of(err)]; ok {
+		return code
 	}
 	return exitFailure
 }

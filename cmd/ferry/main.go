@@ -63,7 +63,7 @@ func newApp() *cli.App {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	app := newApp()
-	err := app.RunContext(ctx, interspersed(app, os.Args))
+	err := interrupted(ctx, app.RunContext(ctx, interspersed(app, os.Args)))
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ferry: %v\n", err)

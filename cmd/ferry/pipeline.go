@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -80,16 +79,6 @@ func pipelineOptions(c *cli.Context) pipeline.Options {
 	}
 }
 
-func usageOr(err error) error {
-	if errors.Is(err, pipeline.ErrVerifyFailed) {
-		return verifyFailed(err)
-	}
-	if errors.Is(err, pipeline.ErrUsage) {
-		return usageErrorf("%s", strings.TrimPrefix(err.Error(), pipeline.ErrUsage.Error()+": "))
-	}
-	return err
-}
-
 func pipelineRun(c *cli.Context) error {
 	spec, err := loadSpec(c)
 	if err != nil {
@@ -109,7 +98,7 @@ func pipelineRun(c *cli.Context) error {
 			err = perr
 		}
 	}
-	return usageOr(err)
+	return err
 }
 
 func pipelinePlan(c *cli.Context) error {
@@ -119,7 +108,7 @@ func pipelinePlan(c *cli.Context) error {
 	}
 	rep, err := pipeline.Plan(spec, pipelineOptions(c))
 	if err != nil {
-		return usageOr(err)
+		return err
 	}
 	return printReport(c, rep, false)
 }

@@ -3,6 +3,8 @@ package inputerr
 import (
 	"errors"
 	"testing"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
 )
 
 func TestError(t *testing.T) {
@@ -26,6 +28,28 @@ func TestError(t *testing.T) {
 		var e *Error
 		if !errors.As(tt.err, &e) || !e.BadInput() {
 			t.Errorf("%q is not a bad-input *Error", tt.err)
+		}
+	}
+}
+
+// An input error takes the kind of what it wraps where that has one: a
+// layout that is not built is not the user's fault.
+func TestKind(t *testing.T) {
+	tests := []struct {
+		err  error
+		want errkind.Kind
+	}{
+		{New("f", "", -1, errors.New("bad"), ""), errkind.BadInput},
+		{New("f", "t", -1, errkind.ErrNotBuilt, "fused experts"), errkind.NotBuilt},
+		{Wrap("f", errkind.Mark(errkind.Retryable, errors.New("reset"))), errkind.Retryable},
+	}
+	for _, tt := range tests {
+		if got := errkind.Of(tt.err); got != tt.want {
+			t.Errorf("%v: kind %v, want %v", tt.err, got, tt.want)
+		}
+		var e *Error
+		if errors.As(tt.err, &e) && e.BadInput() != (tt.want == errkind.BadInput) {
+			t.Errorf("%v: BadInput %v", tt.err, e.BadInput())
 		}
 	}
 }

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/convert"
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/inputerr"
+	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/merge"
+	"github.com/ferry-llm/ferry/mlxpack"
+	"github.com/ferry-llm/ferry/pipeline"
+	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/verify"
+)
+
+// One table over errors from every package, made by the packages
+// themselves where a bad input is cheap to make: each lands in its kind
+// and the kind in its documented exit code.
+func TestExitCodeTable(t *testing.T) {
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.bin")
+	if err := os.WriteFile(junk, []byte("not a model file at all"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	badYAML := filepath.Join(dir, "p.yaml")
+	if err := os.WriteFile(badYAML, []byte("name: p\nstages: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(dir, "ok.yaml")
+	if err := os.WriteFile(spec, []byte("name: p\nstages:\n  - name: m\n    import: { path: empty }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	must := func(_ any, err error) error {
+		if err == nil {
+			t.Fatal("expected an error")
+		}
+		return err
+	}
+
+	// A record whose blob vanished before the commit: damage.
+	store, err := manifest.Open(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("gone"))
+	blobGone := store.Commit(&manifest.Record{Key: "k", Pipeline: "p", Stage: "s", Kind: "import",
+		Outputs: []manifest.Output{{Path: "x.bin", Digest: manifest.NewDigest(sum[:]), Size: 4}}})
+
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	pspec, err := pipeline.Load(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name string
+		err  error
+		kind errkind.Kind
+		code int
+	}{
+		{"plain failure", errors.New("disk on fire"), errkind.Failure, exitFailure},
+		{"usage (cli)", usageErrorf("--jobs must be at least 1"), errkind.Usage, exitBadInput},
+		{"usage (pipeline --only)", must(pipeline.Run(context.Background(), pspec, pipeline.Options{Only: "nope"})), errkind.Usage, exitBadInput},
+		{"missing path", must(os.Open(filepath.Join(dir, "nope"))), errkind.BadInput, exitBadInput},
+		{"safetensors header", must(safetensors.Open(junk)), errkind.BadInput, exitBadInput},
+		{"safetensors checkpoint", must(safetensors.OpenDir(empty)), errkind.BadInput, exitBadInput},
+		{"gguf magic", must(gguf.Open(junk)), errkind.BadInput, exitBadInput},
+		{"convert arch", &convert.Error{Path: "config.json", Offset: -1, Err: convert.ErrUnsupportedArch}, errkind.BadInput, exitBadInput},
+		{"merge adapter", must(merge.Inventory(empty, empty, merge.PlanOptions{})), errkind.BadInput, exitBadInput},
+		{"mlxpack source", must(mlxpack.PlanRepack(empty, mlxpack.Options{})), errkind.BadInput, exitBadInput},
+		{"mlxpack layout not built", inputerr.New("model.safetensors", "experts", -1, errkind.ErrNotBuilt, "fused"), errkind.NotBuilt, exitFailure},
+		{"verify not a model", must(verify.MTP(junk, verify.Options{})), errkind.BadInput, exitBadInput},
+		{"verify missing path", must(verify.MTP(filepath.Join(dir, "nope"), verify.Options{})), errkind.BadInput, exitBadInput},
+		{"pipeline file", must(pipeline.Load(badYAML)), errkind.BadInput, exitBadInput},
+		{"pipeline kind not built", fmt.Errorf("stage kind is %w yet: quantize", errkind.ErrNotBuilt), errkind.NotBuilt, exitFailure},
+		{"pipeline verify stage", fmt.Errorf("stage c: %w: MTP head dropped", pipeline.ErrVerifyFailed), errkind.VerifyFailed, exitVerify},
+		{"cli verify", verifyFailed(errors.New("MTP verification failed")), errkind.VerifyFailed, exitVerify},
+		{"blob vanished", blobGone, errkind.VerifyFailed, exitVerify},
+		{"retryable I/O", errkind.Mark(errkind.Retryable, errors.New("connection reset")), errkind.Retryable, exitFailure},
+		{"cancelled context", fmt.Errorf("stage s: %w", context.Canceled), errkind.Interrupted, exitInterrupted},
+		{"interrupted run", interrupted(cancelled, errors.New("write /x: file already closed")), errkind.Interrupted, exitInterrupted},
+		{"interrupted bad input", interrupted(cancelled, must(safetensors.Open(junk))), errkind.Interrupted, exitInterrupted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.err == nil {
+				t.Fatal("no error")
+			}
+			if k := errkind.Of(tt.err); k != tt.kind {
+				t.Errorf("%v: kind %v, want %v", tt.err, k, tt.kind)
+			}
+			if c := exitCode(tt.err); c != tt.code {
+				t.Errorf("%v: exit %d, want %d", tt.err, c, tt.code)
+			}
+		})
+	}
+	if exitCode(nil) != exitOK || exitCode(interrupted(cancelled, nil)) != exitOK {
+		t.Error("no error must exit 0")
+	}
+	for k := errkind.Failure; k <= errkind.Interrupted; k++ {
+		if _, ok := exitCodes[k]; !ok {
+			t.Errorf("kind %v has no exit code", k)
+		}
+	}
+}
