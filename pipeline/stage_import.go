@@ -176,7 +176,74 @@ func (s *importStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	return res, nil
 }
 
+// importUnit is the resume unit of an import: after each one the copied
+// bytes and the hash state are durable, so a killed import continues from
+// the last unit boundary instead of byte 0.
+const importUnit = 32 << 20
+
+// ingestFile copies f into a blob. A file of more than one unit goes
+// through a resume journal (manifest.Journal: data fsynced and the sha256
+// state saved at every unit boundary); its ref carries the source's stamp,
+// so a source that changed since the killed run starts over instead of
+// mixing two versions. A smaller file has nothing to resume within it.
 func ingestFile(ctx context.Context, env *Env, f sourceFile) (manifest.Output, error) {
+	if f.stamp.Size <= importUnit {
+		return ingestSmall(ctx, env, f)
+	}
+	ref := fmt.Sprintf("%s@%d-%d-%d", f.rel, f.stamp.Size, f.stamp.MtimeNs, f.stamp.Inode)
+	j, err := env.Store.OpenJournal(env.Key, ref)
+	if err != nil {
+		return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
+	}
+	defer j.Close()
+	if o, ok := j.Committed(); ok {
+		env.Progress.Add(o.Size)
+		return manifest.Output{Path: f.rel, Digest: o.Digest, Size: o.Size}, nil
+	}
+	in, err := os.Open(f.abs)
+	if err != nil {
+		return manifest.Output{}, err
+	}
+	defer in.Close()
+	off := j.Offset()
+	if off > f.stamp.Size {
+		return manifest.Output{}, fmt.Errorf("import %s: resume journal is past the end of the file", f.abs)
+	}
+	if off > 0 {
+		env.Log.Debug("import resumes", "file", f.rel, "offset", off)
+		env.Progress.Add(off)
+		if _, err := in.Seek(off, io.SeekStart); err != nil {
+			return manifest.Output{}, err
+		}
+	}
+	r := &ctxReader{ctx: ctx, r: in, p: env.Progress}
+	for off < f.stamp.Size {
+		end := min(f.stamp.Size, (off/importUnit+1)*importUnit)
+		n, err := io.CopyN(j, r, end-off)
+		off += n
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("file changed while it was being read (ends at %d bytes, was %d)", off, f.stamp.Size)
+			}
+			return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
+		}
+		if err := j.EndUnit(fmt.Sprint((end - 1) / importUnit)); err != nil {
+			return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
+		}
+	}
+	// A file rewritten while we read it would record a digest of neither
+	// version: refuse.
+	if st, err := manifest.StatStamp(f.abs); err != nil || st != f.stamp {
+		return manifest.Output{}, fmt.Errorf("import %s: file changed while it was being read", f.abs)
+	}
+	o, err := j.Commit(f.stamp.Size)
+	if err != nil {
+		return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
+	}
+	return manifest.Output{Path: f.rel, Digest: o.Digest, Size: o.Size}, nil
+}
+
+func ingestSmall(ctx context.Context, env *Env, f sourceFile) (manifest.Output, error) {
 	in, err := os.Open(f.abs)
 	if err != nil {
 		return manifest.Output{}, err
@@ -186,8 +253,6 @@ func ingestFile(ctx context.Context, env *Env, f sourceFile) (manifest.Output, e
 	if err != nil {
 		return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
 	}
-	// A file rewritten while we read it would record a digest of neither
-	// version: refuse.
 	if st, err := manifest.StatStamp(f.abs); err != nil || st != f.stamp {
 		return manifest.Output{}, fmt.Errorf("import %s: file changed while it was being read", f.abs)
 	}

@@ -1,0 +1,153 @@
+package pipeline_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/pipeline"
+)
+
+// importDurable is how far the import of one file has durably got: the end
+// of the last finished unit in its resume journal, or the whole file once a
+// record holds it.
+func importDurable(t *testing.T, store string) int64 {
+	t.Helper()
+	s, err := manifest.Load(store)
+	if err != nil {
+		t.Fatalf("manifest after kill: %v", err)
+	}
+	for _, r := range s.Records() {
+		for _, o := range r.Outputs {
+			if o.Path == "big.bin" {
+				return o.Size
+			}
+		}
+	}
+	var best int64
+	journals, _ := filepath.Glob(filepath.Join(store, "ingest", "*", "*", "journal"))
+	for _, jp := range journals {
+		b, _ := os.ReadFile(jp)
+		for _, line := range strings.Split(string(b), "\n") {
+			var l struct {
+				Unit   string
+				End    int64
+				Commit string
+				Size   int64
+			}
+			if json.Unmarshal([]byte(line), &l) != nil {
+				break // torn last line
+			}
+			if l.Commit != "" {
+				best = max(best, l.Size)
+			} else if l.Unit != "" {
+				best = max(best, l.End)
+			}
+		}
+	}
+	return best
+}
+
+// An import of a file far bigger than what one run can read in 300 ms,
+// SIGKILLed every 300 ms and started again, finishes in a bounded number of
+// kills with the right digest: each run continues from the last unit the
+// killed one made durable (progress never goes back), not from byte 0.
+func TestKillResumeImport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("hashes a 512 MiB file several times; not in -short")
+	}
+	bin := ferryBinary(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "model")
+	write(t, filepath.Join(src, "config.json"), `{"architectures":["LlamaForCausalLM"]}`)
+	// Sparse, with data scattered through it: nothing to write up front,
+	// but every run must read and hash what it covers.
+	const size = 512 << 20
+	big := filepath.Join(src, "big.bin")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := int64(0); off < size; off += 7 << 20 {
+		if _, err := f.WriteAt(bytes.Repeat([]byte{byte(off >> 20), 0x5a}, 2048), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	want, _, err := manifest.HashFile(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, "name: imp\nstages:\n  - name: base\n    import: { path: model }\n")
+	store := filepath.Join(dir, ".ferry")
+
+	const every, maxKills = 300 * time.Millisecond, 60
+	var durable int64
+	kills := 0
+	start := time.Now()
+	for {
+		cmd := exec.Command(bin, "pipeline", "run", "--json", p)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		var err error
+		finished := false
+		select {
+		case err = <-exited:
+			finished = true
+		case <-time.After(every):
+			cmd.Process.Signal(syscall.SIGKILL)
+			<-exited
+			kills++
+		}
+		if finished {
+			if err != nil {
+				t.Fatalf("run after %d kills: %v\n%s", kills, err, errb.String())
+			}
+			var rep pipeline.Report
+			if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+				t.Fatal(err)
+			}
+			var got manifest.Digest
+			for _, o := range rep.Stages[0].Outputs {
+				if o.Path == "big.bin" {
+					got = o.Digest
+				}
+			}
+			if got != want {
+				t.Fatalf("big.bin imported as %s, want %s", got, want)
+			}
+			break
+		}
+		d := importDurable(t, store)
+		if d < durable {
+			t.Fatalf("kill %d: durable progress went back from %d to %d bytes", kills, durable, d)
+		}
+		durable = d
+		if kills >= maxKills {
+			t.Fatalf("import did not finish after %d kills every %v (%d of %d bytes durable)", kills, every, durable, int64(size))
+		}
+	}
+	t.Logf("finished after %d kills in %v", kills, time.Since(start).Round(time.Millisecond))
+	if kills < 2 {
+		t.Errorf("only %d kills landed: the file is too small to test resume", kills)
+	}
+	if r := ferry(t, "store", "verify", p); r.code != 0 {
+		t.Errorf("store verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
