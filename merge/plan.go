@@ -24,6 +24,10 @@ type PlanOptions struct {
 	// each base tensor's own dtype. Untargeted tensors are always copied
 	// verbatim.
 	DType tensor.DType
+	// FollowLinks reads files of the base and adapter directories that are
+	// symlinks resolving outside them; by default they are refused (see
+	// safetensors.DirOptions.FollowExternalLinks).
+	FollowLinks bool
 }
 
 // Module kinds.
@@ -178,6 +182,10 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 	default:
 		return nil, fmt.Errorf("%w: output dtype %s (want BF16, F16 or F32)", ErrUnsupported, opt.DType)
 	}
+	links := safetensors.DirOptions{FollowExternalLinks: opt.FollowLinks}
+	if err := safetensors.CheckLinks(adapterDir, links); err != nil {
+		return nil, err
+	}
 	cfg, err := ReadAdapterConfig(adapterDir)
 	if err != nil {
 		return nil, err
@@ -197,7 +205,7 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 	if p.adapter, err = safetensors.Open(wpath); err != nil {
 		return nil, err
 	}
-	if p.base, err = safetensors.OpenDir(baseDir); err != nil {
+	if p.base, err = safetensors.OpenDirOptions(baseDir, links); err != nil {
 		return nil, err
 	}
 	ad := p.adapter

@@ -33,7 +33,7 @@ type Options struct {
 	// Jobs bounds how many shards --rewrite writes at once (each holds
 	// about 6 MiB of buffers); below 1 means 1. Outputs do not depend on it.
 	Jobs int
-	// FollowExternalLinks accepts source shards that are symlinks out of
+	// FollowExternalLinks accepts source files that are symlinks out of
 	// the source directory (see safetensors.DirOptions).
 	FollowExternalLinks bool
 }

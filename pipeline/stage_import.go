@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/manifest"
 )
 
@@ -21,10 +22,14 @@ import (
 //	import: { path: ~/models/Qwen3.5-27B }
 //
 // Entries whose names start with "." (.git, .cache, …) are not imported.
-// Symlinks to files are followed (a Hugging Face cache snapshot is a farm of
-// them); symlinks to directories are an error.
+// Symlinks to files are followed when they stay inside the directory or
+// point into a content-addressed store (a Hugging Face cache snapshot is a
+// farm of links into ../../blobs/); one that resolves anywhere else is
+// refused unless follow_links is set (ferry's symlink policy, as for
+// --follow-links). Symlinks to directories are an error.
 type importStage struct {
-	Path string `json:"path"`
+	Path        string `json:"path"`
+	FollowLinks bool   `json:"follow_links,omitempty"`
 }
 
 var _ Stage = (*importStage)(nil)
@@ -35,7 +40,11 @@ func newImport(p *Params) (Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &importStage{Path: path}, nil
+	follow, err := p.Bool("follow_links", false)
+	if err != nil {
+		return nil, err
+	}
+	return &importStage{Path: path, FollowLinks: follow}, nil
 }
 
 func (s *importStage) Params() any { return s }
@@ -71,6 +80,11 @@ func (s *importStage) listSources() ([]sourceFile, error) {
 		}
 		if de.IsDir() {
 			return nil
+		}
+		if !s.FollowLinks {
+			if err := fsutil.CheckLink(s.Path, p); err != nil {
+				return err
+			}
 		}
 		fi, err := os.Stat(p) // follows symlinks
 		if err != nil {

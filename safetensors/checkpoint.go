@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
 // IndexName is the conventional index file of a sharded checkpoint.
@@ -168,10 +170,10 @@ type Checkpoint struct {
 
 // DirOptions tune OpenDir.
 type DirOptions struct {
-	// FollowExternalLinks accepts shards that are symlinks resolving outside
+	// FollowExternalLinks accepts files that are symlinks resolving outside
 	// the directory. By default only links into a content-addressed store
 	// (a "blobs" directory, as the Hugging Face cache and ferry's store use)
-	// are accepted.
+	// are accepted; see internal/fsutil's link policy.
 	FollowExternalLinks bool
 }
 
@@ -205,6 +207,13 @@ func OpenDirOptions(dir string, opt DirOptions) (c *Checkpoint, err error) {
 	for _, e := range entries {
 		if shardRE.MatchString(e.Name()) || e.Name() == SingleName {
 			onDisk = append(onDisk, e.Name())
+		}
+	}
+	if len(onDisk) > 0 || fileExists(filepath.Join(dir, IndexName)) {
+		// Before anything is read (what is not a checkpoint at all is
+		// reported as such below, without walking it).
+		if err := checkLinks(dir, opt); err != nil {
+			return nil, err
 		}
 	}
 	if cfgPath := filepath.Join(dir, "config.json"); fileExists(cfgPath) {
@@ -342,9 +351,6 @@ func (c *Checkpoint) add(l Location) {
 
 func (c *Checkpoint) openShard(name string, opt DirOptions) (*Shard, error) {
 	p := filepath.Join(c.Dir, name)
-	if err := checkInside(c.Dir, p, opt); err != nil {
-		return nil, err
-	}
 	f, err := Open(p)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -371,49 +377,26 @@ func checkPlainName(file string) error {
 	return nil
 }
 
-// checkInside rejects a shard that is a symlink resolving outside dir,
-// unless opt allows it or the link resolves to a content-addressed blob: a
-// file named by a hex digest (40 or 64 digits, as the Hugging Face cache
-// and ferry's store name them) under a directory called "blobs".
-func checkInside(dir, p string, opt DirOptions) error {
-	fi, err := os.Lstat(p)
-	if err != nil || fi.Mode()&os.ModeSymlink == 0 || opt.FollowExternalLinks {
-		return nil // a missing file is reported by the open
-	}
-	target, err := filepath.EvalSymlinks(p)
-	if err != nil {
-		return errf(p, "", -1, ErrMissingShard, "broken symlink: %v", err)
-	}
-	root, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return err
-	}
-	if rel, err := filepath.Rel(root, target); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+// checkLinks applies ferry's symlink policy (internal/fsutil: links that
+// resolve outside the directory are refused, links into the Hugging Face
+// cache's or a ferry store's blobs are not) to every file of dir, as the
+// checkpoint's bad-input error.
+func checkLinks(dir string, opt DirOptions) error {
+	if opt.FollowExternalLinks {
 		return nil
 	}
-	if isBlob(target) {
-		return nil
+	err := fsutil.CheckLinks(dir)
+	var le *fsutil.LinkError
+	if errors.As(err, &le) {
+		return errf(le.Path, "", -1, ErrSymlinkOutside, "links to %s, outside %s (use --follow-links if you trust it)", le.Target, le.Dir)
 	}
-	return errf(p, "", -1, ErrSymlinkOutside, "symlink to %s, outside %s (use --follow-links if you trust it)", target, dir)
+	return err
 }
 
-func isBlob(target string) bool {
-	base := filepath.Base(target)
-	if len(base) != 40 && len(base) != 64 {
-		return false
-	}
-	for _, r := range base {
-		if !strings.ContainsRune("0123456789abcdef", r) {
-			return false
-		}
-	}
-	for _, part := range strings.Split(filepath.ToSlash(filepath.Dir(target)), "/") {
-		if part == "blobs" {
-			return true
-		}
-	}
-	return false
-}
+// CheckLinks applies ferry's symlink policy to every file of a model
+// directory that is not opened as a checkpoint (an adapter directory):
+// nil, or a bad-input error naming the link and its target.
+func CheckLinks(dir string, opt DirOptions) error { return checkLinks(dir, opt) }
 
 func fileExists(p string) bool {
 	_, err := os.Stat(p)

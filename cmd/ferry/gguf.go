@@ -54,6 +54,7 @@ func ggufConvertCommand() *cli.Command {
 			&cli.StringFlag{Name: "model-name", Usage: "general.name (default from the directory name)"},
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "tensor workers"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the checkpoint and print the plan, write nothing"},
+			followLinksFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print the result (or the plan with --dry-run) as JSON"},
 		},
 		Action: runGGUFConvert,
@@ -97,7 +98,7 @@ func runGGUFConvert(c *cli.Context) error {
 		return usageErrorf("gguf convert: --no-mtp and --mtp-only exclude each other")
 	}
 	dir := c.Args().First()
-	ck, err := safetensors.OpenDir(dir)
+	ck, err := safetensors.OpenDirOptions(dir, safetensors.DirOptions{FollowExternalLinks: c.Bool("follow-links")})
 	if err != nil {
 		return err
 	}

@@ -97,7 +97,7 @@ func inspectCommand() *cli.Command {
 			&cli.BoolFlag{Name: "hash", Usage: "add each tensor's sha256 (reads every byte)"},
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "tensors hashed in parallel with --hash"},
 			&cli.StringFlag{Name: "parquet", Usage: "also write the per-tensor table as Parquet to `FILE`"},
-			&cli.BoolFlag{Name: "follow-links", Usage: "accept shards that are symlinks leaving the directory"},
+			followLinksFlag(),
 		},
 		Action: runInspect,
 	}
@@ -185,6 +185,9 @@ func openInspectInput(path string, isDir bool, opt safetensors.DirOptions) (*ins
 		}
 		adapter := filepath.Join(path, "adapter_model.safetensors")
 		if !errors.Is(err, safetensors.ErrNotCheckpoint) || !fileExists(adapter) {
+			return nil, err
+		}
+		if err := safetensors.CheckLinks(path, opt); err != nil {
 			return nil, err
 		}
 		path = adapter

@@ -34,6 +34,7 @@ func mergeCommand() *cli.Command {
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Usage: "row-block workers (output bytes do not depend on it)", Value: runtime.NumCPU()},
 			&cli.BoolFlag{Name: "dry-run", Usage: "print the plan and write nothing"},
 			&cli.BoolFlag{Name: "allow-unused", Usage: "merge even if some adapter tensors would be ignored"},
+			followLinksFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print the plan or result as JSON"},
 		},
 		Action: runMerge,
@@ -67,7 +68,7 @@ func runMerge(c *cli.Context) error {
 	if !c.Bool("dry-run") && c.String("out") == "" {
 		return usageErrorf("--out is required (or use --dry-run)")
 	}
-	plan, err := merge.Inventory(c.String("base"), c.String("adapter"), merge.PlanOptions{AllowUnused: c.Bool("allow-unused"), DType: dt})
+	plan, err := merge.Inventory(c.String("base"), c.String("adapter"), merge.PlanOptions{AllowUnused: c.Bool("allow-unused"), DType: dt, FollowLinks: c.Bool("follow-links")})
 	if err != nil {
 		return err
 	}

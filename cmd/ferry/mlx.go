@@ -43,7 +43,7 @@ func mlxRepackCommand() *cli.Command {
 			&cli.BoolFlag{Name: "rewrite", Usage: "write MLX-named shards for packed tensors (model types mlx-lm does not rename)"},
 			&cli.BoolFlag{Name: "force", Usage: "accept a destination holding other files (left in place)"},
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "shards --rewrite writes at once"},
-			&cli.BoolFlag{Name: "follow-links", Usage: "accept source shards that are symlinks out of the source directory"},
+			followLinksFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
 		},
 		Action: mlxRepack,
