@@ -6,6 +6,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/internal/ggufcheck"
+	"github.com/ferry-llm/ferry/gguf/quant"
 )
 
 func TestLlamaCppFileParsesWithGGUFParserGo(t *testing.T) {
@@ -21,9 +22,9 @@ func TestWriterOutputParsesWithGGUFParserGo(t *testing.T) {
 		gguf.Strings("tokenizer.ggml.tokens", []string{"a", "b"}), gguf.I32s("x.sections", []int32{1, 2, 0}),
 		gguf.F32("x.eps", 1e-6), gguf.Bool("x.b", false),
 	}, []gguf.TensorSpec{
-		{Name: "token_embd.weight", Dims: []uint64{64, 2}, Type: gguf.TypeF16},
-		{Name: "output_norm.weight", Dims: []uint64{64}, Type: gguf.TypeF32},
-		{Name: "blk.0.q", Dims: []uint64{256, 1}, Type: gguf.TypeQ6_K},
+		{Name: "token_embd.weight", Dims: []uint64{64, 2}, Type: quant.F16},
+		{Name: "output_norm.weight", Dims: []uint64{64}, Type: quant.F32},
+		{Name: "blk.0.q", Dims: []uint64{256, 1}, Type: quant.Q6_K},
 	}, 0)
 	if err != nil {
 		t.Fatal(err)

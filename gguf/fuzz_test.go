@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"testing"
+
+	"github.com/ferry-llm/ferry/gguf/quant"
 )
 
 // FuzzReader feeds arbitrary bytes to Parse: it must never panic, and what
@@ -13,7 +15,7 @@ func FuzzReader(f *testing.F) {
 		f.Add(b[:min(len(b), 64<<10)])
 	}
 	f.Add(new(builder).head(0, 0).Bytes())
-	f.Add(new(builder).head(1, 1).str("general.alignment").u32(uint32(ValueUint32)).u32(32).tensor("t", []uint64{32, 2}, TypeQ8_0, 0).alignTo(32).pad(96).Bytes())
+	f.Add(new(builder).head(1, 1).str("general.alignment").u32(uint32(ValueUint32)).u32(32).tensor("t", []uint64{32, 2}, quant.Q8_0, 0).alignTo(32).pad(96).Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		file, err := Parse(bytes.NewReader(data), int64(len(data)), "fuzz.gguf")
 		if err != nil {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+
+	"github.com/ferry-llm/ferry/gguf/quant"
 )
 
 // countingReaderAt counts the bytes read through it.
@@ -33,25 +35,25 @@ func bigLayout(t testing.TB, vocab int) *Layout {
 		}
 		kvs = append(kvs, Strings("tokenizer.ggml.tokens", toks), I32s("tokenizer.ggml.token_type", types))
 	}
-	specs := []TensorSpec{{"token_embd.weight", []uint64{5120, 248320}, TypeF16}}
+	specs := []TensorSpec{{"token_embd.weight", []uint64{5120, 248320}, quant.F16}}
 	for l := 0; l < 64; l++ {
 		for _, s := range []struct {
 			n   string
 			d   []uint64
-			typ Type
+			typ quant.Type
 		}{
-			{"attn_qkv.weight", []uint64{5120, 10240}, TypeF16},
-			{"attn_gate.weight", []uint64{5120, 6144}, TypeF16},
-			{"ssm_out.weight", []uint64{6144, 5120}, TypeF16},
-			{"ffn_gate.weight", []uint64{5120, 17408}, TypeF16},
-			{"ffn_up.weight", []uint64{5120, 17408}, TypeF16},
-			{"ffn_down.weight", []uint64{17408, 5120}, TypeF16},
-			{"attn_norm.weight", []uint64{5120}, TypeF32},
+			{"attn_qkv.weight", []uint64{5120, 10240}, quant.F16},
+			{"attn_gate.weight", []uint64{5120, 6144}, quant.F16},
+			{"ssm_out.weight", []uint64{6144, 5120}, quant.F16},
+			{"ffn_gate.weight", []uint64{5120, 17408}, quant.F16},
+			{"ffn_up.weight", []uint64{5120, 17408}, quant.F16},
+			{"ffn_down.weight", []uint64{17408, 5120}, quant.F16},
+			{"attn_norm.weight", []uint64{5120}, quant.F32},
 		} {
 			specs = append(specs, TensorSpec{fmt.Sprintf("blk.%d.%s", l, s.n), s.d, s.typ})
 		}
 	}
-	specs = append(specs, TensorSpec{"output.weight", []uint64{5120, 248320}, TypeF16})
+	specs = append(specs, TensorSpec{"output.weight", []uint64{5120, 248320}, quant.F16})
 	l, err := PlanLayout(kvs, specs, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"math/bits"
 	"os"
 	"unsafe"
+
+	"github.com/ferry-llm/ferry/gguf/quant"
 )
 
 // Magic is "GGUF" read as a little-endian uint32.
@@ -121,7 +123,7 @@ func (kv KV) Uint() (uint64, bool) {
 type TensorInfo struct {
 	Name   string
 	Dims   []uint64 // ggml order: ne0 (the contiguous dimension) first
-	Type   Type
+	Type   quant.Type
 	Offset uint64 // relative to the data section (File.DataOffset)
 }
 
@@ -423,7 +425,7 @@ func Parse(r io.ReaderAt, size int64, path string) (*File, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.Type = Type(ty)
+		t.Type = quant.Type(ty)
 		if !t.Type.Known() {
 			return nil, h.errAt(typeAt, "", name, ErrUnknownType, "type code %d", ty)
 		}

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+
+	"github.com/ferry-llm/ferry/gguf/quant"
 )
 
 // pyDump is the shape of the gguf-py GGUFReader summaries in testdata
@@ -161,7 +163,7 @@ func (b *builder) str(s string) *builder { b.u64(uint64(len(s))); b.WriteString(
 func (b *builder) head(nt, nkv uint64) *builder {
 	return b.u32(Magic).u32(Version).u64(nt).u64(nkv)
 }
-func (b *builder) tensor(name string, dims []uint64, ty Type, off uint64) *builder {
+func (b *builder) tensor(name string, dims []uint64, ty quant.Type, off uint64) *builder {
 	b.str(name).u32(uint32(len(dims)))
 	for _, d := range dims {
 		b.u64(d)
@@ -207,18 +209,18 @@ func TestParseBadInput(t *testing.T) {
 		{"duplicate key", new(builder).head(0, 2).str("k").u32(uint32(ValueUint8)).WriteByteB(1).str("k").u32(uint32(ValueUint8)).WriteByteB(1).Bytes(), ErrDuplicateKey, 38},
 		{"alignment not u32", new(builder).head(0, 1).str("general.alignment").u32(uint32(ValueUint64)).u64(32).Bytes(), ErrAlignment, -1},
 		{"alignment not power of two", new(builder).head(0, 1).str("general.alignment").u32(uint32(ValueUint32)).u32(48).Bytes(), ErrAlignment, -1},
-		{"n_dims 5", new(builder).head(1, 0).tensor("t", []uint64{1, 1, 1, 1, 1}, TypeF32, 0).pad(64).Bytes(), ErrDims, 33},
-		{"unknown type", new(builder).head(1, 0).tensor("t", []uint64{4}, Type(4), 0).pad(64).Bytes(), ErrUnknownType, 45},
-		{"unknown type 99", new(builder).head(1, 0).tensor("t", []uint64{4}, Type(99), 0).pad(64).Bytes(), ErrUnknownType, 45},
-		{"block size", new(builder).head(1, 0).tensor("t", []uint64{16}, TypeQ8_0, 0).pad(64).Bytes(), ErrBlockSize, 33},
-		{"element overflow", new(builder).head(1, 0).tensor("t", []uint64{1 << 40, 1 << 40}, TypeF32, 0).pad(64).Bytes(), ErrDims, 33},
-		{"name too long", new(builder).head(1, 0).tensor(string(bytes.Repeat([]byte("x"), 64)), []uint64{4}, TypeF32, 0).pad(64).Bytes(), ErrTensorName, 24},
-		{"duplicate tensor", new(builder).head(2, 0).tensor("t", []uint64{8}, TypeF32, 0).tensor("t", []uint64{8}, TypeF32, 32).pad(128).Bytes(), ErrDuplicateTensor, 57},
-		{"first offset not zero", new(builder).head(1, 0).tensor("t", []uint64{8}, TypeF32, 32).pad(128).Bytes(), ErrOffset, 49},
-		{"offset not contiguous", new(builder).head(2, 0).tensor("a", []uint64{8}, TypeF32, 0).tensor("b", []uint64{8}, TypeF32, 64).pad(128).Bytes(), ErrOffset, 82},
-		{"offset overlaps", new(builder).head(2, 0).tensor("a", []uint64{16}, TypeF32, 0).tensor("b", []uint64{8}, TypeF32, 32).pad(128).Bytes(), ErrOffset, 82},
-		{"data past EOF", new(builder).head(1, 0).tensor("t", []uint64{64}, TypeF32, 0).alignTo(32).pad(100).Bytes(), ErrDataRange, 64},
-		{"truncated in the first of three tensors", new(builder).head(3, 0).tensor("a", []uint64{64}, TypeF32, 0).tensor("b", []uint64{8}, TypeF32, 256).tensor("c", []uint64{8}, TypeF32, 288).alignTo(32).pad(100).Bytes(), ErrDataRange, 128},
+		{"n_dims 5", new(builder).head(1, 0).tensor("t", []uint64{1, 1, 1, 1, 1}, quant.F32, 0).pad(64).Bytes(), ErrDims, 33},
+		{"unknown type", new(builder).head(1, 0).tensor("t", []uint64{4}, quant.Type(4), 0).pad(64).Bytes(), ErrUnknownType, 45},
+		{"unknown type 99", new(builder).head(1, 0).tensor("t", []uint64{4}, quant.Type(99), 0).pad(64).Bytes(), ErrUnknownType, 45},
+		{"block size", new(builder).head(1, 0).tensor("t", []uint64{16}, quant.Q8_0, 0).pad(64).Bytes(), ErrBlockSize, 33},
+		{"element overflow", new(builder).head(1, 0).tensor("t", []uint64{1 << 40, 1 << 40}, quant.F32, 0).pad(64).Bytes(), ErrDims, 33},
+		{"name too long", new(builder).head(1, 0).tensor(string(bytes.Repeat([]byte("x"), 64)), []uint64{4}, quant.F32, 0).pad(64).Bytes(), ErrTensorName, 24},
+		{"duplicate tensor", new(builder).head(2, 0).tensor("t", []uint64{8}, quant.F32, 0).tensor("t", []uint64{8}, quant.F32, 32).pad(128).Bytes(), ErrDuplicateTensor, 57},
+		{"first offset not zero", new(builder).head(1, 0).tensor("t", []uint64{8}, quant.F32, 32).pad(128).Bytes(), ErrOffset, 49},
+		{"offset not contiguous", new(builder).head(2, 0).tensor("a", []uint64{8}, quant.F32, 0).tensor("b", []uint64{8}, quant.F32, 64).pad(128).Bytes(), ErrOffset, 82},
+		{"offset overlaps", new(builder).head(2, 0).tensor("a", []uint64{16}, quant.F32, 0).tensor("b", []uint64{8}, quant.F32, 32).pad(128).Bytes(), ErrOffset, 82},
+		{"data past EOF", new(builder).head(1, 0).tensor("t", []uint64{64}, quant.F32, 0).alignTo(32).pad(100).Bytes(), ErrDataRange, 64},
+		{"truncated in the first of three tensors", new(builder).head(3, 0).tensor("a", []uint64{64}, quant.F32, 0).tensor("b", []uint64{8}, quant.F32, 256).tensor("c", []uint64{8}, quant.F32, 288).alignTo(32).pad(100).Bytes(), ErrDataRange, 128},
 	}
 	// The tensor the error must name, where one is at fault.
 	wantTensor := map[string]string{
@@ -257,8 +259,8 @@ func TestParseValidEdgeCases(t *testing.T) {
 	b := new(builder).head(2, 2)
 	b.str("general.alignment").u32(uint32(ValueUint32)).u32(64)
 	b.str("x").u32(uint32(ValueArray)).u32(uint32(ValueFloat64)).u64(2).u64(math.Float64bits(1.5)).u64(math.Float64bits(-2))
-	b.tensor("scalar", nil, TypeF32, 0)
-	b.tensor("q", []uint64{32, 2}, TypeQ8_0, 64)
+	b.tensor("scalar", nil, quant.F32, 0)
+	b.tensor("q", []uint64{32, 2}, quant.Q8_0, 64)
 	b.alignTo(64)
 	b.pad(64 + 68)
 	f, err := Parse(bytes.NewReader(b.Bytes()), int64(b.Len()), "ok.gguf")
@@ -291,10 +293,10 @@ func TestWriterRoundTrip(t *testing.T) {
 		{"u64s", ValueArray, Array{ValueUint64, []uint64{}}},
 	}
 	specs := []TensorSpec{
-		{"a", []uint64{3}, TypeF32},
-		{"b", []uint64{32, 3}, TypeQ8_0},
-		{"c", []uint64{4, 2, 1}, TypeF16},
-		{"d", []uint64{256}, TypeQ4_K},
+		{"a", []uint64{3}, quant.F32},
+		{"b", []uint64{32, 3}, quant.Q8_0},
+		{"c", []uint64{4, 2, 1}, quant.F16},
+		{"d", []uint64{256}, quant.Q4_K},
 	}
 	layout, err := PlanLayout(kvs, specs, 0)
 	if err != nil {
@@ -345,7 +347,7 @@ func TestWriterRoundTrip(t *testing.T) {
 }
 
 func TestWriterErrors(t *testing.T) {
-	layout, err := PlanLayout([]KV{Str("general.architecture", "x")}, []TensorSpec{{"a", []uint64{8}, TypeF32}, {"b", []uint64{8}, TypeF32}}, 0)
+	layout, err := PlanLayout([]KV{Str("general.architecture", "x")}, []TensorSpec{{"a", []uint64{8}, quant.F32}, {"b", []uint64{8}, quant.F32}}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,11 +396,11 @@ func TestWriterErrors(t *testing.T) {
 	}
 
 	for _, bad := range [][]TensorSpec{
-		{{"a", []uint64{16}, TypeQ8_0}},
-		{{"a", []uint64{1, 1, 1, 1, 1}, TypeF32}},
-		{{"a", []uint64{4}, Type(5)}},
-		{{"a", []uint64{4}, TypeF32}, {"a", []uint64{4}, TypeF32}},
-		{{string(make([]byte, 64)), []uint64{4}, TypeF32}},
+		{{"a", []uint64{16}, quant.Q8_0}},
+		{{"a", []uint64{1, 1, 1, 1, 1}, quant.F32}},
+		{{"a", []uint64{4}, quant.Type(5)}},
+		{{"a", []uint64{4}, quant.F32}, {"a", []uint64{4}, quant.F32}},
+		{{string(make([]byte, 64)), []uint64{4}, quant.F32}},
 	} {
 		if _, err := PlanLayout(nil, bad, 0); err == nil {
 			t.Errorf("PlanLayout(%v) succeeded", bad)
@@ -406,39 +408,5 @@ func TestWriterErrors(t *testing.T) {
 	}
 	if _, err := PlanLayout([]KV{{"k", ValueUint32, int32(1)}}, nil, 0); err == nil {
 		t.Error("mismatched value type accepted")
-	}
-}
-
-func TestTypeTable(t *testing.T) {
-	// (block, bytes) from GGML_QUANT_SIZES, gguf-py constants.py at 34af94c.
-	want := map[string][2]int64{
-		"F32": {1, 4}, "F16": {1, 2}, "BF16": {1, 2}, "Q4_0": {32, 18}, "Q4_1": {32, 20}, "Q5_0": {32, 22},
-		"Q5_1": {32, 24}, "Q8_0": {32, 34}, "Q8_1": {32, 36}, "Q2_K": {256, 84}, "Q3_K": {256, 110},
-		"Q4_K": {256, 144}, "Q5_K": {256, 176}, "Q6_K": {256, 210}, "Q8_K": {256, 292},
-		"IQ2_XXS": {256, 66}, "IQ2_XS": {256, 74}, "IQ3_XXS": {256, 98}, "IQ1_S": {256, 50},
-		"IQ4_NL": {32, 18}, "IQ3_S": {256, 110}, "IQ2_S": {256, 82}, "IQ4_XS": {256, 136},
-		"I8": {1, 1}, "I16": {1, 2}, "I32": {1, 4}, "I64": {1, 8}, "F64": {1, 8}, "IQ1_M": {256, 56},
-		"TQ1_0": {256, 54}, "TQ2_0": {256, 66}, "MXFP4": {32, 17}, "NVFP4": {64, 36}, "Q1_0": {128, 18}, "Q2_0": {64, 18},
-	}
-	if len(Types()) != len(want) {
-		t.Errorf("%d types, want %d", len(Types()), len(want))
-	}
-	for _, ty := range Types() {
-		w, ok := want[ty.String()]
-		if !ok {
-			t.Errorf("unexpected type %s", ty)
-			continue
-		}
-		if ty.BlockSize() != w[0] || ty.TypeSize() != w[1] {
-			t.Errorf("%s: (%d, %d), want %v", ty, ty.BlockSize(), ty.TypeSize(), w)
-		}
-		if p, ok := ParseType(ty.String()); !ok || p != ty {
-			t.Errorf("ParseType(%s) = %v %v", ty, p, ok)
-		}
-	}
-	for _, removed := range []Type{4, 5, 31, 32, 33, 36, 37, 38, 43} {
-		if removed.Known() {
-			t.Errorf("type %d should be unknown", removed)
-		}
 	}
 }

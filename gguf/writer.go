@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
@@ -19,7 +20,7 @@ import (
 type TensorSpec struct {
 	Name string
 	Dims []uint64 // ggml order, ne0 first
-	Type Type
+	Type quant.Type
 }
 
 // Layout is a planned GGUF file: the encoded header (KVs, tensor infos and

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -50,26 +51,45 @@ var floatLayouts = map[tensor.DType]layout{
 	tensor.F8_E5M2: {1, []field{{0, '5'}}, [2]int{}, "every value finite, not all zero"},
 }
 
-// ggmlLayouts are the GGUF types --deep decodes, by ggml type name. Block
-// layouts from ggml-common.h (llamacpp.md §1.7).
-var ggmlLayouts = map[string]layout{
-	"F32":  {4, []field{{0, 'f'}}, [2]int{}, "every value finite, not all zero"},
-	"F64":  {8, []field{{0, 'd'}}, [2]int{}, "every value finite, not all zero"},
-	"F16":  {2, []field{{0, 'h'}}, [2]int{}, "every value finite, not all zero"},
-	"BF16": {2, []field{{0, 'b'}}, [2]int{}, "every value finite, not all zero"},
-	// Q8_0: d half, qs int8[32] — 34 bytes per 32 values.
-	"Q8_0": {34, []field{{0, 'h'}}, [2]int{2, 34}, "every block's scale d finite; some value nonzero"},
-	// Q4_0: d, qs[16]; Q4_1: d, m, qs[16]; Q5_0: d, qh[4], qs[16]; Q5_1: d, m, qh[4], qs[16].
-	"Q4_0": {18, []field{{0, 'h'}}, [2]int{}, "every block's d finite, not all zero"},
-	"Q4_1": {20, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, "every block's d and m finite, not all zero"},
-	"Q5_0": {22, []field{{0, 'h'}}, [2]int{}, "every block's d finite, not all zero"},
-	"Q5_1": {24, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, "every block's d and m finite, not all zero"},
-	// K-quants, 256 values per super-block.
-	"Q2_K": {84, []field{{80, 'h'}, {82, 'h'}}, [2]int{}, "every super-block's d and dmin finite, not all zero"},
-	"Q3_K": {110, []field{{108, 'h'}}, [2]int{}, "every super-block's d finite, not all zero"},
-	"Q4_K": {144, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, "every super-block's d and dmin finite, not all zero"},
-	"Q5_K": {176, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, "every super-block's d and dmin finite, not all zero"},
-	"Q6_K": {210, []field{{208, 'h'}}, [2]int{}, "every super-block's d finite, not all zero"},
+// ggmlChecks are the GGUF types --deep decodes, with what it says it
+// checked. Block sizes and where each block's scales sit come from
+// gguf/quant (ggml-common.h).
+var ggmlChecks = map[quant.Type]string{
+	quant.F32:  "every value finite, not all zero",
+	quant.F64:  "every value finite, not all zero",
+	quant.F16:  "every value finite, not all zero",
+	quant.BF16: "every value finite, not all zero",
+	quant.Q8_0: "every block's scale d finite; some value nonzero",
+	quant.Q4_0: "every block's d finite, not all zero",
+	quant.Q4_1: "every block's d and m finite, not all zero",
+	quant.Q5_0: "every block's d finite, not all zero",
+	quant.Q5_1: "every block's d and m finite, not all zero",
+	quant.Q2_K: "every super-block's d and dmin finite, not all zero",
+	quant.Q3_K: "every super-block's d finite, not all zero",
+	quant.Q4_K: "every super-block's d and dmin finite, not all zero",
+	quant.Q5_K: "every super-block's d and dmin finite, not all zero",
+	quant.Q6_K: "every super-block's d finite, not all zero",
+}
+
+var floatKinds = map[quant.FloatKind]byte{quant.Half: 'h', quant.BFloat16: 'b', quant.Float32: 'f', quant.Float64: 'd'}
+
+// ggmlLayout is how --deep scans a GGUF type, or false when it does not
+// decode it.
+func ggmlLayout(t quant.Type) (layout, bool) {
+	desc, ok := ggmlChecks[t]
+	if !ok || len(t.Floats()) == 0 {
+		return layout{}, false
+	}
+	l := layout{unit: int(t.TypeSize()), desc: desc}
+	for _, f := range t.Floats() {
+		l.fields = append(l.fields, field{f.Offset, floatKinds[f.Kind]})
+	}
+	if t == quant.Q8_0 {
+		// Symmetric int8 quants after the 2-byte d: a zero quant is a
+		// zero value whatever d is.
+		l.payload = [2]int{2, l.unit}
+	}
+	return l, true
 }
 
 // bytesLayout checks only that not every byte is zero.

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"reflect"
 	"testing"
 
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -76,10 +78,11 @@ func TestScanChunks(t *testing.T) {
 	}
 	// Q6_K: 210-byte super-blocks, d at 208; block 6000 (past 1 MiB) has
 	// the only nonzero d, block 7000 a NaN d.
+	q6k, _ := ggmlLayout(quant.Q6_K)
 	q := make([]byte, 210*8000)
 	binary.LittleEndian.PutUint16(q[210*6000+208:], 0x3000)
 	binary.LittleEndian.PutUint16(q[210*7000+208:], 0x7C01)
-	res, err = scan(bytes.NewReader(q), int64(len(q)), ggmlLayouts["Q6_K"])
+	res, err = scan(bytes.NewReader(q), int64(len(q)), q6k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,11 +94,50 @@ func TestScanChunks(t *testing.T) {
 		t.Errorf("%q / %q", text, problem)
 	}
 	// A size that is not whole units is an error, not a silent pass.
-	if _, err := scan(bytes.NewReader(q[:100]), 100, ggmlLayouts["Q6_K"]); err == nil {
+	if _, err := scan(bytes.NewReader(q[:100]), 100, q6k); err == nil {
 		t.Error("partial block accepted")
 	}
 	// A short reader is an error.
-	if _, err := scan(bytes.NewReader(q[:210]), 420, ggmlLayouts["Q6_K"]); err == nil {
+	if _, err := scan(bytes.NewReader(q[:210]), 420, q6k); err == nil {
 		t.Error("short read accepted")
+	}
+}
+
+// TestGGMLLayouts pins the scan layout --deep builds from gguf/quant's
+// block traits to ggml-common.h's structs (llamacpp.md §1.7): unit =
+// bytes per block, the f16/f32 fields at their offsets, and for Q8_0 the
+// quants that must not all be zero.
+func TestGGMLLayouts(t *testing.T) {
+	for typ, want := range map[quant.Type]layout{
+		quant.F32:  {4, []field{{0, 'f'}}, [2]int{}, ""},
+		quant.F64:  {8, []field{{0, 'd'}}, [2]int{}, ""},
+		quant.F16:  {2, []field{{0, 'h'}}, [2]int{}, ""},
+		quant.BF16: {2, []field{{0, 'b'}}, [2]int{}, ""},
+		quant.Q8_0: {34, []field{{0, 'h'}}, [2]int{2, 34}, ""},
+		quant.Q4_0: {18, []field{{0, 'h'}}, [2]int{}, ""},
+		quant.Q4_1: {20, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, ""},
+		quant.Q5_0: {22, []field{{0, 'h'}}, [2]int{}, ""},
+		quant.Q5_1: {24, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, ""},
+		quant.Q2_K: {84, []field{{80, 'h'}, {82, 'h'}}, [2]int{}, ""},
+		quant.Q3_K: {110, []field{{108, 'h'}}, [2]int{}, ""},
+		quant.Q4_K: {144, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, ""},
+		quant.Q5_K: {176, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, ""},
+		quant.Q6_K: {210, []field{{208, 'h'}}, [2]int{}, ""},
+	} {
+		got, ok := ggmlLayout(typ)
+		if !ok {
+			t.Errorf("%s: not decoded", typ)
+			continue
+		}
+		got.desc = ""
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: layout %+v, want %+v", typ, got, want)
+		}
+	}
+	// Types --deep does not decode fall back to the byte check.
+	for _, typ := range []quant.Type{quant.Q8_1, quant.Q8_K, quant.IQ4_XS, quant.I32, quant.MXFP4} {
+		if _, ok := ggmlLayout(typ); ok {
+			t.Errorf("%s: decoded", typ)
+		}
 	}
 }

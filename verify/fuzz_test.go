@@ -9,12 +9,13 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
 // miniGGUF is a small well-formed GGUF with a one-block trunk and a NextN
 // block (the fuzz seeds' shape; see testdata/fuzz/FuzzGGUF).
-func miniGGUF(t testing.TB, withKey, withHead bool, qt gguf.Type) []byte {
+func miniGGUF(t testing.TB, withKey, withHead bool, qt quant.Type) []byte {
 	t.Helper()
 	kvs := []gguf.KV{gguf.Str("general.architecture", "qwen35"), gguf.U32("qwen35.block_count", 2), gguf.U32("qwen35.embedding_length", 8)}
 	if withKey {
@@ -22,17 +23,17 @@ func miniGGUF(t testing.TB, withKey, withHead bool, qt gguf.Type) []byte {
 	}
 	q := gguf.TensorSpec{Dims: []uint64{256, 2}, Type: qt}
 	specs := []gguf.TensorSpec{
-		{Name: "token_embd.weight", Dims: []uint64{8, 16}, Type: gguf.TypeF16},
-		{Name: "blk.0.attn_norm.weight", Dims: []uint64{8}, Type: gguf.TypeF32},
+		{Name: "token_embd.weight", Dims: []uint64{8, 16}, Type: quant.F16},
+		{Name: "blk.0.attn_norm.weight", Dims: []uint64{8}, Type: quant.F32},
 		{Name: "blk.0.attn_q.weight", Dims: q.Dims, Type: q.Type},
 	}
 	if withHead {
 		specs = append(specs,
-			gguf.TensorSpec{Name: "blk.1.attn_norm.weight", Dims: []uint64{8}, Type: gguf.TypeF32},
+			gguf.TensorSpec{Name: "blk.1.attn_norm.weight", Dims: []uint64{8}, Type: quant.F32},
 			gguf.TensorSpec{Name: "blk.1.attn_q.weight", Dims: q.Dims, Type: q.Type},
-			gguf.TensorSpec{Name: "blk.1.nextn.eh_proj.weight", Dims: []uint64{16, 8}, Type: gguf.TypeF16},
-			gguf.TensorSpec{Name: "blk.1.nextn.enorm.weight", Dims: []uint64{8}, Type: gguf.TypeF32},
-			gguf.TensorSpec{Name: "blk.1.nextn.hnorm.weight", Dims: []uint64{8}, Type: gguf.TypeF32},
+			gguf.TensorSpec{Name: "blk.1.nextn.eh_proj.weight", Dims: []uint64{16, 8}, Type: quant.F16},
+			gguf.TensorSpec{Name: "blk.1.nextn.enorm.weight", Dims: []uint64{8}, Type: quant.F32},
+			gguf.TensorSpec{Name: "blk.1.nextn.hnorm.weight", Dims: []uint64{8}, Type: quant.F32},
 		)
 	}
 	l, err := gguf.PlanLayout(kvs, specs, 0)
@@ -50,9 +51,9 @@ func miniGGUF(t testing.TB, withKey, withHead bool, qt gguf.Type) []byte {
 // FuzzGGUF: any byte string either fails with a bad-input error or yields a
 // well-formed report; nothing panics, --deep included.
 func FuzzGGUF(f *testing.F) {
-	f.Add(miniGGUF(f, true, true, gguf.TypeQ4_K))
-	f.Add(miniGGUF(f, true, false, gguf.TypeQ8_0))
-	f.Add(miniGGUF(f, false, true, gguf.TypeF16))
+	f.Add(miniGGUF(f, true, true, quant.Q4_K))
+	f.Add(miniGGUF(f, true, false, quant.Q8_0))
+	f.Add(miniGGUF(f, false, true, quant.F16))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, deep := range []bool{false, true} {
 			r, err := GGUF(bytes.NewReader(data), int64(len(data)), "fuzz.gguf", Options{Deep: deep})

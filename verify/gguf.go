@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 )
 
 // GGUF checks the MTP head of the GGUF file behind r (size bytes long).
@@ -249,9 +250,9 @@ func dims64(d []uint64) []int64 {
 }
 
 // floatType reports the ggml types a norm may be stored in.
-func floatType(t gguf.Type) bool {
+func floatType(t quant.Type) bool {
 	switch t {
-	case gguf.TypeF32, gguf.TypeF16, gguf.TypeBF16, gguf.TypeF64:
+	case quant.F32, quant.F16, quant.BF16, quant.F64:
 		return true
 	}
 	return false
@@ -362,16 +363,13 @@ func (g *ggufAnalysis) deep() error {
 		if !ok {
 			continue
 		}
-		l, ok := ggmlLayouts[t.Type.String()]
+		l, ok := ggmlLayout(t.Type)
 		what := "scale"
 		if !ok {
 			l, what = bytesLayout, "byte"
 			rt.Deep = fmt.Sprintf("%s is not decoded: ", t.Type)
 		} else if floatType(t.Type) {
 			what = "value"
-		}
-		if int64(l.unit) != t.Type.TypeSize() && l.unit != 1 {
-			return fmt.Errorf("%s: tensor %q: internal: layout of %s has %d-byte units, ggml says %d", g.f.Path, t.Name, t.Type, l.unit, t.Type.TypeSize())
 		}
 		off := g.f.DataOffset + int64(t.Offset)
 		res, err := scan(g.f.Section(t), t.Size(), l)

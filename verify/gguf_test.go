@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 )
 
 // refGGUF parses the reference qwen35 F16 header (materialized sparse).
@@ -69,7 +70,7 @@ func dropTensors(pred func(string) bool) func([]gguf.TensorSpec) []gguf.TensorSp
 	}
 }
 
-func retype(name string, ty gguf.Type, dims ...uint64) func([]gguf.TensorSpec) []gguf.TensorSpec {
+func retype(name string, ty quant.Type, dims ...uint64) func([]gguf.TensorSpec) []gguf.TensorSpec {
 	return func(ts []gguf.TensorSpec) []gguf.TensorSpec {
 		out := slices.Clone(ts)
 		for i := range out {
@@ -85,28 +86,28 @@ func retype(name string, ty gguf.Type, dims ...uint64) func([]gguf.TensorSpec) [
 }
 
 // healthy returns valid, nonzero, finite bytes for a tensor of type ty.
-func healthy(ty gguf.Type, n int64) []byte {
+func healthy(ty quant.Type, n int64) []byte {
 	b := make([]byte, n)
 	unit := int(ty.TypeSize())
 	for u := 0; u+unit <= len(b); u += unit {
 		blk := b[u : u+unit]
 		switch ty {
-		case gguf.TypeF32:
+		case quant.F32:
 			binary.LittleEndian.PutUint32(blk, 0x3F800000) // 1.0
-		case gguf.TypeF16:
+		case quant.F16:
 			binary.LittleEndian.PutUint16(blk, 0x3C00) // 1.0
-		case gguf.TypeQ8_0:
+		case quant.Q8_0:
 			binary.LittleEndian.PutUint16(blk, 0x2000) // d
 			for i := 2; i < 34; i++ {
 				blk[i] = 3
 			}
-		case gguf.TypeQ4_K, gguf.TypeQ5_K:
+		case quant.Q4_K, quant.Q5_K:
 			binary.LittleEndian.PutUint16(blk, 0x2000)     // d
 			binary.LittleEndian.PutUint16(blk[2:], 0x1000) // dmin
 			for i := 4; i < len(blk); i++ {
 				blk[i] = 0x11
 			}
-		case gguf.TypeQ6_K:
+		case quant.Q6_K:
 			for i := range blk {
 				blk[i] = 0x11
 			}
@@ -181,7 +182,7 @@ func TestGeneratedGGUF(t *testing.T) {
 	isHead := func(n string) bool { return strings.HasPrefix(n, "blk.4.") }
 	const key = "qwen35.nextn_predict_layers"
 	f16 := func(mod func([]byte)) func(int64) []byte {
-		return func(n int64) []byte { b := healthy(gguf.TypeF16, n); mod(b); return b }
+		return func(n int64) []byte { b := healthy(quant.F16, n); mod(b); return b }
 	}
 	cases := []ggufCase{
 		{name: "reference layout rewritten: ok", verdict: OK},
@@ -203,10 +204,10 @@ func TestGeneratedGGUF(t *testing.T) {
 			edit:    ggufEdit{tensors: dropTensors(func(n string) bool { return n == "blk.4.attn_v.weight" })},
 			missing: []string{"blk.4.attn_v.weight"}},
 		{name: "eh_proj dims", verdict: Inconsistent,
-			edit:    ggufEdit{tensors: retype("blk.4.nextn.eh_proj.weight", gguf.TypeF16, 256, 256)},
+			edit:    ggufEdit{tensors: retype("blk.4.nextn.eh_proj.weight", quant.F16, 256, 256)},
 			problem: "blk.4.nextn.eh_proj.weight: dims [256 256], want [512 256]"},
 		{name: "head ffn differs from trunk", verdict: Inconsistent,
-			edit:    ggufEdit{tensors: retype("blk.4.ffn_up.weight", gguf.TypeF16, 256, 256)},
+			edit:    ggufEdit{tensors: retype("blk.4.ffn_up.weight", quant.F16, 256, 256)},
 			problem: "blk.4.ffn_up.weight: dims [256 256], but trunk block 3 has [256 512]"},
 		{name: "block_count one too many", verdict: Inconsistent,
 			edit:    ggufEdit{kvs: setKV("qwen35.block_count", gguf.U32("qwen35.block_count", 6))},
@@ -215,12 +216,12 @@ func TestGeneratedGGUF(t *testing.T) {
 			edit: ggufEdit{kvs: chainKV(setKV(key, gguf.U32(key, 2)), setKV("qwen35.block_count", gguf.U32("qwen35.block_count", 6)))}},
 		{name: "quantized head types accepted", verdict: OK,
 			edit: ggufEdit{tensors: func(ts []gguf.TensorSpec) []gguf.TensorSpec {
-				ts = retype("blk.4.attn_q.weight", gguf.TypeQ8_0)(ts)
-				ts = retype("blk.4.ffn_up.weight", gguf.TypeQ4_K)(ts)
-				return retype("blk.4.nextn.eh_proj.weight", gguf.TypeQ6_K)(ts)
+				ts = retype("blk.4.attn_q.weight", quant.Q8_0)(ts)
+				ts = retype("blk.4.ffn_up.weight", quant.Q4_K)(ts)
+				return retype("blk.4.nextn.eh_proj.weight", quant.Q6_K)(ts)
 			}}},
 		{name: "norm quantized", verdict: Inconsistent,
-			edit:    ggufEdit{tensors: retype("blk.4.nextn.hnorm.weight", gguf.TypeQ8_0)},
+			edit:    ggufEdit{tensors: retype("blk.4.nextn.hnorm.weight", quant.Q8_0)},
 			problem: "a norm stored as Q8_0"},
 		// --deep.
 		{name: "deep: healthy F16/F32 head", deep: true, verdict: OK, edit: ggufEdit{fillHead: true}},
@@ -234,12 +235,12 @@ func TestGeneratedGGUF(t *testing.T) {
 			problem: "blk.4.attn_output.weight: non-finite value at byte offset"},
 		{name: "deep: quantized head healthy", deep: true, verdict: OK,
 			edit: ggufEdit{fillHead: true, tensors: func(ts []gguf.TensorSpec) []gguf.TensorSpec {
-				ts = retype("blk.4.attn_q.weight", gguf.TypeQ8_0)(ts)
-				ts = retype("blk.4.ffn_up.weight", gguf.TypeQ4_K)(ts)
-				return retype("blk.4.nextn.eh_proj.weight", gguf.TypeQ6_K)(ts)
+				ts = retype("blk.4.attn_q.weight", quant.Q8_0)(ts)
+				ts = retype("blk.4.ffn_up.weight", quant.Q4_K)(ts)
+				return retype("blk.4.nextn.eh_proj.weight", quant.Q6_K)(ts)
 			}}},
 		{name: "deep: Q8_0 with zero quants", deep: true, verdict: Inconsistent,
-			edit: ggufEdit{fillHead: true, tensors: retype("blk.4.attn_q.weight", gguf.TypeQ8_0),
+			edit: ggufEdit{fillHead: true, tensors: retype("blk.4.attn_q.weight", quant.Q8_0),
 				fill: map[string]func(int64) []byte{"blk.4.attn_q.weight": func(n int64) []byte {
 					b := make([]byte, n)
 					for u := 0; u < len(b); u += 34 {
@@ -249,17 +250,17 @@ func TestGeneratedGGUF(t *testing.T) {
 				}}},
 			problem: "blk.4.attn_q.weight: all zeros"},
 		{name: "deep: Q4_K with a NaN super-block scale", deep: true, verdict: Inconsistent,
-			edit: ggufEdit{fillHead: true, tensors: retype("blk.4.ffn_up.weight", gguf.TypeQ4_K),
+			edit: ggufEdit{fillHead: true, tensors: retype("blk.4.ffn_up.weight", quant.Q4_K),
 				fill: map[string]func(int64) []byte{"blk.4.ffn_up.weight": func(n int64) []byte {
-					b := healthy(gguf.TypeQ4_K, n)
+					b := healthy(quant.Q4_K, n)
 					binary.LittleEndian.PutUint16(b[144*7+2:], 0x7E00) // dmin of block 7
 					return b
 				}}},
 			problem: "blk.4.ffn_up.weight: non-finite scale at byte offset"},
 		{name: "deep: Q6_K with zero scales", deep: true, verdict: Inconsistent,
-			edit: ggufEdit{fillHead: true, tensors: retype("blk.4.nextn.eh_proj.weight", gguf.TypeQ6_K),
+			edit: ggufEdit{fillHead: true, tensors: retype("blk.4.nextn.eh_proj.weight", quant.Q6_K),
 				fill: map[string]func(int64) []byte{"blk.4.nextn.eh_proj.weight": func(n int64) []byte {
-					b := healthy(gguf.TypeQ6_K, n)
+					b := healthy(quant.Q6_K, n)
 					for u := 0; u < len(b); u += 210 {
 						binary.LittleEndian.PutUint16(b[u+208:], 0)
 					}
@@ -295,9 +296,9 @@ func TestGeneratedGGUF(t *testing.T) {
 
 // TestGGUFDeepOffset pins the byte offset a deep failure names.
 func TestGGUFDeepOffset(t *testing.T) {
-	path := writeGGUF(t, ggufEdit{fillHead: true, tensors: retype("blk.4.ffn_up.weight", gguf.TypeQ4_K),
+	path := writeGGUF(t, ggufEdit{fillHead: true, tensors: retype("blk.4.ffn_up.weight", quant.Q4_K),
 		fill: map[string]func(int64) []byte{"blk.4.ffn_up.weight": func(n int64) []byte {
-			b := healthy(gguf.TypeQ4_K, n)
+			b := healthy(quant.Q4_K, n)
 			binary.LittleEndian.PutUint16(b[144*7:], 0xFC00) // d = -Inf in block 7
 			return b
 		}}})
@@ -467,7 +468,7 @@ func miniArch(t *testing.T, arch string, kvs []gguf.KV, global []gguf.TensorSpec
 	return path
 }
 
-func spec(name string, ty gguf.Type, dims ...uint64) gguf.TensorSpec {
+func spec(name string, ty quant.Type, dims ...uint64) gguf.TensorSpec {
 	return gguf.TensorSpec{Name: name, Dims: dims, Type: ty}
 }
 
@@ -477,34 +478,34 @@ func spec(name string, ty gguf.Type, dims ...uint64) gguf.TensorSpec {
 func qwen35moeBlock() []gguf.TensorSpec {
 	const H, E, I = 64, 4, 32
 	return []gguf.TensorSpec{
-		spec("attn_norm.weight", gguf.TypeF32, H),
-		spec("attn_q.weight", gguf.TypeF16, H, 2*2*32),
-		spec("attn_k.weight", gguf.TypeF16, H, 32),
-		spec("attn_v.weight", gguf.TypeF16, H, 32),
-		spec("attn_output.weight", gguf.TypeF16, 2*32, H),
-		spec("attn_q_norm.weight", gguf.TypeF32, 32),
-		spec("attn_k_norm.weight", gguf.TypeF32, 32),
-		spec("post_attention_norm.weight", gguf.TypeF32, H),
-		spec("ffn_gate_inp.weight", gguf.TypeF32, H, E),
-		spec("ffn_gate_exps.weight", gguf.TypeF16, H, I, E),
-		spec("ffn_up_exps.weight", gguf.TypeF16, H, I, E),
-		spec("ffn_down_exps.weight", gguf.TypeF16, I, H, E),
-		spec("ffn_gate_inp_shexp.weight", gguf.TypeF32, H),
-		spec("ffn_gate_shexp.weight", gguf.TypeF16, H, I),
-		spec("ffn_up_shexp.weight", gguf.TypeF16, H, I),
-		spec("ffn_down_shexp.weight", gguf.TypeF16, I, H),
+		spec("attn_norm.weight", quant.F32, H),
+		spec("attn_q.weight", quant.F16, H, 2*2*32),
+		spec("attn_k.weight", quant.F16, H, 32),
+		spec("attn_v.weight", quant.F16, H, 32),
+		spec("attn_output.weight", quant.F16, 2*32, H),
+		spec("attn_q_norm.weight", quant.F32, 32),
+		spec("attn_k_norm.weight", quant.F32, 32),
+		spec("post_attention_norm.weight", quant.F32, H),
+		spec("ffn_gate_inp.weight", quant.F32, H, E),
+		spec("ffn_gate_exps.weight", quant.F16, H, I, E),
+		spec("ffn_up_exps.weight", quant.F16, H, I, E),
+		spec("ffn_down_exps.weight", quant.F16, I, H, E),
+		spec("ffn_gate_inp_shexp.weight", quant.F32, H),
+		spec("ffn_gate_shexp.weight", quant.F16, H, I),
+		spec("ffn_up_shexp.weight", quant.F16, H, I),
+		spec("ffn_down_shexp.weight", quant.F16, I, H),
 	}
 }
 
 func nextnTensors(h, v uint64, full bool) []gguf.TensorSpec {
 	out := []gguf.TensorSpec{
-		spec("nextn.eh_proj.weight", gguf.TypeF16, 2*h, h),
-		spec("nextn.enorm.weight", gguf.TypeF32, h),
-		spec("nextn.hnorm.weight", gguf.TypeF32, h),
-		spec("nextn.shared_head_norm.weight", gguf.TypeF32, h),
+		spec("nextn.eh_proj.weight", quant.F16, 2*h, h),
+		spec("nextn.enorm.weight", quant.F32, h),
+		spec("nextn.hnorm.weight", quant.F32, h),
+		spec("nextn.shared_head_norm.weight", quant.F32, h),
 	}
 	if full {
-		out = append(out, spec("nextn.embed_tokens.weight", gguf.TypeF16, h, v), spec("nextn.shared_head_head.weight", gguf.TypeF16, h, v))
+		out = append(out, spec("nextn.embed_tokens.weight", quant.F16, h, v), spec("nextn.shared_head_head.weight", quant.F16, h, v))
 	}
 	return out
 }
@@ -513,34 +514,34 @@ func nextnTensors(h, v uint64, full bool) []gguf.TensorSpec {
 func deepseek2Block(moe bool) []gguf.TensorSpec {
 	const H, E, I = 64, 4, 32
 	out := []gguf.TensorSpec{
-		spec("attn_norm.weight", gguf.TypeF32, H),
-		spec("attn_q_a.weight", gguf.TypeF16, H, 32),
-		spec("attn_q_a_norm.weight", gguf.TypeF32, 32),
-		spec("attn_q_b.weight", gguf.TypeF16, 32, 2*24),
-		spec("attn_kv_a_mqa.weight", gguf.TypeF16, H, 16+8),
-		spec("attn_kv_a_norm.weight", gguf.TypeF32, 16),
-		spec("attn_kv_b.weight", gguf.TypeF16, 16, 2*32),
-		spec("attn_output.weight", gguf.TypeF16, 2*16, H),
-		spec("ffn_norm.weight", gguf.TypeF32, H),
+		spec("attn_norm.weight", quant.F32, H),
+		spec("attn_q_a.weight", quant.F16, H, 32),
+		spec("attn_q_a_norm.weight", quant.F32, 32),
+		spec("attn_q_b.weight", quant.F16, 32, 2*24),
+		spec("attn_kv_a_mqa.weight", quant.F16, H, 16+8),
+		spec("attn_kv_a_norm.weight", quant.F32, 16),
+		spec("attn_kv_b.weight", quant.F16, 16, 2*32),
+		spec("attn_output.weight", quant.F16, 2*16, H),
+		spec("ffn_norm.weight", quant.F32, H),
 	}
 	if !moe {
-		return append(out, spec("ffn_gate.weight", gguf.TypeF16, H, 128), spec("ffn_up.weight", gguf.TypeF16, H, 128), spec("ffn_down.weight", gguf.TypeF16, 128, H))
+		return append(out, spec("ffn_gate.weight", quant.F16, H, 128), spec("ffn_up.weight", quant.F16, H, 128), spec("ffn_down.weight", quant.F16, 128, H))
 	}
 	return append(out,
-		spec("ffn_gate_inp.weight", gguf.TypeF32, H, E),
-		spec("exp_probs_b.bias", gguf.TypeF32, E),
-		spec("ffn_gate_exps.weight", gguf.TypeF16, H, I, E),
-		spec("ffn_up_exps.weight", gguf.TypeF16, H, I, E),
-		spec("ffn_down_exps.weight", gguf.TypeF16, I, H, E),
-		spec("ffn_gate_shexp.weight", gguf.TypeF16, H, I),
-		spec("ffn_up_shexp.weight", gguf.TypeF16, H, I),
-		spec("ffn_down_shexp.weight", gguf.TypeF16, I, H),
+		spec("ffn_gate_inp.weight", quant.F32, H, E),
+		spec("exp_probs_b.bias", quant.F32, E),
+		spec("ffn_gate_exps.weight", quant.F16, H, I, E),
+		spec("ffn_up_exps.weight", quant.F16, H, I, E),
+		spec("ffn_down_exps.weight", quant.F16, I, H, E),
+		spec("ffn_gate_shexp.weight", quant.F16, H, I),
+		spec("ffn_up_shexp.weight", quant.F16, H, I),
+		spec("ffn_down_shexp.weight", quant.F16, I, H),
 	)
 }
 
 func TestGGUFFamilies(t *testing.T) {
 	const H, V = 64, 128
-	global := []gguf.TensorSpec{spec("token_embd.weight", gguf.TypeF16, H, V), spec("output_norm.weight", gguf.TypeF32, H)}
+	global := []gguf.TensorSpec{spec("token_embd.weight", quant.F16, H, V), spec("output_norm.weight", quant.F32, H)}
 	moeKVs := []gguf.KV{gguf.U32("qwen35moe.block_count", 2), gguf.U32("qwen35moe.embedding_length", H), gguf.U32("qwen35moe.nextn_predict_layers", 1)}
 	moeBlocks := func() [][]gguf.TensorSpec {
 		return [][]gguf.TensorSpec{qwen35moeBlock(), append(qwen35moeBlock(), nextnTensors(H, V, false)...)}
@@ -562,7 +563,7 @@ func TestGGUFFamilies(t *testing.T) {
 			return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), dropTensors(func(n string) bool { return n == "blk.1.ffn_gate_inp_shexp.weight" }))
 		}, Partial, 19, []string{"blk.1.ffn_gate_inp_shexp.weight"}, ""},
 		{"qwen35moe head has fewer experts", func(t *testing.T) string {
-			return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), retype("blk.1.ffn_down_exps.weight", gguf.TypeF16, 32, 64, 3))
+			return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), retype("blk.1.ffn_down_exps.weight", quant.F16, 32, 64, 3))
 		}, Inconsistent, 19, nil, "blk.1.ffn_down_exps.weight: dims [32 64 3], but trunk block 0 has [32 64 4]"},
 		{"deepseek2 nextn with embed_tokens and shared_head_head ok", func(t *testing.T) string {
 			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(true), nil)
@@ -571,7 +572,7 @@ func TestGGUFFamilies(t *testing.T) {
 			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(false), nil)
 		}, OK, 20, nil, ""},
 		{"deepseek2 nextn.embed_tokens of the wrong vocabulary", func(t *testing.T) string {
-			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(true), retype("blk.2.nextn.embed_tokens.weight", gguf.TypeF16, H, 256))
+			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(true), retype("blk.2.nextn.embed_tokens.weight", quant.F16, H, 256))
 		}, Inconsistent, 20, nil, "blk.2.nextn.embed_tokens.weight: dims [64 256], want [64 128]"},
 		{"deepseek2 MTP block dense while the trunk's last block is MoE", func(t *testing.T) string {
 			blocks := dsBlocks(false)

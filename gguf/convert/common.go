@@ -125,7 +125,7 @@ func (m *model) textParams(kv *kvList) error {
 		kv.add(gguf.U32(a+".attention.key_length", uint32(v)))
 		kv.add(gguf.U32(a+".attention.value_length", uint32(v)))
 	}
-	kv.add(gguf.U32("general.file_type", m.outType.fileType()))
+	kv.add(gguf.U32("general.file_type", uint32(m.outType.fileType())))
 	return nil
 }
 

@@ -20,7 +20,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
@@ -56,31 +56,24 @@ const (
 	OutAuto OutType = "auto"
 )
 
-// fileType is llama_ftype / gguf-py LlamaFileType.
-func (o OutType) fileType() uint32 {
-	switch o {
-	case OutF32:
-		return 0
-	case OutF16:
-		return 1
-	case OutQ8_0:
-		return 7
-	case OutBF16:
-		return 32
-	}
-	return 1
+// fileType is the general.file_type of a file converted to o (gguf-py
+// LlamaFileType): the file type of o's ggml type.
+func (o OutType) fileType() quant.FileType {
+	f, _ := quant.FileTypeOf(o.ggml())
+	return f
 }
 
-func (o OutType) ggml() gguf.Type {
+// ggml is the ggml type o asks for; auto must be resolved first.
+func (o OutType) ggml() quant.Type {
 	switch o {
 	case OutF32:
-		return gguf.TypeF32
+		return quant.F32
 	case OutBF16:
-		return gguf.TypeBF16
+		return quant.BF16
 	case OutQ8_0:
-		return gguf.TypeQ8_0
+		return quant.Q8_0
 	}
-	return gguf.TypeF16
+	return quant.F16
 }
 
 // Options are the converter flags.
@@ -95,6 +88,10 @@ type Options struct {
 	Pre string
 	// Name overrides general.name (convert_hf_to_gguf.py --model-name).
 	Name string
+	// Policy chooses each tensor's ggml type from its name, dims and the
+	// type OutType asks for; nil is DefaultPolicy. The plan refuses a
+	// choice ferry cannot encode or whose blocks do not divide the row.
+	Policy quant.Policy
 }
 
 // Supported lists the Hugging Face architectures the converter handles.

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -55,7 +56,7 @@ func values(t *testing.T, f *gguf.File, name string) []float32 {
 		t.Fatal(err)
 	}
 	out := make([]float32, ti.NumElements())
-	dt := map[gguf.Type]tensor.DType{gguf.TypeF32: tensor.F32, gguf.TypeF16: tensor.F16, gguf.TypeBF16: tensor.BF16}[ti.Type]
+	dt := map[quant.Type]tensor.DType{quant.F32: tensor.F32, quant.F16: tensor.F16, quant.BF16: tensor.BF16}[ti.Type]
 	if err := tensor.ToF32(dt, out, b); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -414,7 +415,7 @@ func checkLlama(t *testing.T, m *testmodel.Model, f *gguf.File) {
 
 func checkQwen2(t *testing.T, m *testmodel.Model, f *gguf.File) {
 	ti, ok := f.Tensor("blk.1.attn_q.bias")
-	if !ok || ti.Type != gguf.TypeF32 {
+	if !ok || ti.Type != quant.F32 {
 		t.Fatalf("attn_q.bias %+v %v", ti, ok)
 	}
 	sameValues(t, "attn_q.bias", values(t, f, "blk.1.attn_q.bias"), mvalues(t, m, "model.layers.1.self_attn.q_proj.bias"))
@@ -482,7 +483,7 @@ func checkHybridCommon(t *testing.T, m *testmodel.Model, f *gguf.File, reorder b
 		conv = append(conv[:qk:qk], reorderRows(conv[qk:], nk, r, hv)...)
 	}
 	ti, _ := f.Tensor("blk.0.ssm_conv1d.weight")
-	if ti.Type != gguf.TypeF32 || fmt.Sprint(ti.Dims) != fmt.Sprint([]uint64{uint64(K), uint64(len(conv))}) {
+	if ti.Type != quant.F32 || fmt.Sprint(ti.Dims) != fmt.Sprint([]uint64{uint64(K), uint64(len(conv))}) {
 		t.Errorf("ssm_conv1d %s %v", ti.Type, ti.Dims)
 	}
 	sameValues(t, "ssm_conv1d", values(t, f, "blk.0.ssm_conv1d.weight"), flat(conv))
@@ -564,7 +565,7 @@ func checkExperts(t *testing.T, m *testmodel.Model, f *gguf.File, layer int, pre
 		sameValues(t, name, values(t, f, name), asF16(want))
 	}
 	for _, n := range []string{"ffn_gate_inp", "ffn_gate_inp_shexp"} {
-		if ti, _ := f.Tensor(fmt.Sprintf("blk.%d.%s.weight", layer, n)); ti.Type != gguf.TypeF32 {
+		if ti, _ := f.Tensor(fmt.Sprintf("blk.%d.%s.weight", layer, n)); ti.Type != quant.F32 {
 			t.Errorf("%s is %s, want F32", n, ti.Type)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/internal/ggufcheck"
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -299,7 +300,7 @@ func TestQwen3BF16AndAuto(t *testing.T) {
 	out, _ := convertDir(t, qwen3Dir, Options{OutType: OutF32}, WriteOptions{})
 	f := openGGUF(t, out)
 	for _, ti := range f.Tensors {
-		if ti.Type != gguf.TypeF32 {
+		if ti.Type != quant.F32 {
 			t.Errorf("%s is %s", ti.Name, ti.Type)
 		}
 	}

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -70,11 +70,11 @@ func directKernel(t *TensorPlan) (ok bool, conv func(dst, src []byte)) {
 		}
 	}
 	switch {
-	case dt == tensor.BF16 && t.Type == gguf.TypeF16:
+	case dt == tensor.BF16 && t.Type == quant.F16:
 		return true, bf16ToF16
-	case dt == tensor.BF16 && t.Type == gguf.TypeBF16,
-		dt == tensor.F16 && t.Type == gguf.TypeF16,
-		dt == tensor.F32 && t.Type == gguf.TypeF32:
+	case dt == tensor.BF16 && t.Type == quant.BF16,
+		dt == tensor.F16 && t.Type == quant.F16,
+		dt == tensor.F32 && t.Type == quant.F32:
 		return true, nil
 	}
 	return false, nil

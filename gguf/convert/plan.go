@@ -5,22 +5,24 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
 // TensorPlan is one output tensor: what is written and how it is made.
 type TensorPlan struct {
-	Name    string    // GGUF name
-	Type    gguf.Type // ggml type written
-	Dims    []uint64  // ggml order (ne0 first)
-	Sources []string  // checkpoint tensor names it is read from
-	Steps   []string  // transforms applied, in order
+	Name    string     // GGUF name
+	Type    quant.Type // ggml type written
+	Dims    []uint64   // ggml order (ne0 first)
+	Sources []string   // checkpoint tensor names it is read from
+	Steps   []string   // transforms applied, in order
 	vt      *vtensor
 }
 
@@ -31,7 +33,7 @@ type Plan struct {
 	HFArch   string // config.json architectures[0]
 	Arch     string // GGUF general.architecture
 	OutType  OutType
-	FileType uint32
+	FileType quant.FileType
 	KVs      []gguf.KV
 	Tensors  []TensorPlan
 	Layout   *gguf.Layout
@@ -399,48 +401,37 @@ func (m *model) tensorErr(s *source, err error) error {
 	return &Error{Path: s.Loc.Shard.Path, Tensor: s.HFName, Offset: s.Loc.Shard.DataOffset() + s.Loc.Info.Begin, Err: err}
 }
 
-// outputTensor picks the ggml type (ModelBase.prepare_tensors rules).
+// outputTensor plans one output tensor, its ggml type chosen by the
+// options' policy.
 func (m *model) outputTensor(v *vtensor) (TensorPlan, error) {
 	if len(v.Name) >= gguf.MaxNameLen {
 		return TensorPlan{}, fmt.Errorf("%w: GGUF name %q is %d bytes, the limit is %d", ErrUnknownTensor, v.Name, len(v.Name), gguf.MaxNameLen-1)
 	}
 	nd := len(v.Shape)
-	typ := m.outType.ggml()
-	bid := blockID(v.Name)
-	forced := func(stem string) bool {
-		return bid >= 0 && v.Name == fmt.Sprintf("blk.%d.%s.weight", bid, stem)
-	}
-	switch {
-	case nd <= 1 || strings.HasSuffix(v.Name, "_norm.weight"):
-		typ = gguf.TypeF32
-	case forced("ffn_gate_inp") || forced("ffn_gate_inp_shexp") || forced("ssm_conv1d") || v.Name == "position_embd.weight" || v.Name == "token_types.weight":
-		typ = gguf.TypeF32
-	case !hasWeightSuffix(v.Name):
-		typ = gguf.TypeF32
-	}
-	if typ == gguf.TypeQ8_0 && v.cols()%32 != 0 {
-		typ = gguf.TypeF16 // gguf-py QuantError fallback
+	if nd > gguf.MaxDims {
+		return TensorPlan{}, fmt.Errorf("%w: %s has %d dims", ErrShape, v.Name, nd)
 	}
 	dims := make([]uint64, nd)
 	for i, d := range v.Shape {
 		dims[nd-1-i] = uint64(d)
 	}
-	if nd > gguf.MaxDims {
-		return TensorPlan{}, fmt.Errorf("%w: %s has %d dims", ErrShape, v.Name, nd)
+	policy := m.opts.Policy
+	if policy == nil {
+		policy = DefaultPolicy
+	}
+	want := m.outType.ggml()
+	typ := policy(quant.Tensor{Name: v.Name, Dims: slices.Clone(dims)}, want)
+	if !typ.CanEncode() {
+		return TensorPlan{}, fmt.Errorf("%w: the type policy chose %s for %s (asked for %s); ferry cannot encode %s", ErrOptions, typ, v.Name, want, typ)
+	}
+	if _, ok := typ.RowSize(uint64(v.cols())); !ok {
+		return TensorPlan{}, fmt.Errorf("%w: the type policy chose %s for %s, whose rows of %d values are not a whole number of %d-value blocks", ErrOptions, typ, v.Name, v.cols(), typ.BlockSize())
 	}
 	tp := TensorPlan{Name: v.Name, Type: typ, Dims: dims, Steps: v.desc, vt: v}
 	for _, s := range v.srcs {
 		tp.Sources = append(tp.Sources, s.HFName)
 	}
 	return tp, nil
-}
-
-func hasWeightSuffix(name string) bool {
-	if len(name) < 7 {
-		return false
-	}
-	s := name[len(name)-7:]
-	return s == ".weight" || s == ".lora_a" || s == ".lora_b"
 }
 
 // kvList keeps gguf-py's dict semantics: setting an existing key replaces

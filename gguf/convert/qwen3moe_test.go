@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -125,7 +125,7 @@ func TestQwen3MoE(t *testing.T) {
 			name := fmt.Sprintf("blk.%d.ffn_%s_exps.weight", l, w)
 			sameValues(t, name, values(t, f, name), asF16(want))
 		}
-		if ti, _ := f.Tensor(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", l)); ti.Type != gguf.TypeF32 {
+		if ti, _ := f.Tensor(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", l)); ti.Type != quant.F32 {
 			t.Errorf("router %s", ti.Type)
 		}
 	}

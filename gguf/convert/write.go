@@ -3,7 +3,6 @@ package convert
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"hash"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -427,43 +427,8 @@ func transformEncode(t *TensorPlan, b *buffers, u unit) error {
 			}
 		}
 	}
-	switch t.Type {
-	case gguf.TypeF32:
-		tensor.F32ToBytes(b.out, f32)
-	case gguf.TypeF16:
-		tensor.F32ToF16(b.out, f32)
-	case gguf.TypeBF16:
-		tensor.F32ToBF16(b.out, f32)
-	case gguf.TypeQ8_0:
-		quantizeQ8_0(b.out, f32)
-	default:
-		return fmt.Errorf("tensor %q: no encoder for %s", t.Name, t.Type)
+	if err := quant.Encode(t.Type, b.out, f32); err != nil {
+		return fmt.Errorf("tensor %q: %w", t.Name, err)
 	}
 	return nil
-}
-
-// quantizeQ8_0 is quantize_row_q8_0_ref (and gguf-py's bit-exact Q8_0):
-// per block of 32, d = max|x|/127 in float32, id = 1/d (0 when d is 0),
-// q = round-half-away-from-zero(x·id), d stored as IEEE half (RNE).
-func quantizeQ8_0(dst []byte, src []float32) {
-	for bi := 0; bi*32 < len(src); bi++ {
-		x := src[bi*32 : bi*32+32]
-		out := dst[bi*34 : bi*34+34]
-		var amax float32
-		for _, v := range x {
-			if a := float32(math.Abs(float64(v))); a > amax {
-				amax = a
-			}
-		}
-		d := amax / 127
-		var id float32
-		if d != 0 {
-			id = 1 / d
-		}
-		binary.LittleEndian.PutUint16(out, tensor.Float32ToF16(d))
-		for k, v := range x {
-			q := float32(v * id)
-			out[2+k] = byte(int8(math.Round(float64(q))))
-		}
-	}
 }

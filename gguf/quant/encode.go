@@ -1,0 +1,72 @@
+package quant
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// ErrNoEncoder is returned for a type ferry cannot yet encode into.
+var ErrNoEncoder = errors.New("no encoder")
+
+// encoders write whole blocks of float32 values as ggml type t. A new
+// quantized type is one function here and its bit-exactness test.
+var encoders = map[Type]func(dst []byte, src []float32){
+	F32:  tensor.F32ToBytes,
+	F16:  tensor.F32ToF16,
+	BF16: tensor.F32ToBF16,
+	Q8_0: quantizeQ8_0,
+}
+
+// CanEncode reports whether Encode handles t.
+func (t Type) CanEncode() bool { _, ok := encoders[t]; return ok }
+
+// Encode writes src, a whole number of t's blocks, into dst as type t.
+// dst must hold len(src)/BlockSize blocks of TypeSize bytes.
+func Encode(t Type, dst []byte, src []float32) error {
+	enc, ok := encoders[t]
+	if !ok {
+		return fmt.Errorf("%w for %s", ErrNoEncoder, t)
+	}
+	bs := t.BlockSize()
+	if int64(len(src))%bs != 0 {
+		return fmt.Errorf("%s: %d values are not a whole number of %d-value blocks", t, len(src), bs)
+	}
+	if need := int64(len(src)) / bs * t.TypeSize(); int64(len(dst)) < need {
+		return fmt.Errorf("%s: %d values need %d bytes, have %d", t, len(src), need, len(dst))
+	}
+	enc(dst, src)
+	return nil
+}
+
+// quantizeQ8_0 is quantize_row_q8_0_ref (and gguf-py's bit-exact Q8_0):
+// per block of 32, d = max|x|/127 in float32, id = 1/d (0 when d is 0),
+// q = round-half-away-from-zero(x·id), d stored as IEEE half (RNE).
+// Every product is rounded to float32 on its own (the explicit float32
+// conversions keep the compiler from fusing into an FMA on arm64), so the
+// bytes are the same on every platform.
+func quantizeQ8_0(dst []byte, src []float32) {
+	for bi := 0; bi*32 < len(src); bi++ {
+		x := src[bi*32 : bi*32+32]
+		out := dst[bi*34 : bi*34+34]
+		var amax float32
+		for _, v := range x {
+			if a := float32(math.Abs(float64(v))); a > amax {
+				amax = a
+			}
+		}
+		d := amax / 127
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		binary.LittleEndian.PutUint16(out, tensor.Float32ToF16(d))
+		for k, v := range x {
+			q := float32(v * id)
+			out[2+k] = byte(int8(math.Round(float64(q))))
+		}
+	}
+}

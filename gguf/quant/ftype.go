@@ -1,0 +1,89 @@
+package quant
+
+import "fmt"
+
+// FileType is llama.cpp's llama_ftype (include/llama.h; gguf-py
+// LlamaFileType), the value of general.file_type: which type most of a
+// file's tensors have. Codes 4, 5, 6 and 33–35 were removed upstream; the IQ
+// and TQ mixes are not listed here.
+type FileType uint32
+
+// File types (llamacpp.md §3.3). The K-quant mixes differ in which tensors
+// get a larger type, not in their default type.
+const (
+	FileF32    FileType = 0 // LLAMA_FTYPE_ALL_F32
+	FileF16    FileType = 1
+	FileQ4_0   FileType = 2
+	FileQ4_1   FileType = 3
+	FileQ8_0   FileType = 7
+	FileQ5_0   FileType = 8
+	FileQ5_1   FileType = 9
+	FileQ2_K   FileType = 10
+	FileQ3_K_S FileType = 11
+	FileQ3_K_M FileType = 12
+	FileQ3_K_L FileType = 13
+	FileQ4_K_S FileType = 14
+	FileQ4_K_M FileType = 15
+	FileQ5_K_S FileType = 16
+	FileQ5_K_M FileType = 17
+	FileQ6_K   FileType = 18
+	FileQ2_K_S FileType = 21 // needs an importance matrix
+	FileBF16   FileType = 32
+)
+
+type fileTraits struct {
+	name string // llama-quantize's name for it
+	def  Type   // llama_ftype_get_default_type
+}
+
+var fileTable = map[FileType]fileTraits{
+	FileF32:    {"F32", F32},
+	FileF16:    {"F16", F16},
+	FileQ4_0:   {"Q4_0", Q4_0},
+	FileQ4_1:   {"Q4_1", Q4_1},
+	FileQ8_0:   {"Q8_0", Q8_0},
+	FileQ5_0:   {"Q5_0", Q5_0},
+	FileQ5_1:   {"Q5_1", Q5_1},
+	FileQ2_K:   {"Q2_K", Q2_K},
+	FileQ3_K_S: {"Q3_K_S", Q3_K},
+	FileQ3_K_M: {"Q3_K_M", Q3_K},
+	FileQ3_K_L: {"Q3_K_L", Q3_K},
+	FileQ4_K_S: {"Q4_K_S", Q4_K},
+	FileQ4_K_M: {"Q4_K_M", Q4_K},
+	FileQ5_K_S: {"Q5_K_S", Q5_K},
+	FileQ5_K_M: {"Q5_K_M", Q5_K},
+	FileQ6_K:   {"Q6_K", Q6_K},
+	FileQ2_K_S: {"Q2_K_S", Q2_K},
+	FileBF16:   {"BF16", BF16},
+}
+
+// Known reports whether f is a file type listed here.
+func (f FileType) Known() bool { _, ok := fileTable[f]; return ok }
+
+// String is llama-quantize's name for f ("Q4_K_M", "BF16", …), or
+// "ftype(N)" when unknown.
+func (f FileType) String() string {
+	if i, ok := fileTable[f]; ok {
+		return i.name
+	}
+	return fmt.Sprintf("ftype(%d)", uint32(f))
+}
+
+// Default is the type a tensor of a file of type f gets when no rule says
+// otherwise (llama_ftype_get_default_type), or false when f is unknown.
+func (f FileType) Default() (Type, bool) {
+	i, ok := fileTable[f]
+	return i.def, ok
+}
+
+// FileTypeOf is the file type whose tensors are mostly t, for the types a
+// converter writes throughout (F32, F16, BF16, and the legacy quants), or
+// false for the K-quants, whose file types are mixes.
+func FileTypeOf(t Type) (FileType, bool) {
+	for _, f := range []FileType{FileF32, FileF16, FileBF16, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileQ8_0} {
+		if fileTable[f].def == t {
+			return f, true
+		}
+	}
+	return 0, false
+}
