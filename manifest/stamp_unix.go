@@ -13,12 +13,3 @@ func inodeOf(fi fs.FileInfo) uint64 {
 	}
 	return 0
 }
-
-// processAlive reports whether pid names a live process on this host.
-func processAlive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	err := syscall.Kill(pid, 0)
-	return err == nil || err == syscall.EPERM
-}

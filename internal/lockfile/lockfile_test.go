@@ -1,0 +1,146 @@
+package lockfile
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// deadPID returns the pid of a process that has exited (and been reaped).
+func deadPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("cannot start a child process: %v", err)
+	}
+	return cmd.Process.Pid
+}
+
+func writeLock(t *testing.T, p string, info Info) {
+	t.Helper()
+	b, _ := json.Marshal(info)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTryLock: what an existing lock file means for the next taker.
+func TestTryLock(t *testing.T) {
+	host, _ := os.Hostname()
+	tests := []struct {
+		name     string
+		existing func(t *testing.T, p string) // nil: no lock file
+		wantErr  error                        // nil: the lock is taken
+		tookOver bool
+	}{
+		{"free", nil, nil, false},
+		{"held by a live process of this host", func(t *testing.T, p string) {
+			cmd := exec.Command("sleep", "30")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			writeLock(t, p, Info{PID: cmd.Process.Pid, Host: host, Started: time.Now(), Command: "sleep"})
+		}, ErrLocked, false},
+		{"holder on this host is dead: stale", func(t *testing.T, p string) {
+			writeLock(t, p, Info{PID: deadPID(t), Host: host, Started: time.Now().Add(-time.Hour)})
+		}, nil, true},
+		{"our pid, not taken by this process: reused after its holder died", func(t *testing.T, p string) {
+			writeLock(t, p, Info{PID: os.Getpid(), Host: host, Started: time.Now().Add(-time.Hour)})
+		}, nil, true},
+		{"another host's lock is never taken over", func(t *testing.T, p string) {
+			writeLock(t, p, Info{PID: deadPID(t), Host: host + "-elsewhere", Started: time.Now()})
+		}, ErrLocked, false},
+		{"unreadable lock", func(t *testing.T, p string) {
+			os.WriteFile(p, []byte("{not json"), 0o644)
+		}, errors.New("unreadable lock file"), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "out.lock")
+			if tt.existing != nil {
+				tt.existing(t, p)
+			}
+			before, _ := os.ReadFile(p)
+			l, err := TryLock(p, "output", "test")
+			switch {
+			case tt.wantErr == nil && err != nil:
+				t.Fatalf("TryLock: %v", err)
+			case tt.wantErr == ErrLocked:
+				var le *LockedError
+				if !errors.As(err, &le) || !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "output is locked by pid") {
+					t.Fatalf("TryLock: %v, want a *LockedError", err)
+				}
+			case tt.wantErr != nil:
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr.Error()) {
+					t.Fatalf("TryLock: %v, want %v", err, tt.wantErr)
+				}
+			}
+			if err != nil {
+				if after, _ := os.ReadFile(p); string(after) != string(before) {
+					t.Errorf("a refused TryLock changed the lock file: %q → %q", before, after)
+				}
+				return
+			}
+			if (l.TookOver != nil) != tt.tookOver {
+				t.Errorf("TookOver %+v, want a takeover: %v", l.TookOver, tt.tookOver)
+			}
+			info, err := Read(p)
+			if err != nil || info == nil || info.PID != os.Getpid() || info.Command != "test" {
+				t.Fatalf("Read: %+v, %v", info, err)
+			}
+			// This process holds it now: a second TryLock is refused.
+			if _, err := TryLock(p, "output", "again"); !errors.Is(err, ErrLocked) {
+				t.Errorf("second TryLock in the holding process: %v", err)
+			}
+			if err := l.Unlock(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+				t.Error("Unlock left the lock file")
+			}
+			if ents, _ := os.ReadDir(filepath.Dir(p)); len(ents) != 0 {
+				t.Errorf("left behind %v", ents)
+			}
+		})
+	}
+}
+
+func TestWait(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "lock")
+	l, err := TryLock(p, "store", "holder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No wait: refused at once.
+	start := time.Now()
+	if _, err := Wait(context.Background(), p, "store", "w", 0); !errors.Is(err, ErrLocked) || time.Since(start) > time.Second {
+		t.Fatalf("Wait 0: %v after %v", err, time.Since(start))
+	}
+	// A wait shorter than the holder's run: refused once it elapses.
+	if _, err := Wait(context.Background(), p, "store", "w", 300*time.Millisecond); !errors.Is(err, ErrLocked) {
+		t.Fatalf("short wait: %v", err)
+	}
+	// The context ends the wait.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := Wait(ctx, p, "store", "w", time.Minute); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("cancelled wait: %v", err)
+	}
+	// Released meanwhile: the waiter gets it.
+	go func() { time.Sleep(300 * time.Millisecond); l.Unlock() }()
+	l2, err := Wait(context.Background(), p, "store", "waiter", 5*time.Second)
+	if err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	if err := l2.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+}
