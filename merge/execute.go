@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -138,24 +139,17 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	return res, nil
 }
 
-// checkOutDir refuses to write into an input, or into a directory that is
-// not empty and not an earlier run of this merge.
+// checkOutDir refuses to write over, into or around an input
+// (fsutil.CheckApart), or into a directory that is not empty and not an
+// earlier run of this merge.
 func checkOutDir(p *Plan, outDir string) error {
-	abs := func(s string) string {
-		a, err := filepath.Abs(s)
-		if err != nil {
-			return s
-		}
-		if r, err := filepath.EvalSymlinks(a); err == nil {
-			return r
-		}
-		return a
+	err := fsutil.CheckApart(outDir, true, p.BaseDir, p.AdapterDir)
+	var ie *inputerr.Error
+	if errors.As(err, &ie) {
+		return inputErr(outDir, "", -1, ErrOutputExists, "%w", ie.Err)
 	}
-	o := abs(outDir)
-	for _, in := range []string{p.BaseDir, p.AdapterDir} {
-		if o == abs(in) {
-			return inputErr(outDir, "", -1, ErrOutputExists, "the output directory is an input (%s); inputs are never modified", in)
-		}
+	if err != nil {
+		return err
 	}
 	if st, err := os.Stat(outDir); err == nil && !st.IsDir() {
 		return inputErr(outDir, "", -1, ErrOutputExists, "it exists and is not a directory; choose another --out")

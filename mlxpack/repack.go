@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 	"golang.org/x/sync/errgroup"
@@ -87,36 +88,15 @@ func Repack(ctx context.Context, plan *Plan, dst string) (*Result, error) {
 }
 
 // checkNotNested refuses a destination that is the source, inside it, or
-// holds it: inputs are never modified.
+// holds it (fsutil.CheckApart, the rule every command follows): inputs are
+// never modified.
 func checkNotNested(src, dst string) error {
-	rs, err := filepath.EvalSymlinks(src)
-	if err != nil {
-		return err
+	err := fsutil.CheckApart(dst, true, src)
+	var ie *inputerr.Error
+	if errors.As(err, &ie) {
+		return &Error{Path: dst, Err: fmt.Errorf("%w: %w", ErrDestinationInside, ie.Err)}
 	}
-	rd := resolveExisting(dst)
-	if within(rd, rs) || within(rs, rd) {
-		return errf(dst, "", ErrDestinationInside, "the source is %s", src)
-	}
-	return nil
-}
-
-// resolveExisting resolves symlinks in the longest existing prefix of p.
-func resolveExisting(p string) string {
-	var rest []string
-	for cur := p; ; cur = filepath.Dir(cur) {
-		if r, err := filepath.EvalSymlinks(cur); err == nil {
-			return filepath.Join(append([]string{r}, rest...)...)
-		}
-		if cur == filepath.Dir(cur) {
-			return p
-		}
-		rest = append([]string{filepath.Base(cur)}, rest...)
-	}
-}
-
-func within(p, dir string) bool {
-	rel, err := filepath.Rel(dir, p)
-	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+	return err
 }
 
 // repackFresh builds dst as a sibling temp directory and renames it into
@@ -215,7 +195,7 @@ func linksIntoSource(src, dst, name string) bool {
 		return false
 	}
 	if !filepath.IsAbs(target) {
-		target = filepath.Join(resolveExisting(dst), target)
+		target = filepath.Join(fsutil.ResolveExisting(dst), target)
 	}
 	dir := filepath.Dir(filepath.Clean(target))
 	if dir == src {
@@ -327,7 +307,7 @@ func linkTarget(plan *Plan, source, final string) (string, error) {
 	}
 	// Relative to where the link will live, through resolved directories
 	// so that a symlinked parent does not break the path.
-	from := resolveExisting(final)
+	from := fsutil.ResolveExisting(final)
 	to, err := filepath.EvalSymlinks(plan.Src)
 	if err != nil {
 		return "", err
