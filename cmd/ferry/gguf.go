@@ -56,6 +56,7 @@ func ggufConvertCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the checkpoint and print the plan, write nothing"},
 			followLinksFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print the result (or the plan with --dry-run) as JSON"},
+			lockWaitFlag("the output"),
 		},
 		Action: runGGUFConvert,
 	}
@@ -124,6 +125,11 @@ func runGGUFConvert(c *cli.Context) error {
 		}
 		return printConvert(c, res)
 	}
+	release, err := claimOutput(c, out, false, dir)
+	if err != nil {
+		return err
+	}
+	defer release()
 
 	var progress func(int64)
 	if f, ok := c.App.ErrWriter.(*os.File); ok && term.IsTerminal(int(f.Fd())) {

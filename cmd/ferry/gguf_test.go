@@ -283,6 +283,9 @@ func TestGGUFConvertSIGINT(t *testing.T) {
 			t.Fatalf("interrupted run left no %s: %v", p, err)
 		}
 	}
+	if _, err := os.Stat(out + ".lock"); !os.IsNotExist(err) {
+		t.Errorf("the interrupted run left its output lock (%v)", err)
+	}
 	r = execFerry(t, nil, "gguf", "convert", "--json", "--jobs", "1", "--out", out, src)
 	if r.code != 0 {
 		t.Fatalf("resume: exit %d: %s", r.code, r.stderr)

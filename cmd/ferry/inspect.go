@@ -98,6 +98,7 @@ func inspectCommand() *cli.Command {
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "tensors hashed in parallel with --hash"},
 			&cli.StringFlag{Name: "parquet", Usage: "also write the per-tensor table as Parquet to `FILE`"},
 			followLinksFlag(),
+			lockWaitFlag("the --parquet file"),
 		},
 		Action: runInspect,
 	}
@@ -117,6 +118,13 @@ func runInspect(c *cli.Context) error {
 	}
 	if err := checkParquetDest(c.String("parquet")); err != nil {
 		return err
+	}
+	if p := c.String("parquet"); p != "" {
+		release, err := claimOutput(c, p, false, path)
+		if err != nil {
+			return err
+		}
+		defer release()
 	}
 	if !st.IsDir() && isGGUF(path) {
 		return inspectGGUF(c, path)

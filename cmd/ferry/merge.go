@@ -36,6 +36,7 @@ func mergeCommand() *cli.Command {
 			&cli.BoolFlag{Name: "allow-unused", Usage: "merge even if some adapter tensors would be ignored"},
 			followLinksFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print the plan or result as JSON"},
+			lockWaitFlag("the output"),
 		},
 		Action: runMerge,
 	}
@@ -84,6 +85,11 @@ func runMerge(c *cli.Context) error {
 		printPlan(stdout, plan)
 		return nil
 	}
+	release, err := claimOutput(c, c.String("out"), true, c.String("base"), c.String("adapter"))
+	if err != nil {
+		return err
+	}
+	defer release()
 
 	// What the plan leaves out is said before the merge, not only by
 	// --dry-run: with --allow-unused the ignored tensors are listed.

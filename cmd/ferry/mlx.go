@@ -28,7 +28,7 @@ func mlxRepackCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "repack",
 		Usage:     "compressed-tensors pack-quantized checkpoint → MLX directory, no weight bytes changed",
-		UsageText: "ferry mlx repack --src DIR --dst DIR [--relative] [--rewrite] [-j N] [--force] [--json]",
+		UsageText: "ferry mlx repack --src DIR --dst DIR [--relative] [--rewrite] [-j N] [--force] [--lock-wait DURATION] [--json]",
 		Description: "Writes DST as a farm of symlinks to SRC's files plus a config.json with the MLX\n" +
 			"quantization block derived from SRC's quantization_config. mlx-lm reads the packed\n" +
 			"weights directly for deepseek_v3, kimi_k2, kimi_k25 and joyai_llm_flash; for other\n" +
@@ -45,6 +45,7 @@ func mlxRepackCommand() *cli.Command {
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "shards --rewrite writes at once"},
 			followLinksFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
+			lockWaitFlag("the destination"),
 		},
 		Action: mlxRepack,
 		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {
@@ -73,6 +74,11 @@ func mlxRepack(c *cli.Context) error {
 		return err
 	}
 	defer plan.Close()
+	release, err := claimOutput(c, dst, true, src)
+	if err != nil {
+		return err
+	}
+	defer release()
 	res, err := mlxpack.Repack(c.Context, plan, dst)
 	if err != nil {
 		return err

@@ -37,7 +37,7 @@ func pipelineCommand() *cli.Command {
 				ArgsUsage: "FILE.yaml",
 				Flags: append(sel,
 					&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Usage: "stages run at once, and each stage's workers", DefaultText: "core count"},
-					&cli.DurationFlag{Name: "lock-wait", Usage: "wait this long for a store locked by another run", DefaultText: "fail at once"},
+					lockWaitFlag("the store"),
 				),
 				Action: pipelineRun,
 			},
