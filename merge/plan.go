@@ -173,13 +173,31 @@ type modParts struct {
 	keys map[role]string
 }
 
+// ParseDType parses the dtype merged tensors are written as, typed as
+// tensor.ParseDType takes it: bf16, f16 or f32; "" keeps each base tensor's.
+func ParseDType(s string) (tensor.DType, error) {
+	if s == "" {
+		return "", nil
+	}
+	if d, err := tensor.ParseDType(s); err == nil && outputDType(d) {
+		return d, nil
+	}
+	return "", fmt.Errorf("want bf16, f16 or f32, got %q", s)
+}
+
+func outputDType(d tensor.DType) bool {
+	switch d {
+	case "", tensor.BF16, tensor.F16, tensor.F32:
+		return true
+	}
+	return false
+}
+
 // Inventory reads the adapter config, the adapter and base headers and the
 // base index (no weights) and builds the merge plan, checking everything a
 // merge could trip over before a byte moves.
 func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error) {
-	switch opt.DType {
-	case "", tensor.BF16, tensor.F16, tensor.F32:
-	default:
+	if !outputDType(opt.DType) {
 		return nil, fmt.Errorf("%w: output dtype %s (want BF16, F16 or F32)", ErrUnsupported, opt.DType)
 	}
 	links := safetensors.DirOptions{FollowExternalLinks: opt.FollowLinks}

@@ -46,14 +46,11 @@ func newGGUF(p *Params) (Stage, error) {
 	if s.OutType, err = p.String("outtype", false); err != nil {
 		return nil, err
 	}
-	s.OutType = strings.ToLower(s.OutType)
-	switch convert.OutType(s.OutType) {
-	case "":
-		s.OutType = string(convert.OutF16)
-	case convert.OutF16, convert.OutBF16, convert.OutF32, convert.OutQ8_0, convert.OutAuto:
-	default:
-		return nil, p.Errorf("outtype", "want f16, bf16, f32, q8_0 or auto, got %q", s.OutType)
+	o, err := convert.ParseOutType(s.OutType)
+	if err != nil {
+		return nil, p.Errorf("outtype", "%v", err)
 	}
+	s.OutType = string(o)
 	if s.ModelName, err = p.String("model_name", false); err != nil {
 		return nil, err
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/merge"
-	"github.com/ferry-llm/ferry/tensor"
 )
 
 // mergeStage merges a PEFT LoRA/DoRA/rsLoRA adapter into a base checkpoint
@@ -44,28 +43,15 @@ func newMerge(p *Params) (Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := mergeDType(dt); err != nil {
+	d, err := merge.ParseDType(dt)
+	if err != nil {
 		return nil, p.Errorf("dtype", "%v", err)
 	}
-	s.DType = strings.ToLower(dt)
+	s.DType = strings.ToLower(string(d)) // bf16, f16, f32 or "", as keys have always had it
 	if s.AllowUnused, err = p.Bool("allow_unused", false); err != nil {
 		return nil, err
 	}
 	return s, nil
-}
-
-func mergeDType(s string) (tensor.DType, error) {
-	switch strings.ToLower(s) {
-	case "":
-		return "", nil
-	case "bf16":
-		return tensor.BF16, nil
-	case "f16":
-		return tensor.F16, nil
-	case "f32":
-		return tensor.F32, nil
-	}
-	return "", fmt.Errorf("want bf16, f16 or f32, got %q", s)
 }
 
 func (s *mergeStage) Params() any { return s }
@@ -75,7 +61,7 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if base == nil || adapter == nil {
 		return nil, fmt.Errorf("merge: inputs %q and %q not given", s.Base, s.Adapter)
 	}
-	dt, _ := mergeDType(s.DType)
+	dt, _ := merge.ParseDType(s.DType)
 	plan, err := merge.Inventory(base.Dir, adapter.Dir, merge.PlanOptions{AllowUnused: s.AllowUnused, DType: dt})
 	if err != nil {
 		return nil, err

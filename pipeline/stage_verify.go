@@ -3,7 +3,6 @@ package pipeline
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"path"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/jsonout"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/verify"
 )
@@ -99,10 +99,7 @@ func (s *verifyMTPStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, fmt.Errorf("%w: MTP head: %s", ErrVerifyFailed, strings.Join(failed, "; "))
 	}
 	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(results); err != nil {
+	if err := jsonout.Write(&buf, results); err != nil {
 		return nil, err
 	}
 	d, n, err := env.Store.Ingest(&buf, int64(buf.Len()))

@@ -2,7 +2,10 @@
 // and writes, and the conversion kernels between them.
 package tensor
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // DType is a safetensors element type, named as in the safetensors header
 // ("BF16", "F32", …).
@@ -57,6 +60,25 @@ func DTypes() []DType {
 		out[i.order] = d
 	}
 	return out
+}
+
+// dtypeAliases are the names PyTorch and NumPy users type for the float
+// dtypes (torch.bfloat16, np.float16, "fp32", …).
+var dtypeAliases = map[string]DType{
+	"bfloat16": BF16, "float16": F16, "fp16": F16, "half": F16,
+	"float32": F32, "fp32": F32, "float": F32, "float64": F64, "fp64": F64, "double": F64,
+}
+
+// ParseDType parses a dtype as users type it: a safetensors name in any
+// case ("bf16", "F32") or a PyTorch/NumPy alias ("bfloat16", "fp16").
+func ParseDType(s string) (DType, error) {
+	if d, ok := dtypeAliases[strings.ToLower(s)]; ok {
+		return d, nil
+	}
+	if d := DType(strings.ToUpper(s)); d.Known() {
+		return d, nil
+	}
+	return "", fmt.Errorf("unknown dtype %q", s)
 }
 
 // Known reports whether d is a dtype of the safetensors format.

@@ -1,19 +1,15 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/urfave/cli/v2"
-	"golang.org/x/term"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
@@ -52,10 +48,10 @@ func ggufConvertCommand() *cli.Command {
 			&cli.BoolFlag{Name: "mtp-only", Usage: "write only the MTP head plus token_embd, output_norm and output (an mtp- file)"},
 			&cli.StringFlag{Name: "pre", Usage: "tokenizer.ggml.pre `NAME` (default by model family: qwen2 for Qwen2/3 and Qwen3-Next, qwen35 for Qwen3.5/3.6, llama-bpe for Llama)"},
 			&cli.StringFlag{Name: "model-name", Usage: "general.name (default from the directory name)"},
-			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "tensor workers"},
+			jobsFlag("tensor workers"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the checkpoint and print the plan, write nothing"},
 			followLinksFlag(),
-			&cli.BoolFlag{Name: "json", Usage: "print the result (or the plan with --dry-run) as JSON"},
+			jsonFlag("print the result (or the plan with --dry-run) as JSON"),
 			lockWaitFlag("the output"),
 		},
 		Action: runGGUFConvert,
@@ -82,18 +78,17 @@ func runGGUFConvert(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return usageErrorf("gguf convert: want exactly one checkpoint DIR, got %d arguments", c.NArg())
 	}
-	if c.Int("jobs") < 1 {
-		return usageErrorf("gguf convert: --jobs must be at least 1")
+	jobs, err := jobsOf(c)
+	if err != nil {
+		return err
 	}
 	out := c.String("out")
 	if out == "" && !c.Bool("dry-run") {
 		return usageErrorf("gguf convert: --out FILE is required")
 	}
-	outType := convert.OutType(strings.ToLower(c.String("outtype")))
-	switch outType {
-	case convert.OutF16, convert.OutBF16, convert.OutF32, convert.OutQ8_0, convert.OutAuto:
-	default:
-		return usageErrorf("gguf convert: --outtype %q (want f16, bf16, f32, q8_0 or auto)", c.String("outtype"))
+	outType, err := convert.ParseOutType(c.String("outtype"))
+	if err != nil {
+		return usageErrorf("gguf convert: --outtype: %v", err)
 	}
 	if c.Bool("no-mtp") && c.Bool("mtp-only") {
 		return usageErrorf("gguf convert: --no-mtp and --mtp-only exclude each other")
@@ -131,19 +126,6 @@ func runGGUFConvert(c *cli.Context) error {
 	}
 	defer release()
 
-	var progress func(int64)
-	if f, ok := c.App.ErrWriter.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		bar := progressbar.NewOptions64(plan.InputBytes,
-			progressbar.OptionSetWriter(f),
-			progressbar.OptionSetDescription("converting"),
-			progressbar.OptionShowBytes(true),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionClearOnFinish(),
-		)
-		defer bar.Finish()
-		progress = func(n int64) { bar.Add64(n) }
-	}
 	start := time.Now()
 	jpath := out + ".journal"
 	j, err := convert.OpenJournal(jpath, out, convert.Stamp(ck, plan))
@@ -151,8 +133,10 @@ func runGGUFConvert(c *cli.Context) error {
 		return err
 	}
 	defer j.Close()
+	pg := newProgress(c, false)
+	bar := pg.New("converting", plan.InputBytes, "task", "gguf convert")
 	err = convert.Write(c.Context, plan, out, convert.WriteOptions{
-		Jobs: c.Int("jobs"), Progress: progress, Resume: true,
+		Jobs: jobs, Progress: bar.Add, Resume: true,
 		Verify: func(i int, name string, r *io.SectionReader) bool {
 			if j.Has(i, name, r) {
 				res.Resumed++
@@ -162,6 +146,8 @@ func runGGUFConvert(c *cli.Context) error {
 		},
 		TensorDone: j.Done,
 	})
+	bar.Close()
+	pg.Close()
 	if err != nil {
 		ferr := j.Flush()
 		if errors.Is(err, c.Context.Err()) && c.Context.Err() != nil {
@@ -183,10 +169,7 @@ func runGGUFConvert(c *cli.Context) error {
 
 func printConvert(c *cli.Context, res ggufConvertResult) error {
 	if c.Bool("json") {
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		return enc.Encode(res)
+		return printJSON(c, res)
 	}
 	w := c.App.Writer
 	if res.DryRun {

@@ -3,19 +3,16 @@ package main
 import (
 	"bytes"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -23,9 +20,7 @@ import (
 	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/compress"
 	"github.com/apache/arrow-go/v18/parquet/pqarrow"
-	"github.com/schollz/progressbar/v3"
 	"github.com/urfave/cli/v2"
-	"golang.org/x/term"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/hashing"
@@ -93,9 +88,9 @@ func inspectCommand() *cli.Command {
 			"Prints a summary (architecture, tensors, parameters, bytes per dtype, shards, MTP tensors)\n" +
 			"and a per-tensor table (name, dtype, shape, bytes, shard, absolute data offset).",
 		Flags: []cli.Flag{
-			&cli.BoolFlag{Name: "json", Usage: "print the summary and rows as JSON"},
+			jsonFlag("print the summary and rows as JSON"),
 			&cli.BoolFlag{Name: "hash", Usage: "add each tensor's sha256 (reads every byte)"},
-			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "tensors hashed in parallel with --hash"},
+			jobsFlag("tensors hashed in parallel with --hash"),
 			&cli.StringFlag{Name: "parquet", Usage: "also write the per-tensor table as Parquet to `FILE`"},
 			followLinksFlag(),
 			lockWaitFlag("the --parquet file"),
@@ -108,8 +103,8 @@ func runInspect(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return usageErrorf("inspect: want exactly one PATH, got %d arguments", c.NArg())
 	}
-	if c.Int("jobs") < 1 {
-		return usageErrorf("inspect: --jobs must be at least 1")
+	if _, err := jobsOf(c); err != nil {
+		return err
 	}
 	path := c.Args().First()
 	st, err := os.Stat(path)
@@ -151,10 +146,7 @@ func emitInspect(c *cli.Context, rep *inspectReport) error {
 		}
 	}
 	if c.Bool("json") {
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		return enc.Encode(rep)
+		return printJSON(c, rep)
 	}
 	return printInspect(c.App.Writer, rep)
 }
@@ -303,27 +295,17 @@ func mtpSummary(names []string, cfg *safetensors.Config) inspectMTP {
 	return m
 }
 
-// hashRows fills rows' SHA256 from sections, with a byte progress bar on
-// stderr when it is a terminal.
+// hashRows fills rows' SHA256 from sections, reporting progress on stderr.
 func hashRows(c *cli.Context, rows []inspectRow, sections []hashing.Section) error {
 	var total int64
 	for _, s := range sections {
 		total += s.Size()
 	}
-	var progress func(int64)
-	if f, ok := c.App.ErrWriter.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		bar := progressbar.NewOptions64(total,
-			progressbar.OptionSetWriter(f),
-			progressbar.OptionSetDescription("hashing"),
-			progressbar.OptionShowBytes(true),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionClearOnFinish(),
-		)
-		defer bar.Finish()
-		progress = func(n int64) { bar.Add64(n) } // Add64 locks internally
-	}
-	digests, err := hashing.Sections(c.Context, sections, c.Int("jobs"), progress)
+	pg := newProgress(c, false)
+	bar := pg.New("hashing", total, "task", "inspect --hash")
+	digests, err := hashing.Sections(c.Context, sections, c.Int("jobs"), bar.Add)
+	bar.Close()
+	pg.Close()
 	if err != nil {
 		return rowHashError(rows, err)
 	}

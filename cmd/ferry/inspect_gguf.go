@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -89,10 +88,7 @@ func inspectGGUF(c *cli.Context, path string) error {
 		}
 	}
 	if c.Bool("json") {
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		return enc.Encode(rep)
+		return printJSON(c, rep)
 	}
 	if err := printInspect(c.App.Writer, &inspectReport{Summary: rep.Summary, Tensors: rep.Tensors}); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,6 +45,36 @@ func TestInspectHashProgressOnTTY(t *testing.T) {
 	}
 	var rep inspectReport
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || len(rep.Tensors) != 71 {
+		t.Errorf("stdout is not the JSON report: %v", err)
+	}
+}
+
+// With stderr not a terminal, a long command logs a plain progress line
+// every interval (FERRY_PROGRESS_INTERVAL) with bytes, total, rate and ETA,
+// the last at 100%; stdout still carries only the result.
+func TestInspectHashProgressPlainLines(t *testing.T) {
+	r := execFerry(t, []string{"FERRY_PROGRESS_INTERVAL=1ms"}, "inspect", "--json", "--hash", "--jobs", "1", bundledBase)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	line := regexp.MustCompile(`level=INFO msg=progress task="inspect --hash" bytes=(\d+) of=(\d+) pct=(\d+) rate=\d+\.\d[kMGT]?B/s`)
+	lines := line.FindAllStringSubmatch(r.stderr, -1)
+	if len(lines) < 2 { // at least one periodic line and the last one
+		t.Fatalf("want periodic progress lines, got %q", r.stderr)
+	}
+	if last := lines[len(lines)-1]; last[1] != last[2] || last[3] != "100" {
+		t.Errorf("last line is not at 100%%: %q", last[0])
+	}
+	for _, l := range lines {
+		if l[1] != "0" && l[3] != "100" && !strings.Contains(r.stderr, l[0]+" eta=") {
+			t.Errorf("a line short of the total does not say the time left: %q", l[0])
+		}
+	}
+	if strings.Contains(r.stderr, "\r") || strings.Contains(r.stderr, "\x1b[") {
+		t.Errorf("terminal control characters off a terminal: %q", r.stderr)
+	}
+	var rep inspectReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Errorf("stdout is not the JSON report: %v", err)
 	}
 }

@@ -1,20 +1,14 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"runtime"
 	"strings"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/urfave/cli/v2"
-	"golang.org/x/term"
 
 	"github.com/ferry-llm/ferry/merge"
-	"github.com/ferry-llm/ferry/tensor"
 )
 
 func mergeCommand() *cli.Command {
@@ -31,11 +25,11 @@ func mergeCommand() *cli.Command {
 			&cli.StringFlag{Name: "adapter", Usage: "PEFT adapter directory (adapter_config.json + adapter_model.safetensors)"},
 			&cli.StringFlag{Name: "out", Usage: "output directory (created; an interrupted run's directory is resumed)"},
 			&cli.StringFlag{Name: "dtype", Usage: "dtype of the merged tensors: bf16, f16 or f32 (default: the base tensor's)"},
-			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Usage: "row-block workers (output bytes do not depend on it)", Value: runtime.NumCPU()},
+			jobsFlag("row-block workers (output bytes do not depend on it)"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "print the plan and write nothing"},
 			&cli.BoolFlag{Name: "allow-unused", Usage: "merge even if some adapter tensors would be ignored"},
 			followLinksFlag(),
-			&cli.BoolFlag{Name: "json", Usage: "print the plan or result as JSON"},
+			jsonFlag("print the plan or result as JSON"),
 			lockWaitFlag("the output"),
 		},
 		Action: runMerge,
@@ -51,20 +45,13 @@ func runMerge(c *cli.Context) error {
 			return usageErrorf("--%s is required", f)
 		}
 	}
-	var dt tensor.DType
-	switch strings.ToLower(c.String("dtype")) {
-	case "":
-	case "bf16", "bfloat16":
-		dt = tensor.BF16
-	case "f16", "fp16", "float16":
-		dt = tensor.F16
-	case "f32", "fp32", "float32":
-		dt = tensor.F32
-	default:
-		return usageErrorf("--dtype %q: want bf16, f16 or f32", c.String("dtype"))
+	dt, err := merge.ParseDType(c.String("dtype"))
+	if err != nil {
+		return usageErrorf("--dtype: %v", err)
 	}
-	if c.Int("jobs") < 1 {
-		return usageErrorf("--jobs must be at least 1")
+	jobs, err := jobsOf(c)
+	if err != nil {
+		return err
 	}
 	if !c.Bool("dry-run") && c.String("out") == "" {
 		return usageErrorf("--out is required (or use --dry-run)")
@@ -74,13 +61,10 @@ func runMerge(c *cli.Context) error {
 		return err
 	}
 	defer plan.Close()
-	stdout := c.App.Writer
-	if stdout == nil {
-		stdout = os.Stdout
-	}
+	stdout := stdout(c)
 	if c.Bool("dry-run") {
 		if c.Bool("json") {
-			return writeMergeJSON(stdout, plan)
+			return printJSON(c, plan)
 		}
 		printPlan(stdout, plan)
 		return nil
@@ -93,10 +77,7 @@ func runMerge(c *cli.Context) error {
 
 	// What the plan leaves out is said before the merge, not only by
 	// --dry-run: with --allow-unused the ignored tensors are listed.
-	errw := c.App.ErrWriter
-	if errw == nil {
-		errw = os.Stderr
-	}
+	errw := stderr(c)
 	if len(plan.Unused) > 0 {
 		fmt.Fprintf(errw, "merge: ignoring %d adapter tensors (--allow-unused): %s\n", len(plan.Unused), strings.Join(plan.Unused, ", "))
 	}
@@ -108,16 +89,20 @@ func runMerge(c *cli.Context) error {
 		fmt.Fprintf(errw, "merge: warning: %s\n", w)
 	}
 
-	progress, finish := mergeProgress(plan.TotalBytes)
+	pg := newProgress(c, false)
+	bar := pg.New("merging", plan.TotalBytes, "task", "merge")
+	var last int64
+	progress := func(done, _ int64) { bar.Add(done - last); last = done }
 	start := time.Now()
-	res, err := merge.Execute(c.Context, plan, c.String("out"), merge.ExecOptions{Jobs: c.Int("jobs"), Progress: progress})
-	finish()
+	res, err := merge.Execute(c.Context, plan, c.String("out"), merge.ExecOptions{Jobs: jobs, Progress: progress})
+	bar.Close()
+	pg.Close()
 	if err != nil {
 		return err
 	}
 	elapsed := time.Since(start)
 	if c.Bool("json") {
-		return writeMergeJSON(stdout, struct {
+		return printJSON(c, struct {
 			*merge.Result
 			Modules  int      `json:"modules"`
 			Unused   []string `json:"unused,omitempty"`
@@ -132,13 +117,6 @@ func runMerge(c *cli.Context) error {
 		fmt.Fprintf(stdout, "  %s  %12d  %s\n", f.SHA256, f.Size, f.Name)
 	}
 	return nil
-}
-
-func writeMergeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
 }
 
 func printPlan(w io.Writer, p *merge.Plan) {
@@ -199,22 +177,4 @@ func printPlan(w io.Writer, p *merge.Plan) {
 	for _, warn := range p.Warnings {
 		fmt.Fprintf(w, "warning: %s\n", warn)
 	}
-}
-
-// mergeProgress is a byte bar on a terminal and a line per 10% otherwise.
-func mergeProgress(total int64) (func(done, total int64), func()) {
-	if term.IsTerminal(int(os.Stderr.Fd())) {
-		bar := progressbar.DefaultBytes(total, "merging")
-		return func(done, _ int64) { bar.Set64(done) }, func() { bar.Finish(); fmt.Fprintln(os.Stderr) }
-	}
-	last := int64(-1)
-	return func(done, total int64) {
-		if total <= 0 {
-			return
-		}
-		if tenth := done * 10 / total; tenth != last {
-			last = tenth
-			fmt.Fprintf(os.Stderr, "merge: %d%% (%d of %d bytes)\n", tenth*10, done, total)
-		}
-	}, func() {}
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime"
 	"sort"
 	"strings"
 
@@ -42,9 +40,9 @@ func mlxRepackCommand() *cli.Command {
 			&cli.BoolFlag{Name: "relative", Usage: "relative symlinks (relocatable trees)"},
 			&cli.BoolFlag{Name: "rewrite", Usage: "write MLX-named shards for packed tensors (model types mlx-lm does not rename)"},
 			&cli.BoolFlag{Name: "force", Usage: "accept a destination holding other files (left in place)"},
-			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "shards --rewrite writes at once"},
+			jobsFlag("shards --rewrite writes at once"),
 			followLinksFlag(),
-			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
+			jsonFlag("print the result as JSON"),
 			lockWaitFlag("the destination"),
 		},
 		Action: mlxRepack,
@@ -62,11 +60,15 @@ func mlxRepack(c *cli.Context) error {
 	if src == "" || dst == "" {
 		return usageErrorf("mlx repack: --src and --dst are required")
 	}
+	jobs, err := jobsOf(c)
+	if err != nil {
+		return err
+	}
 	opts := mlxpack.Options{
 		Rewrite:             c.Bool("rewrite"),
 		Relative:            c.Bool("relative"),
 		Force:               c.Bool("force"),
-		Jobs:                c.Int("jobs"),
+		Jobs:                jobs,
 		FollowExternalLinks: c.Bool("follow-links"),
 	}
 	plan, err := mlxpack.PlanRepack(src, opts)
@@ -85,10 +87,7 @@ func mlxRepack(c *cli.Context) error {
 	}
 	out := c.App.Writer
 	if c.Bool("json") {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		return enc.Encode(res)
+		return printJSON(c, res)
 	}
 	counts := map[string]map[string]int{}
 	for _, e := range res.Entries {

@@ -22,7 +22,7 @@ func storeCommand() *cli.Command {
 				Usage:     "re-hash every blob and check every record (exit 3 on damage)",
 				ArgsUsage: "STORE_DIR | PIPELINE.yaml",
 				Flags: []cli.Flag{
-					&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
+					jsonFlag("print the result as JSON"),
 				},
 				Action: storeVerify,
 			},
@@ -33,7 +33,7 @@ func storeCommand() *cli.Command {
 				Flags: []cli.Flag{
 					&cli.BoolFlag{Name: "journals", Usage: "also remove the resume state (journals, work dirs) of unfinished stages"},
 					&cli.BoolFlag{Name: "prune-records", Usage: "first drop records no pipeline stage points at (old parameters or inputs)"},
-					&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
+					jsonFlag("print the result as JSON"),
 				},
 				Action: storeGC,
 			},
@@ -87,13 +87,17 @@ func storeVerify(c *cli.Context) error {
 		return err
 	}
 	defer lock.Unlock()
-	rep, err := s.Verify(c.Context, nil)
+	pg := newProgress(c, false)
+	bar := pg.New("re-hashing", -1, "task", "store verify")
+	rep, err := s.Verify(c.Context, bar.Add)
+	bar.Close()
+	pg.Close()
 	if err != nil {
 		return err
 	}
 	w := c.App.Writer
 	if c.Bool("json") {
-		if err := pipelineJSON(w, rep); err != nil {
+		if err := printJSON(c, rep); err != nil {
 			return err
 		}
 	} else {
@@ -124,7 +128,7 @@ func storeGC(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		return pipelineJSON(c.App.Writer, rep)
+		return printJSON(c, rep)
 	}
 	fmt.Fprintf(c.App.Writer, "store %s: pruned %d records, removed %d blobs (%d bytes) and %d temp entries; kept %d blobs\n",
 		s.Root, rep.PrunedRecords, rep.RemovedBlobs, rep.RemovedBytes, rep.RemovedTemp, rep.KeptBlobs)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -46,7 +45,7 @@ func verifyMTPCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "require", Usage: "fail (exit 3) when a model has no MTP head at all (absent)"},
 			&cli.BoolFlag{Name: "deep", Usage: "also read the head's tensor bytes: finite, not all zero"},
-			&cli.BoolFlag{Name: "json", Usage: "print the reports as JSON"},
+			jsonFlag("print the reports as JSON"),
 		},
 		Action: runVerifyMTP,
 	}
@@ -85,9 +84,7 @@ func runVerifyMTP(c *cli.Context) error {
 	}
 	out := c.App.Writer
 	if c.Bool("json") {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(struct {
+		if err := printJSON(c, struct {
 			Pass    bool        `json:"pass"`
 			Require bool        `json:"require"`
 			Deep    bool        `json:"deep"`

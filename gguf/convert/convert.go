@@ -56,6 +56,18 @@ const (
 	OutAuto OutType = "auto"
 )
 
+// ParseOutType parses an --outtype or a gguf stage's outtype, in any case;
+// "" is the default, f16.
+func ParseOutType(s string) (OutType, error) {
+	switch o := OutType(strings.ToLower(s)); o {
+	case "":
+		return OutF16, nil
+	case OutF16, OutBF16, OutF32, OutQ8_0, OutAuto:
+		return o, nil
+	}
+	return "", fmt.Errorf("want f16, bf16, f32, q8_0 or auto, got %q", s)
+}
+
 // fileType is the general.file_type of a file converted to o (gguf-py
 // LlamaFileType): the file type of o's ggml type.
 func (o OutType) fileType() quant.FileType {

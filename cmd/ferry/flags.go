@@ -1,0 +1,71 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferry-llm/ferry/internal/jsonout"
+	"github.com/ferry-llm/ferry/internal/progress"
+)
+
+// The flags every command shares are made here, so that each means the
+// same everywhere: --jobs defaults to all cores and must be positive,
+// --json prints the command's result through the one JSON emitter.
+
+// jobsFlag is -j/--jobs: workers, default all cores. usage says what they do.
+func jobsFlag(usage string) cli.Flag {
+	return &cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: usage}
+}
+
+// jobsOf is the --jobs value, refused below 1.
+func jobsOf(c *cli.Context) (int, error) {
+	n := c.Int("jobs")
+	if n < 1 {
+		return 0, usageErrorf("%s: --jobs must be at least 1", c.Command.FullName())
+	}
+	return n, nil
+}
+
+// jsonFlag is --json; usage says what is printed.
+func jsonFlag(usage string) cli.Flag {
+	return &cli.BoolFlag{Name: "json", Usage: usage}
+}
+
+// printJSON prints v, the command's result, on stdout.
+func printJSON(c *cli.Context, v any) error { return jsonout.Write(stdout(c), v) }
+
+func stdout(c *cli.Context) io.Writer {
+	if c.App.Writer != nil {
+		return c.App.Writer
+	}
+	return os.Stdout
+}
+
+func stderr(c *cli.Context) io.Writer {
+	if c.App.ErrWriter != nil {
+		return c.App.ErrWriter
+	}
+	return os.Stderr
+}
+
+// newProgress starts the progress of a long command on stderr: bars on a
+// terminal, a plain line per task every FERRY_PROGRESS_INTERVAL (default
+// 10s) otherwise. summary keeps a last line per task however short
+// (pipeline stages).
+func newProgress(c *cli.Context, summary bool) *progress.Group {
+	opts := progress.Options{Summary: summary}
+	if v := os.Getenv(progress.IntervalEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			slog.Warn("ignoring "+progress.IntervalEnv, "value", v)
+		} else {
+			opts.Interval = d
+		}
+	}
+	return progress.NewGroup(stderr(c), opts)
+}

@@ -1,0 +1,17 @@
+// Package jsonout is ferry's one JSON emitter: every --json result and every
+// JSON report a stage stores is written by Write, so they all share one
+// layout (two-space indent, a final newline, '<', '>' and '&' as they are).
+package jsonout
+
+import (
+	"encoding/json"
+	"io"
+)
+
+// Write writes v to w as indented JSON followed by a newline.
+func Write(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
