@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -116,72 +115,6 @@ func (p *Plan) Close() error {
 
 // Config is the config.json the repack writes.
 func (p *Plan) Config() []byte { return p.config }
-
-// renamesPacked are the model types whose mlx-lm sanitize maps
-// weight_packed/weight_scale/weight_shape to weight/scales/biases:
-// models/deepseek_v3.py (under "Remap for int4"), the types
-// utils.MODEL_REMAPPING sends there (kimi_k2, joyai_llm_flash), and
-// kimi_k25, whose sanitize calls DeepseekV3's on the language model
-// (mlx-lm d78bf58e).
-var renamesPacked = map[string]bool{"deepseek_v3": true, "kimi_k2": true, "kimi_k25": true, "joyai_llm_flash": true}
-
-// namePreserving are model types whose mlx-lm sanitize keeps module paths
-// as they are in the checkpoint (it only drops a tied lm_head or rotary
-// buffers), so a per-layer override can be keyed by the checkpoint name.
-var namePreserving = map[string]bool{"llama": true, "qwen2": true, "qwen3": true}
-
-// stacksExperts are the model types whose mlx-lm sanitize stacks
-// per-expert .weight tensors (only those) into switch_mlp: models/qwen3_moe.py
-// and models/qwen3_5_moe.py (_normalize_experts). Their packed experts
-// are written already stacked by --rewrite, under the switch_mlp names, so
-// the weight, scales and biases of a stack load together.
-var stacksExperts = map[string]bool{"qwen3_moe": true, "qwen3_5_moe": true}
-
-var (
-	expertRE      = regexp.MustCompile(`\.experts\.(\d+)\.`)
-	fusedExpertRE = regexp.MustCompile(`\.experts\.(gate_up_proj|down_proj)$`)
-)
-
-// qwen35Path is the module path mlx-lm's qwen3_5_moe sanitize gives a
-// checkpoint name: model.language_model.mtp.* → language_model.mtp.*,
-// model.language_model.* → language_model.model.*, language_model.* kept,
-// anything else under language_model.
-func qwen35Path(name string) string {
-	switch {
-	case strings.HasPrefix(name, "model.language_model.mtp."):
-		return strings.Replace(name, "model.language_model.", "language_model.", 1)
-	case strings.HasPrefix(name, "model.language_model"):
-		return strings.Replace(name, "model.language_model", "language_model.model", 1)
-	case strings.HasPrefix(name, "language_model."):
-		return name
-	}
-	return "language_model." + name
-}
-
-// mlxPaths maps a checkpoint module to the module path(s) mlx-lm's model
-// has after sanitize, where per-layer overrides are keyed. ok is false if
-// ferry does not know the mapping for this model type.
-func mlxPaths(modelType, module string) (paths []string, ok bool) {
-	switch {
-	case renamesPacked[modelType]:
-		// Experts are stacked into switch_mlp; kv_b_proj is split into
-		// embed_q and unembed_out (deepseek_v3.py sanitize).
-		p := expertRE.ReplaceAllString(module, ".switch_mlp.")
-		if base, ok := strings.CutSuffix(p, ".kv_b_proj"); ok {
-			return []string{base + ".embed_q", base + ".unembed_out"}, true
-		}
-		return []string{p}, true
-	case stacksExperts[modelType]:
-		p := expertRE.ReplaceAllString(module, ".switch_mlp.")
-		if modelType == "qwen3_5_moe" {
-			p = qwen35Path(p)
-		}
-		return []string{p}, true
-	case namePreserving[modelType]:
-		return []string{module}, true
-	}
-	return []string{module}, false
-}
 
 // maxShapeDims bounds what is read from a weight_shape tensor.
 const maxShapeDims = 8
@@ -410,26 +343,26 @@ func (p *Plan) decideMode() error {
 	cfgPath := p.ckpt.Config.Path
 	if p.Opts.Rewrite {
 		p.Mode = ModeRewrite
-		if renamesPacked[p.ModelType] {
+		if familyOf(p.ModelType).renamesPacked {
 			return nil
 		}
 		for _, m := range p.Modules {
 			switch {
-			case stacksExperts[p.ModelType] && fusedExpertRE.MatchString(m.Name):
+			case familyOf(p.ModelType).stacksExperts && fusedExpertRE.MatchString(m.Name):
 				return errf(cfgPath, m.Name+sfxPacked, errkind.ErrNotBuilt,
 					"--rewrite of fused packed experts for model_type %q: mlx-lm splits a fused gate_up_proj .weight only, so its scales and biases would not load; splitting fused experts is not built", p.ModelType)
-			case stacksExperts[p.ModelType]:
+			case familyOf(p.ModelType).stacksExperts:
 			case expertRE.MatchString(m.Name + "."):
 				return errf(cfgPath, m.Name+sfxPacked, errkind.ErrNotBuilt,
-					"--rewrite of per-expert packed modules for model_type %q: ferry stacks experts into switch_mlp only for %s, whose mlx-lm sanitize it knows; for this type it is not built", p.ModelType, stackingTypes())
+					"--rewrite of per-expert packed modules for model_type %q: ferry stacks experts into switch_mlp only for %s, whose mlx-lm sanitize it knows; for this type it is not built", p.ModelType, familyTypes(func(f family) bool { return f.stacksExperts }))
 			}
 		}
 		return nil
 	}
 	p.Mode = ModeLink
-	if !renamesPacked[p.ModelType] {
+	if !familyOf(p.ModelType).renamesPacked {
 		return errf(cfgPath, "", ErrNeedsRewrite,
-			"model_type %q: mlx-lm renames weight_packed/weight_scale to weight/scales/biases only in the deepseek_v3 sanitize (deepseek_v3, kimi_k2, kimi_k25, joyai_llm_flash); a symlink farm of this checkpoint would not load. Re-run with --rewrite to write MLX-named shards for the packed tensors and link the rest", p.ModelType)
+			"model_type %q: mlx-lm renames weight_packed/weight_scale to weight/scales/biases only in the deepseek_v3 sanitize (%s); a symlink farm of this checkpoint would not load. Re-run with --rewrite to write MLX-named shards for the packed tensors and link the rest", p.ModelType, familyTypes(func(f family) bool { return f.renamesPacked }))
 	}
 	for _, m := range p.Modules {
 		if m.Bits != 4 {
@@ -484,7 +417,7 @@ func (p *Plan) quantBlock(cfgPath string) error {
 	q := map[string]any{"group_size": p.Global.GroupSize, "bits": p.Global.Bits, "mode": "affine"}
 	if len(counts) > 1 {
 		if !known {
-			return errf(cfgPath, "", ErrMixed, "settings %s and %s: MLX takes per-layer overrides keyed by the module path after mlx-lm's sanitize, which ferry knows only for %s", counts[0].s, counts[1].s, knownTypes())
+			return errf(cfgPath, "", ErrMixed, "settings %s and %s: MLX takes per-layer overrides keyed by the module path after mlx-lm's sanitize, which ferry knows only for %s", counts[0].s, counts[1].s, familyTypes(func(family) bool { return true }))
 		}
 		for path, s := range byPath {
 			if s != p.Global {
@@ -494,30 +427,6 @@ func (p *Plan) quantBlock(cfgPath string) error {
 	}
 	p.Quantization = q
 	return nil
-}
-
-func stackingTypes() string {
-	var t []string
-	for k := range stacksExperts {
-		t = append(t, k)
-	}
-	sort.Strings(t)
-	return strings.Join(t, ", ")
-}
-
-func knownTypes() string {
-	var t []string
-	for k := range renamesPacked {
-		t = append(t, k)
-	}
-	for k := range stacksExperts {
-		t = append(t, k)
-	}
-	for k := range namePreserving {
-		t = append(t, k)
-	}
-	sort.Strings(t)
-	return strings.Join(t, ", ")
 }
 
 // newConfig is the source config plus the quantization block, with
@@ -544,7 +453,7 @@ func newConfig(raw map[string]any, q map[string]any) ([]byte, error) {
 // tensor is rewritten in its own tensor order, weight_packed → weight (U32,
 // same bytes), weight_scale → scales (same bytes) followed by biases,
 // weight_shape dropped; other tensors copied. For model types whose mlx-lm
-// sanitize stacks experts' .weight only (stacksExperts), the packed experts
+// sanitize stacks experts' .weight only (family.stacksExperts), the packed experts
 // of each switch_mlp module are written stacked instead: weight, scales and
 // biases [E, ...] in expert order, where the first expert's weight_packed
 // (resp. weight_scale) was; the per-expert tensors are dropped from their
@@ -676,14 +585,15 @@ func (s *expertStack) spec(suffix string, dt tensor.DType, part []int64) safeten
 	return safetensors.TensorSpec{Name: s.name + suffix, DType: dt, Shape: shape}
 }
 
-// planStacks groups the packed experts of a stacksExperts model type by
+// planStacks groups the packed experts of a model type whose family
+// stacksExperts by
 // switch_mlp module (keyed by each member's module name). A stack must hold
 // experts 0…E−1, E the config's num_experts where it declares one, all
 // with one setting, one weight_shape and one scale dtype; and no
 // per-expert tensor that is not part of a packed expert may share the
 // layer's experts (mlx-lm refuses mixed expert layouts).
 func (p *Plan) planStacks() (map[string]*expertStack, error) {
-	if !stacksExperts[p.ModelType] {
+	if !familyOf(p.ModelType).stacksExperts {
 		return nil, nil
 	}
 	c := p.ckpt

@@ -874,11 +874,22 @@ func TestMLXPaths(t *testing.T) {
 		{"qwen3_5_moe", "model.language_model.mtp.layers.0.mlp.experts.3.down_proj", []string{"language_model.mtp.layers.0.mlp.switch_mlp.down_proj"}, true},
 		{"qwen3_5_moe", "mtp.layers.0.mlp.experts.3.gate_proj", []string{"language_model.mtp.layers.0.mlp.switch_mlp.gate_proj"}, true},
 		{"qwen3_5_moe", "model.language_model.layers.0.linear_attn.in_proj_qkv", []string{"language_model.model.layers.0.linear_attn.in_proj_qkv"}, true},
+		{"joyai_llm_flash", "model.layers.1.self_attn.kv_b_proj", []string{"model.layers.1.self_attn.embed_q", "model.layers.1.self_attn.unembed_out"}, true},
+		{"llama", "model.layers.0.self_attn.q_proj", []string{"model.layers.0.self_attn.q_proj"}, true},
+		{"qwen2", "model.layers.0.mlp.experts.1.up_proj", []string{"model.layers.0.mlp.experts.1.up_proj"}, true},
 	}
+	covered := map[string]bool{}
 	for _, tc := range cases {
 		got, ok := mlxPaths(tc.modelType, tc.module)
 		if !reflect.DeepEqual(got, tc.want) || ok != tc.ok {
 			t.Errorf("mlxPaths(%q, %q) = %v, %v; want %v, %v", tc.modelType, tc.module, got, ok, tc.want, tc.ok)
+		}
+		covered[tc.modelType] = true
+	}
+	// Every registered family has its mapping checked here.
+	for mt := range families {
+		if !covered[mt] {
+			t.Errorf("model_type %q is in families but has no case here", mt)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/inputerr"
+	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -217,12 +218,12 @@ type ckAnalysis struct {
 
 // trunkPrefixes are where decoder layers live: HF causal LM, HF
 // *ForConditionalGeneration, MLX after sanitize.
-var trunkPrefixes = []string{"model.language_model.", "language_model.model.", "model.", ""}
+var trunkPrefixes = []string{modulepaths.HFLanguageModel, modulepaths.MLXQwen35Trunk, "model.", ""}
 
 // qwenMTPPrefixes are where Qwen keeps the head: HF top level (also in
 // ConditionalGeneration checkpoints), an older model.mtp., MLX after
 // sanitize (language_model.mtp.).
-var qwenMTPPrefixes = []string{"mtp.", "model.mtp.", "language_model.mtp.", "model.language_model.mtp.", "language_model.model.mtp."}
+var qwenMTPPrefixes = []string{modulepaths.HFMTP, "model.mtp.", modulepaths.MLXQwen35MTP, modulepaths.HFLanguageModel + modulepaths.HFMTP, modulepaths.MLXQwen35Trunk + modulepaths.HFMTP}
 
 func (a *ckAnalysis) run() error {
 	rep, w, cfg := a.rep, a.w, a.cfg
@@ -314,10 +315,10 @@ func (a *ckAnalysis) findQwenHead() (prefix string, names []string) {
 
 // defaultQwenPrefix is where the head would be if it were there.
 func (a *ckAnalysis) defaultQwenPrefix() string {
-	if a.trunkPrefix == "language_model.model." {
-		return "language_model.mtp."
+	if a.trunkPrefix == modulepaths.MLXQwen35Trunk {
+		return modulepaths.MLXQwen35MTP
 	}
-	return "mtp."
+	return modulepaths.HFMTP
 }
 
 // nextnLayers lists decoder layers at index >= num_hidden_layers.
