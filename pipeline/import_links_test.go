@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/manifest"
 )
@@ -86,6 +87,9 @@ func TestImportSymlinkPolicy(t *testing.T) {
 				var le *fsutil.LinkError
 				if !errors.As(err, &le) || le.Path != filepath.Join(src, tc.refused) || !strings.Contains(err.Error(), secret) {
 					t.Fatalf("run: %v, want a link error naming %s and %s", err, tc.refused, secret)
+				}
+				if k := errkind.Of(err); k != errkind.BadInput {
+					t.Errorf("error kind %v, want bad input (exit 2)", k)
 				}
 				s, _ := manifest.Load(spec.Store)
 				if r := s.StageRecord("l", "m"); r != nil {

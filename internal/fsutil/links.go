@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
 )
 
 // The symlink policy of every command that reads a model directory (merge,
@@ -41,8 +43,8 @@ func (e *LinkError) Error() string {
 
 func (e *LinkError) Unwrap() error { return ErrLinkOutside }
 
-// BadInput marks the error as the user's input being wrong (exit code 2).
-func (e *LinkError) BadInput() bool { return true }
+// Kind makes the error bad input (exit code 2).
+func (e *LinkError) Kind() errkind.Kind { return errkind.BadInput }
 
 // CheckLinks applies the policy to every entry of the model directory dir,
 // recursively (entries whose names start with "." are skipped, as every
