@@ -117,7 +117,9 @@ func (s *Store) place(tmp string, d Digest, n int64) error {
 	s.placeMu.Lock()
 	defer s.placeMu.Unlock()
 	dst := s.BlobPath(d)
-	if fi, err := os.Stat(dst); err == nil && fi.Size() == n {
+	// Lstat: an in-place blob (a link to a file outside the store) is
+	// replaced by the real file, which the store then holds on its own.
+	if fi, err := os.Lstat(dst); err == nil && fi.Mode().IsRegular() && fi.Size() == n {
 		if st, ok := s.stamp(d); ok && st == StampOf(fi) && s.Damage(d) == "" {
 			return os.Remove(tmp)
 		}
@@ -250,7 +252,7 @@ func (s *Store) AdoptKnown(p string, d Digest, size int64) (Digest, int64, error
 	if fi.Size() != size {
 		return "", 0, fmt.Errorf("%s: %w: %d bytes, the writer reported %d", p, ErrSizeMismatch, fi.Size(), size)
 	}
-	if st, ok := s.stamp(d); ok && s.Damage(d) == "" {
+	if st, ok := s.stamp(d); ok && s.Damage(d) == "" && !isLinkPath(s.BlobPath(d)) {
 		if cur, err := StatStamp(s.BlobPath(d)); err == nil && cur == st {
 			return d, size, nil // already there and intact
 		}

@@ -276,15 +276,20 @@ func (s *Store) CheckBlob(d Digest, size int64, rehash bool) string {
 		return "damaged (" + why + ")"
 	}
 	p := s.BlobPath(d)
+	// An in-place blob is the file it links to: say which.
+	where := ""
+	if src, ok := s.InPlace(d); ok {
+		where = " (read in place from " + src + ")"
+	}
 	fi, err := os.Stat(p)
 	if errors.Is(err, fs.ErrNotExist) {
-		return "missing"
+		return "missing" + where
 	}
 	if err != nil {
 		return err.Error()
 	}
 	if fi.Size() != size {
-		return fmt.Sprintf("size %d, recorded %d", fi.Size(), size)
+		return fmt.Sprintf("size %d, recorded %d%s", fi.Size(), size, where)
 	}
 	if rehash {
 		got, n, err := HashFile(p)
@@ -292,7 +297,7 @@ func (s *Store) CheckBlob(d Digest, size int64, rehash bool) string {
 			return err.Error()
 		}
 		if got != d || n != size {
-			return "content does not match its digest"
+			return "content does not match its digest" + where
 		}
 		s.setStamp(d, StampOf(fi))
 		return ""
@@ -304,6 +309,9 @@ func (s *Store) CheckBlob(d Digest, size int64, rehash bool) string {
 		return "no stamp recorded"
 	}
 	if st != StampOf(fi) {
+		if where != "" {
+			return "changed on disk since it was hashed" + where
+		}
 		return "changed on disk (size/mtime/inode differ from when it was written)"
 	}
 	return ""

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -39,8 +40,13 @@ func (p Problem) String() string {
 
 // VerifyReport is the result of Verify.
 type VerifyReport struct {
-	Blobs        int       `json:"blobs"`
-	Bytes        int64     `json:"bytes"`
+	Blobs int   `json:"blobs"`
+	Bytes int64 `json:"bytes"`
+	// InPlace counts the blobs read in place (links to imported files
+	// outside the store), which Blobs and Bytes include when a record
+	// refers to them.
+	InPlace      int       `json:"in_place_blobs"`
+	InPlaceBytes int64     `json:"in_place_bytes"`
 	Records      int       `json:"records"`
 	Unreferenced int       `json:"unreferenced_blobs"`
 	Problems     []Problem `json:"problems"`
@@ -50,10 +56,12 @@ type VerifyReport struct {
 func (r *VerifyReport) OK() bool { return len(r.Problems) == 0 }
 
 // Verify re-hashes every blob and checks every record's outputs against the
-// blobs (like `restic check --read-data`). What it finds is also written to
-// the manifest (blobs marked damaged, so plan says which stages must re-run;
-// good blobs re-stamped); the caller must hold the lock. progress, if not
-// nil, is called with the bytes hashed.
+// blobs (like `restic check --read-data`). An in-place blob is re-hashed
+// through its link (the imported file, only read) when a record refers to
+// it; one no record refers to is garbage for GC and is not read. What it
+// finds is also written to the manifest (blobs marked damaged, so plan says
+// which stages must re-run; good blobs re-stamped); the caller must hold
+// the lock. progress, if not nil, is called with the bytes hashed.
 func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport, error) {
 	rep := &VerifyReport{Problems: []Problem{}}
 	dir := filepath.Join(s.Root, "blobs", Algorithm)
@@ -61,16 +69,24 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 	if err != nil && !os.IsNotExist(err) {
 		return nil, err
 	}
+	referenced := map[string]bool{}
+	for _, r := range s.Records() {
+		for _, o := range r.Outputs {
+			referenced[o.Digest.Hex()] = true
+		}
+	}
 	present := map[string]bool{}
 	damaged := map[string]string{}
 	// Hash the blobs on a bounded pool; results are reported in name order.
 	type hashed struct {
-		d    Digest
-		got  Digest
-		n    int64
-		st   Stamp
-		err  error
-		skip bool
+		d       Digest
+		got     Digest
+		n       int64
+		st      Stamp
+		err     error // an in-place blob's file could not be read
+		skip    bool  // a stray entry
+		inPlace string
+		unread  bool // an in-place blob no record refers to
 	}
 	res := make([]hashed, len(entries))
 	var progMu sync.Mutex
@@ -85,13 +101,25 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 	g.SetLimit(max(1, min(runtime.NumCPU(), 8)))
 	for i, e := range entries {
 		d := Digest(Algorithm + ":" + e.Name())
-		if d.Validate() != nil || !e.Type().IsRegular() {
+		link := e.Type()&fs.ModeSymlink != 0
+		if d.Validate() != nil || !(e.Type().IsRegular() || link) {
 			res[i].skip = true
 			continue
 		}
 		res[i].d = d
+		if link {
+			res[i].inPlace, _ = os.Readlink(s.BlobPath(d))
+			if !referenced[d.Hex()] {
+				res[i].unread = true
+				continue
+			}
+		}
 		g.Go(func() error {
 			got, n, err := hashFileProgress(gctx, s.BlobPath(d), prog)
+			if err != nil && link && gctx.Err() == nil {
+				res[i].err = err
+				return nil
+			}
 			if err != nil {
 				return err
 			}
@@ -113,20 +141,34 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 			continue
 		}
 		present[r.d.Hex()] = true
+		if r.inPlace != "" {
+			rep.InPlace++
+		}
+		if r.unread {
+			continue
+		}
 		rep.Blobs++
 		rep.Bytes += r.n
-		if r.got != r.d {
-			damaged[r.d.Hex()] = "content does not match its digest"
-			rep.Problems = append(rep.Problems, Problem{Digest: r.d, What: "content does not match its digest (hashes to " + r.got.Short() + ")"})
+		where := ""
+		if r.inPlace != "" {
+			rep.InPlaceBytes += r.n
+			where = " (read in place from " + r.inPlace + ")"
+		}
+		switch {
+		case r.err != nil:
+			damaged[r.d.Hex()] = "missing" + where
+			rep.Problems = append(rep.Problems, Problem{Digest: r.d, What: fmt.Sprintf("in-place file cannot be read: %v", r.err)})
+			continue
+		case r.got != r.d:
+			damaged[r.d.Hex()] = "content does not match its digest" + where
+			rep.Problems = append(rep.Problems, Problem{Digest: r.d, What: "content does not match its digest (hashes to " + r.got.Short() + ")" + where})
 			continue
 		}
 		s.setStamp(r.d, r.st)
 	}
-	referenced := map[string]bool{}
 	for _, r := range s.Records() {
 		rep.Records++
 		for _, o := range r.Outputs {
-			referenced[o.Digest.Hex()] = true
 			switch {
 			case !present[o.Digest.Hex()]:
 				damaged[o.Digest.Hex()] = "missing"
@@ -197,8 +239,11 @@ type GCReport struct {
 	PrunedRecords int   `json:"pruned_records"`
 	RemovedBlobs  int   `json:"removed_blobs"`
 	RemovedBytes  int64 `json:"removed_bytes"`
-	RemovedTemp   int   `json:"removed_temp"`
-	KeptBlobs     int   `json:"kept_blobs"`
+	// RemovedInPlace counts the removed blobs that were links to imported
+	// files (the files stay; RemovedBytes does not count them).
+	RemovedInPlace int `json:"removed_in_place"`
+	RemovedTemp    int `json:"removed_temp"`
+	KeptBlobs      int `json:"kept_blobs"`
 }
 
 // GC removes blobs no record refers to and leftover ingest temp files, and
@@ -258,11 +303,17 @@ func (s *Store) gc(journals, prune bool) (*GCReport, error) {
 		if err != nil {
 			return nil, err
 		}
+		// An in-place blob is a link: removing it removes the link, never
+		// the imported file, and frees nothing.
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 			return nil, err
 		}
 		rep.RemovedBlobs++
-		rep.RemovedBytes += fi.Size()
+		if fi.Mode().IsRegular() {
+			rep.RemovedBytes += fi.Size()
+		} else {
+			rep.RemovedInPlace++
+		}
 		s.mu.Lock()
 		delete(s.m.Blobs, e.Name())
 		delete(s.m.Damaged, e.Name())
