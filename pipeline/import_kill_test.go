@@ -32,6 +32,15 @@ func importDurable(t *testing.T, store string) int64 {
 		}
 	}
 	var best int64
+	// In place or cloned: the saved hash state.
+	states, _ := filepath.Glob(filepath.Join(store, "ingest", "*", "*", "hash"))
+	for _, sp := range states {
+		var hs struct{ End int64 }
+		if b, err := os.ReadFile(sp); err == nil && json.Unmarshal(b, &hs) == nil {
+			best = max(best, hs.End)
+		}
+	}
+	// Copied: the journal.
 	journals, _ := filepath.Glob(filepath.Join(store, "ingest", "*", "*", "journal"))
 	for _, jp := range journals {
 		b, _ := os.ReadFile(jp)
@@ -58,18 +67,33 @@ func importDurable(t *testing.T, store string) int64 {
 // An import of a file far bigger than what one run can read in 300 ms,
 // SIGKILLed every 300 ms and started again, finishes in a bounded number of
 // kills with the right digest: each run continues from the last unit the
-// killed one made durable (progress never goes back), not from byte 0.
+// killed one made durable (progress never goes back), not from byte 0 —
+// when the file is read in place (hash state saved per unit) and when it is
+// copied (manifest.Journal).
 func TestKillResumeImport(t *testing.T) {
 	if testing.Short() {
-		t.Skip("hashes a 512 MiB file several times; not in -short")
+		t.Skip("imports a 1 GiB and a 384 MiB file; not in -short")
 	}
+	for _, tc := range []struct {
+		name   string
+		params string
+		size   int64
+	}{
+		// Read in place (or cloned): only hashed, so a bigger file.
+		{"in place", "", 1 << 30},
+		{"copy", ", copy: true", 384 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) { killResumeImport(t, tc.params, tc.size) })
+	}
+}
+
+func killResumeImport(t *testing.T, params string, size int64) {
 	bin := ferryBinary(t)
 	dir := t.TempDir()
 	src := filepath.Join(dir, "model")
 	write(t, filepath.Join(src, "config.json"), `{"architectures":["LlamaForCausalLM"]}`)
 	// Sparse, with data scattered through it: nothing to write up front,
 	// but every run must read and hash what it covers.
-	const size = 512 << 20
 	big := filepath.Join(src, "big.bin")
 	f, err := os.Create(big)
 	if err != nil {
@@ -89,7 +113,7 @@ func TestKillResumeImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := filepath.Join(dir, "p.yaml")
-	write(t, p, "name: imp\nstages:\n  - name: base\n    import: { path: model }\n")
+	write(t, p, "name: imp\nstages:\n  - name: base\n    import: { path: model"+params+" }\n")
 	store := filepath.Join(dir, ".ferry")
 
 	const every, maxKills = 300 * time.Millisecond, 60
@@ -140,7 +164,7 @@ func TestKillResumeImport(t *testing.T) {
 		}
 		durable = d
 		if kills >= maxKills {
-			t.Fatalf("import did not finish after %d kills every %v (%d of %d bytes durable)", kills, every, durable, int64(size))
+			t.Fatalf("import did not finish after %d kills every %v (%d of %d bytes durable)", kills, every, durable, size)
 		}
 	}
 	t.Logf("finished after %d kills in %v", kills, time.Since(start).Round(time.Millisecond))

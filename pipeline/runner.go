@@ -199,12 +199,9 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 		}
 		return d, nil
 	}
-	for _, o := range rec.Outputs {
-		if why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify); why != "" {
-			d.reason = fmt.Sprintf("output %s %s", o.Path, why)
-			return d, nil
-		}
-	}
+	// Sources first: an import reading its files in place sees a changed
+	// file as a changed source (only that file is hashed again), not as a
+	// damaged output.
 	if p, ok := st.Stage.(Prober); ok {
 		why, err := p.Probe(rec)
 		if err != nil {
@@ -212,6 +209,12 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 		}
 		if why != "" {
 			d.reason = why
+			return d, nil
+		}
+	}
+	for _, o := range rec.Outputs {
+		if why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify); why != "" {
+			d.reason = fmt.Sprintf("output %s %s", o.Path, why)
 			return d, nil
 		}
 	}

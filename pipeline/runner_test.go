@@ -298,11 +298,14 @@ func (c *cancelAfter) Add(n int64) {
 	}
 }
 
+// A damaged blob the store holds (copy: true; a blob read in place is
+// damaged by its file changing, TestImportInPlace) makes plan re-run its
+// stage, and the run repairs it.
 func TestDamageMakesPlanRerun(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "src/a.bin"), strings.Repeat("a", 1000))
 	writeFile(t, filepath.Join(dir, "src/b.bin"), strings.Repeat("b", 1000))
-	spec := loadSpec(t, dir, strings.ReplaceAll(importSpec, "%SEED%", "1"))
+	spec := loadSpec(t, dir, strings.ReplaceAll(strings.ReplaceAll(importSpec, "%SEED%", "1"), "path: src }", "path: src, copy: true }"))
 	rep, err := Run(context.Background(), spec, Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,17 @@ import (
 //
 //	import: { path: ~/models/Qwen3.5-27B }
 //
+// An import copies nothing by default. Where the store's file system can
+// clone files (reflinks: Btrfs, XFS, APFS) each file becomes a clone in the
+// store; elsewhere it is read in place: the blob is a link to the file,
+// recorded by digest and stamp, and stages downstream read the file where it
+// is. A file whose stamp changes is hashed again (plan says the import
+// re-runs); a file that is gone or changed makes the blob missing or
+// damaged until the import re-runs. copy: true copies every file into the
+// store instead (a store that stands alone, the sources free to go).
+// Either way a killed import resumes within a file, from the last 32 MiB
+// unit it finished.
+//
 // Entries whose names start with "." (.git, .cache, …) are not imported.
 // Symlinks to files are followed when they stay inside the directory or
 // point into a content-addressed store (a Hugging Face cache snapshot is a
@@ -30,6 +41,7 @@ import (
 type importStage struct {
 	Path        string `json:"path"`
 	FollowLinks bool   `json:"follow_links,omitempty"`
+	Copy        bool   `json:"copy,omitempty"`
 }
 
 var _ Stage = (*importStage)(nil)
@@ -44,7 +56,11 @@ func newImport(p *Params) (Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &importStage{Path: path, FollowLinks: follow}, nil
+	cp, err := p.Bool("copy", false)
+	if err != nil {
+		return nil, err
+	}
+	return &importStage{Path: path, FollowLinks: follow, Copy: cp}, nil
 }
 
 func (s *importStage) Params() any { return s }
@@ -179,9 +195,24 @@ func (s *importStage) Run(ctx context.Context, env *Env) (*Result, error) {
 			env.Progress.Add(f.stamp.Size)
 			continue
 		}
-		o, err := ingestFile(ctx, env, f)
+		ingest := referenceFile
+		if s.Copy {
+			ingest = ingestFile
+		}
+		o, err := ingest(ctx, env, f)
 		if err != nil {
 			return nil, err
+		}
+		// The file read in place under its old digest holds other bytes
+		// now: that blob is gone, not a link to the wrong content.
+		if env.Prev != nil {
+			for _, old := range env.Prev.Outputs {
+				if old.Path == f.rel && old.Digest != o.Digest {
+					if err := env.Store.DropInPlace(old.Digest, f.abs); err != nil {
+						return nil, err
+					}
+				}
+			}
 		}
 		res.Outputs = append(res.Outputs, o)
 		res.Sources[f.abs] = f.stamp
@@ -195,17 +226,44 @@ func (s *importStage) Run(ctx context.Context, env *Env) (*Result, error) {
 // the last unit boundary instead of byte 0.
 const importUnit = 32 << 20
 
-// ingestFile copies f into a blob. A file of more than one unit goes
-// through a resume journal (manifest.Journal: data fsynced and the sha256
-// state saved at every unit boundary); its ref carries the source's stamp,
-// so a source that changed since the killed run starts over instead of
-// mixing two versions. A smaller file has nothing to resume within it.
+// importRef names the resume state of f's import: its stamp is part of it,
+// so a source that changed since a killed run starts over instead of
+// mixing two versions.
+func importRef(f sourceFile) string {
+	return fmt.Sprintf("%s@%d-%d-%d", f.rel, f.stamp.Size, f.stamp.MtimeNs, f.stamp.Inode)
+}
+
+// referenceFile makes f a blob without copying it: a clone where the
+// store's file system can make one, else a link to f read in place. Either
+// way the bytes are hashed once, resumably.
+func referenceFile(ctx context.Context, env *Env, f sourceFile) (manifest.Output, error) {
+	ref := importRef(f)
+	prog := func(n int64) { env.Progress.Add(n) }
+	d, err := env.Store.IngestClone(ctx, env.Key, ref, f.abs, f.stamp, importUnit, prog)
+	how := "cloned"
+	if errors.Is(err, fsutil.ErrCloneUnsupported) {
+		how = "in place"
+		d, err = env.Store.HashResumable(ctx, env.Key, ref, f.abs, f.stamp, importUnit, prog)
+		if err == nil {
+			err = env.Store.Reference(f.abs, d, f.stamp)
+		}
+	}
+	if err != nil {
+		return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
+	}
+	env.Log.Debug("referenced", "file", f.rel, "how", how)
+	return manifest.Output{Path: f.rel, Digest: d, Size: f.stamp.Size}, nil
+}
+
+// ingestFile copies f into a blob (copy: true). A file of more than one
+// unit goes through a resume journal (manifest.Journal: data fsynced and the
+// sha256 state saved at every unit boundary) named by importRef. A smaller
+// file has nothing to resume within it.
 func ingestFile(ctx context.Context, env *Env, f sourceFile) (manifest.Output, error) {
 	if f.stamp.Size <= importUnit {
 		return ingestSmall(ctx, env, f)
 	}
-	ref := fmt.Sprintf("%s@%d-%d-%d", f.rel, f.stamp.Size, f.stamp.MtimeNs, f.stamp.Inode)
-	j, err := env.Store.OpenJournal(env.Key, ref)
+	j, err := env.Store.OpenJournal(env.Key, importRef(f))
 	if err != nil {
 		return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
 	}
