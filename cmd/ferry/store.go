@@ -39,7 +39,7 @@ func storeCommand() *cli.Command {
 					"takes no lock.",
 				ArgsUsage: "STORE_DIR | PIPELINE.yaml",
 				Flags: []cli.Flag{
-					&cli.BoolFlag{Name: "json", Usage: "print the result as JSON"},
+					jsonFlag("print the result as JSON"),
 				},
 				Action: storeDU,
 			},
@@ -167,10 +167,10 @@ func storeDU(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	w := c.App.Writer
 	if c.Bool("json") {
-		return pipelineJSON(w, du)
+		return printJSON(c, du)
 	}
+	w := stdout(c)
 	fmt.Fprintf(w, "store %s\n", du.Store)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "stage\tkey\tin blobs\tshared\tin place\tmissing\t\n")
