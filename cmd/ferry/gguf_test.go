@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
+	"github.com/ferry-llm/ferry/inspect"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 )
@@ -47,7 +48,7 @@ func TestGGUFConvertCLI(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("inspect: exit %d: %s", r.code, r.stderr)
 	}
-	var rep ggufInspectReport
+	var rep inspect.Report
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/apache/arrow-go/v18/parquet/file"
 	"github.com/apache/arrow-go/v18/parquet/pqarrow"
 
-	"github.com/ferry-llm/ferry/internal/hashing"
+	"github.com/ferry-llm/ferry/inspect"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/safetensors/safetensorstest"
 	"github.com/ferry-llm/ferry/tensor"
@@ -70,13 +70,13 @@ func execFerry(t testing.TB, env []string, args ...string) ferryRun {
 	return r
 }
 
-func inspectJSON(t *testing.T, args ...string) inspectReport {
+func inspectJSON(t *testing.T, args ...string) inspect.Report {
 	t.Helper()
 	r := execFerry(t, nil, append([]string{"inspect", "--json"}, args...)...)
 	if r.code != 0 {
 		t.Fatalf("inspect %v: exit %d: %s", args, r.code, r.stderr)
 	}
-	var rep inspectReport
+	var rep inspect.Report
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatalf("inspect --json output: %v\n%s", err, r.stdout)
 	}
@@ -135,7 +135,7 @@ func TestInspectBundled(t *testing.T) {
 }
 
 // sha256 of each row's bytes, read independently of the hashing package.
-func checkRowHashes(t *testing.T, dir string, rows []inspectRow) {
+func checkRowHashes(t *testing.T, dir string, rows []inspect.Row) {
 	t.Helper()
 	for _, r := range rows {
 		f, err := os.Open(filepath.Join(dir, r.Shard))
@@ -152,7 +152,7 @@ func checkRowHashes(t *testing.T, dir string, rows []inspectRow) {
 }
 
 func TestInspectHash(t *testing.T) {
-	var first []inspectRow
+	var first []inspect.Row
 	for _, jobs := range []string{"1", "3"} {
 		r := execFerry(t, nil, "inspect", "--json", "--hash", "--jobs", jobs, bundledBase)
 		if r.code != 0 {
@@ -161,7 +161,7 @@ func TestInspectHash(t *testing.T) {
 		if r.stderr != "" {
 			t.Errorf("stderr is not a terminal but got output: %q", r.stderr)
 		}
-		var rep inspectReport
+		var rep inspect.Report
 		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +178,7 @@ func TestInspectHash(t *testing.T) {
 	}
 }
 
-func readParquetRows(t *testing.T, p string) []inspectRow {
+func readParquetRows(t *testing.T, p string) []inspect.Row {
 	t.Helper()
 	rdr, err := file.OpenParquetFile(p, false)
 	if err != nil {
@@ -196,7 +196,7 @@ func readParquetRows(t *testing.T, p string) []inspectRow {
 	defer tbl.Release()
 	// Compare names and types: the reader adds PARQUET:field_id metadata.
 	got := tbl.Schema().Fields()
-	want := inspectSchema.Fields()
+	want := inspect.Schema.Fields()
 	if len(got) != len(want) {
 		t.Fatalf("schema %v", tbl.Schema())
 	}
@@ -205,7 +205,7 @@ func readParquetRows(t *testing.T, p string) []inspectRow {
 			t.Errorf("column %d: %v, want %v", i, got[i], want[i])
 		}
 	}
-	var rows []inspectRow
+	var rows []inspect.Row
 	tr := array.NewTableReader(tbl, 1024)
 	defer tr.Release()
 	for tr.Next() {
@@ -220,7 +220,7 @@ func readParquetRows(t *testing.T, p string) []inspectRow {
 		sum := rec.Column(6).(*array.String)
 		for i := 0; i < int(rec.NumRows()); i++ {
 			lo, hi := shape.ValueOffsets(i)
-			r := inspectRow{Name: name.Value(i), DType: dtype.Value(i), Shape: []int64{}, Bytes: size.Value(i), Shard: shard.Value(i), Offset: off.Value(i)}
+			r := inspect.Row{Name: name.Value(i), DType: dtype.Value(i), Shape: []int64{}, Bytes: size.Value(i), Shard: shard.Value(i), Offset: off.Value(i)}
 			for j := lo; j < hi; j++ {
 				r.Shape = append(r.Shape, dims.Value(int(j)))
 			}
@@ -404,21 +404,4 @@ func TestInspectFollowLinks(t *testing.T) {
 		return
 	}
 	t.Fatal("no symlink case in the bad-input table")
-}
-
-// A read that fails while hashing (a shard shortened after its header was
-// checked) names the shard, the tensor and the absolute offset.
-func TestInspectHashReadError(t *testing.T) {
-	rows := []inspectRow{
-		{Name: "a", Shard: "model-00001-of-00002.safetensors", Offset: 96, Bytes: 64},
-		{Name: "b", Shard: "model-00002-of-00002.safetensors", Offset: 128, Bytes: 1 << 21},
-	}
-	short := io.NewSectionReader(bytes.NewReader(make([]byte, 1000)), 0, 1<<21)
-	ok := io.NewSectionReader(bytes.NewReader(make([]byte, 64)), 0, 64)
-	_, err := hashing.Sections(context.Background(), []hashing.Section{ok, short}, 2, nil)
-	err = rowHashError(rows, err)
-	want := `shard model-00002-of-00002.safetensors: tensor "b" at offset 1128: unexpected EOF`
-	if err == nil || err.Error() != want || !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Errorf("error %v, want %q", err, want)
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/ferry-llm/ferry/inspect"
 	"github.com/ferry-llm/ferry/internal/ptytest"
 )
 
@@ -43,7 +44,7 @@ func TestInspectHashProgressOnTTY(t *testing.T) {
 	if !strings.Contains(tty.String(), "hashing") {
 		t.Errorf("no progress bar on the terminal: %q", tty.String())
 	}
-	var rep inspectReport
+	var rep inspect.Report
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || len(rep.Tensors) != 71 {
 		t.Errorf("stdout is not the JSON report: %v", err)
 	}
@@ -73,7 +74,7 @@ func TestInspectHashProgressPlainLines(t *testing.T) {
 	if strings.Contains(r.stderr, "\r") || strings.Contains(r.stderr, "\x1b[") {
 		t.Errorf("terminal control characters off a terminal: %q", r.stderr)
 	}
-	var rep inspectReport
+	var rep inspect.Report
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Errorf("stdout is not the JSON report: %v", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package inspect
 
 import (
 	"bytes"
@@ -9,40 +9,18 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/urfave/cli/v2"
-
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/hashing"
 )
 
-// ggufKVRow is one metadata pair as inspect shows it.
-type ggufKVRow struct {
-	Key   string `json:"key"`
-	Type  string `json:"type"` // UINT32, STRING, ARRAY[STRING], …
-	Value any    `json:"value"`
-}
-
-// ggufInspectReport is inspect's report for a GGUF file: the shared
-// summary and tensor rows, plus the metadata table.
-type ggufInspectReport struct {
-	Summary  inspectSummary `json:"summary"`
-	Version  uint32         `json:"gguf_version"`
-	Align    uint64         `json:"alignment"`
-	DataOff  int64          `json:"data_offset"`
-	Metadata []ggufKVRow    `json:"metadata"`
-	Tensors  []inspectRow   `json:"tensors"`
-}
-
-// inspectGGUF reads only the header: the KV table with value types and the
+// ggufReport reads only the header: the KV table with value types and the
 // tensor table (ggml type, ggml dims ne0 first, bytes, absolute offset).
-// --hash reads every tensor.
-func inspectGGUF(c *cli.Context, path string) error {
+func ggufReport(path string) (*Report, []hashing.Section, func(), error) {
 	f, err := gguf.Open(path)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	defer f.Close()
-	rep := &ggufInspectReport{Version: f.Version, Align: f.Alignment, DataOff: f.DataOffset}
+	rep := &Report{GGUF: &GGUF{Version: f.Version, Align: f.Alignment, DataOff: f.DataOffset}}
 	s := &rep.Summary
 	s.Path, s.Format, s.Architecture = path, "gguf", f.Architecture()
 	s.Tensors, s.Shards, s.ShardFiles = len(f.Tensors), 1, []string{filepath.Base(path)}
@@ -57,7 +35,7 @@ func inspectGGUF(c *cli.Context, path string) error {
 		for j, d := range t.Dims {
 			shape[j] = int64(d)
 		}
-		rep.Tensors = append(rep.Tensors, inspectRow{
+		rep.Tensors = append(rep.Tensors, Row{
 			Name: t.Name, DType: t.Type.String(), Shape: shape, Bytes: t.Size(),
 			Shard: filepath.Base(path), Offset: f.DataOffset + int64(t.Offset),
 		})
@@ -77,23 +55,7 @@ func inspectGGUF(c *cli.Context, path string) error {
 		s.MTP.PromisedBy = s.Architecture + ".nextn_predict_layers"
 		s.MTP.Present = s.MTP.NextNTensors > 0
 	}
-	if c.Bool("hash") {
-		if err := hashRows(c, rep.Tensors, sections); err != nil {
-			return fmt.Errorf("%s: hashing: %w", path, err)
-		}
-	}
-	if p := c.String("parquet"); p != "" {
-		if err := writeInspectParquet(p, rep.Tensors); err != nil {
-			return err
-		}
-	}
-	if c.Bool("json") {
-		return printJSON(c, rep)
-	}
-	if err := printInspect(c.App.Writer, &inspectReport{Summary: rep.Summary, Tensors: rep.Tensors}); err != nil {
-		return err
-	}
-	return printGGUFMetadata(c.App.Writer, rep)
+	return rep, sections, func() { f.Close() }, nil
 }
 
 // ggufLayers is (block_count - nextn_predict_layers, nextn_predict_layers).
@@ -119,8 +81,8 @@ func blockOf(name string) int64 {
 	return n
 }
 
-func kvRow(kv gguf.KV) ggufKVRow {
-	r := ggufKVRow{Key: kv.Key, Type: kv.Type.String(), Value: kv.Value}
+func kvRow(kv gguf.KV) KV {
+	r := KV{Key: kv.Key, Type: kv.Type.String(), Value: kv.Value}
 	if a, ok := kv.Value.(gguf.Array); ok {
 		r.Type = "ARRAY[" + a.Elem.String() + "]"
 		r.Value = a.Values
@@ -130,7 +92,7 @@ func kvRow(kv gguf.KV) ggufKVRow {
 
 // printGGUFMetadata prints the KV table; long arrays show their length and
 // first elements.
-func printGGUFMetadata(w io.Writer, rep *ggufInspectReport) error {
+func (rep *Report) writeGGUFMetadata(w io.Writer) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "\ngguf version %d, alignment %d, data offset %d\n\n", rep.Version, rep.Align, rep.DataOff)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
