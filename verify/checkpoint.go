@@ -44,7 +44,7 @@ func verifyCheckpoint(path string, fi fs.FileInfo, opts Options) (*Report, error
 	if err != nil {
 		return nil, err
 	}
-	ck, err := safetensors.OpenDir(dir)
+	ck, err := safetensors.OpenDirOptions(dir, safetensors.DirOptions{FollowExternalLinks: opts.FollowLinks})
 	if err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) && !errors.Is(err, fs.ErrNotExist) {

@@ -72,6 +72,9 @@ type Options struct {
 	Deep bool
 	// Require makes Absent a failure (exit 3) as well.
 	Require bool
+	// FollowLinks reads files of a checkpoint directory that are symlinks
+	// resolving outside it (see safetensors.DirOptions).
+	FollowLinks bool
 }
 
 // Tensor is one expected or found head tensor.

@@ -114,6 +114,9 @@ func TestSymlinkPolicy(t *testing.T) {
 		{"mlx repack", []func(*testing.T) string{ct}, func(d []string, out string) []string {
 			return []string{"mlx", "repack", "--src", d[0], "--dst", out}
 		}, aux},
+		{"verify mtp", []func(*testing.T) string{cp(qwen35Base)}, func(d []string, out string) []string {
+			return []string{"verify", "mtp", "--require", d[0]}
+		}, aux},
 		{"inspect", []func(*testing.T) string{cp(qwen35Base)}, func(d []string, out string) []string {
 			return []string{"inspect", d[0]}
 		}, aux},

@@ -45,6 +45,7 @@ func verifyMTPCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "require", Usage: "fail (exit 3) when a model has no MTP head at all (absent)"},
 			&cli.BoolFlag{Name: "deep", Usage: "also read the head's tensor bytes: finite, not all zero"},
+			followLinksFlag(),
 			jsonFlag("print the reports as JSON"),
 		},
 		Action: runVerifyMTP,
@@ -63,7 +64,7 @@ func runVerifyMTP(c *cli.Context) error {
 	if c.NArg() == 0 {
 		return usageErrorf("'ferry verify mtp' needs at least one PATH (a GGUF file, a safetensors or MLX directory)")
 	}
-	opts := verify.Options{Deep: c.Bool("deep"), Require: c.Bool("require")}
+	opts := verify.Options{Deep: c.Bool("deep"), Require: c.Bool("require"), FollowLinks: c.Bool("follow-links")}
 	var results []mtpResult
 	var firstErr error
 	failed := 0
