@@ -165,26 +165,60 @@ func (s *Store) HashResumable(ctx context.Context, key, ref, p string, st Stamp,
 	}
 	defer f.Close()
 	progress(off)
-	buf := make([]byte, 4<<20)
-	for off < st.Size {
-		end := min(st.Size, (off/unit+1)*unit)
-		for off < end {
-			if err := ctx.Err(); err != nil {
-				return "", err
+	// The next chunks are read while one is hashed (a cold file reads at
+	// disk speed, which is about sha256's); chunks end at unit boundaries.
+	type chunk struct {
+		b   []byte
+		err error
+	}
+	const nbuf, bufSize = 3, 4 << 20
+	free := make(chan []byte, nbuf)
+	for range nbuf {
+		free <- make([]byte, bufSize)
+	}
+	chunks := make(chan chunk, nbuf)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		defer close(chunks)
+		for pos := off; pos < st.Size; {
+			var b []byte
+			select {
+			case b = <-free:
+			case <-stop:
+				return
 			}
-			n, err := f.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
-			h.Write(buf[:n])
-			off += int64(n)
-			progress(int64(n))
-			if errors.Is(err, io.EOF) && off < end {
-				return "", fmt.Errorf("%s: changed while it was being read (ends at %d bytes, was %d)", p, off, st.Size)
+			end := min(st.Size, (pos/unit+1)*unit, pos+bufSize)
+			n, err := f.ReadAt(b[:end-pos], pos)
+			pos += int64(n)
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("%s: changed while it was being read (ends at %d bytes, was %d)", p, pos, st.Size)
+			} else if err != nil {
+				err = fmt.Errorf("%s: %w", p, err)
 			}
-			if err != nil && !errors.Is(err, io.EOF) {
-				return "", fmt.Errorf("%s: %w", p, err)
+			select {
+			case chunks <- chunk{b[:n], err}:
+			case <-stop:
+				return
+			}
+			if err != nil {
+				return
 			}
 		}
-		if off == st.Size {
-			break // done: nothing left to resume
+	}()
+	for c := range chunks {
+		if err := ctx.Err(); err != nil {
+			return "", err
+		}
+		h.Write(c.b)
+		off += int64(len(c.b))
+		progress(int64(len(c.b)))
+		if c.err != nil {
+			return "", c.err
+		}
+		free <- c.b[:cap(c.b)]
+		if off%unit != 0 || off == st.Size {
+			continue // mid-unit, or done: nothing left to resume
 		}
 		state, err := h.(encoding.BinaryMarshaler).MarshalBinary()
 		if err != nil {
@@ -197,6 +231,9 @@ func (s *Store) HashResumable(ctx context.Context, key, ref, p string, st Stamp,
 		if err := fsutil.WriteFileAtomic(statePath, b, 0o644); err != nil {
 			return "", err
 		}
+	}
+	if off != st.Size {
+		return "", fmt.Errorf("%s: read %d bytes, want %d", p, off, st.Size)
 	}
 	fi, err := f.Stat()
 	if err != nil {
