@@ -124,8 +124,12 @@ func storeVerify(c *cli.Context) error {
 			return err
 		}
 	} else {
-		fmt.Fprintf(w, "store %s: %d blobs (%d bytes) re-hashed, %d records checked, %d unreferenced blobs\n",
-			s.Root, rep.Blobs, rep.Bytes, rep.Records, rep.Unreferenced)
+		inPlace := ""
+		if rep.InPlace > 0 {
+			inPlace = fmt.Sprintf(" (%d, %d bytes, read in place from imported files)", rep.InPlace, rep.InPlaceBytes)
+		}
+		fmt.Fprintf(w, "store %s: %d blobs (%d bytes) re-hashed%s, %d records checked, %d unreferenced blobs\n",
+			s.Root, rep.Blobs, rep.Bytes, inPlace, rep.Records, rep.Unreferenced)
 		for _, p := range rep.Problems {
 			fmt.Fprintf(w, "  DAMAGED %s\n", p)
 		}
