@@ -90,7 +90,8 @@ func (g *Group) New(name string, total int64, attrs ...any) Reporter {
 	if g.bars != nil {
 		return g.bars.newBar(name, total)
 	}
-	p := &plainReporter{g: g, attrs: attrs, total: total, start: time.Now()}
+	now := time.Now()
+	p := &plainReporter{g: g, attrs: attrs, total: total, start: now, last: now}
 	g.mu.Lock()
 	g.plain[p] = true
 	g.mu.Unlock()
@@ -134,11 +135,13 @@ func (g *Group) tick() {
 type plainReporter struct {
 	g      *Group
 	attrs  []any
+	logMu  sync.Mutex
 	mu     sync.Mutex
 	start  time.Time
 	total  int64
 	done   int64
-	logged int64 // done at the last line
+	logged int64     // done at the last line
+	last   time.Time // when the last line was logged (start before the first)
 	lines  int
 	closed bool
 }
@@ -149,10 +152,17 @@ func (p *plainReporter) SetTotal(n int64) {
 	p.mu.Unlock()
 }
 
+// Add logs a line itself when the interval has passed, so a busy task
+// reports on time whatever the ticker's scheduling; the ticker covers a
+// task that stalls.
 func (p *plainReporter) Add(n int64) {
 	p.mu.Lock()
 	p.done += n
+	due := time.Since(p.last) >= p.g.opts.Interval
 	p.mu.Unlock()
+	if due {
+		p.line(false)
+	}
 }
 
 func (p *plainReporter) Close() error {
@@ -165,14 +175,19 @@ func (p *plainReporter) Close() error {
 
 // line logs the task's state; last is the line at Close.
 func (p *plainReporter) line(last bool) {
+	p.logMu.Lock() // lines leave in the order their counts were taken
+	defer p.logMu.Unlock()
 	p.mu.Lock()
-	if p.closed || (last && p.lines == 0 && !p.g.opts.Summary) || (!last && p.lines > 0 && p.done == p.logged) {
+	if p.closed || (last && p.lines == 0 && !p.g.opts.Summary) || (p.lines > 0 && p.done == p.logged) ||
+		(!last && time.Since(p.last) < p.g.opts.Interval*9/10) {
+		p.closed = p.closed || last
 		p.mu.Unlock()
 		return
 	}
 	p.closed = last
 	p.lines++
 	p.logged = p.done
+	p.last = time.Now()
 	done, total, elapsed := p.done, p.total, time.Since(p.start)
 	p.mu.Unlock()
 	rate := float64(done) / max(elapsed.Seconds(), 1e-9)
