@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/ferry-llm/ferry/internal/digest"
 )
 
 // StageUsage is what one record's outputs take.
@@ -71,7 +73,7 @@ func (s *Store) DiskUsage() (*DiskUsage, error) {
 		return nil, err
 	}
 	for _, e := range entries {
-		if Digest(Algorithm+":"+e.Name()).Validate() != nil {
+		if _, err := digest.FromHex(e.Name()); err != nil {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

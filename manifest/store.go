@@ -23,7 +23,10 @@ const maxManifestSize = 256 << 20
 
 // StatusComplete is the only status a record is ever written with: a stage
 // that has not finished leaves no record (the manifest is the commit point).
-const StatusComplete = "complete"
+const StatusComplete Status = "complete"
+
+// Status is a record's status; it marshals as its string.
+type Status string
 
 // Output is one file a stage produced.
 type Output struct {
@@ -57,7 +60,7 @@ type Record struct {
 	Outputs  []Output         `json:"outputs"`
 	Started  time.Time        `json:"started"`
 	Finished time.Time        `json:"finished"`
-	Status   string           `json:"status"`
+	Status   Status           `json:"status"`
 }
 
 // OutputsDigest is the digest of the record's output list (paths, digests and

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
@@ -100,9 +101,9 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(1, min(runtime.NumCPU(), 8)))
 	for i, e := range entries {
-		d := Digest(Algorithm + ":" + e.Name())
+		d, derr := digest.FromHex(e.Name())
 		link := e.Type()&fs.ModeSymlink != 0
-		if d.Validate() != nil || !(e.Type().IsRegular() || link) {
+		if derr != nil || !(e.Type().IsRegular() || link) {
 			res[i].skip = true
 			continue
 		}

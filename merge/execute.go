@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/safetensors"
@@ -43,8 +44,11 @@ const DefaultBlockElems = 1 << 18
 type FileDigest struct {
 	Name   string `json:"name"`
 	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
+	SHA256 string `json:"sha256"` // hex, as sha256sum prints it
 }
+
+// Digest is the file's content address.
+func (f FileDigest) Digest() (digest.Digest, error) { return digest.FromHex(f.SHA256) }
 
 // Result says what Execute did.
 type Result struct {

@@ -56,19 +56,23 @@ type Module struct {
 	BiasOf    string `json:"bias_target,omitempty"` // base bias the lora_B.bias is added to
 }
 
+// Op is what the merge does to one output tensor; it marshals as its
+// string.
+type Op string
+
 // Tensor operations.
 const (
-	OpCopy    = "copy"    // bytes verbatim from the base
-	OpMerge   = "merge"   // base weight + LoRA / DoRA
-	OpBias    = "bias"    // base bias + s·lora_B.bias
-	OpReplace = "replace" // full replacement from the adapter (modules_to_save, trained biases)
-	OpConvert = "convert" // only the dtype changes (not produced today; reserved)
+	OpCopy    Op = "copy"    // bytes verbatim from the base
+	OpMerge   Op = "merge"   // base weight + LoRA / DoRA
+	OpBias    Op = "bias"    // base bias + s·lora_B.bias
+	OpReplace Op = "replace" // full replacement from the adapter (modules_to_save, trained biases)
+	OpConvert Op = "convert" // only the dtype changes (not produced today; reserved)
 )
 
 // TensorOp is one output tensor.
 type TensorOp struct {
 	Name     string       `json:"name"`
-	Op       string       `json:"op"`
+	Op       Op           `json:"op"`
 	Module   int          `json:"module,omitempty"` // index into Plan.Modules for merge and bias
 	Source   string       `json:"source,omitempty"` // adapter tensor for replace
 	DType    tensor.DType `json:"dtype"`            // output dtype

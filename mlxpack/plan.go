@@ -53,12 +53,22 @@ type Module struct {
 	Setting
 }
 
+// EntryKind is what a destination entry is; it marshals as its string.
+type EntryKind string
+
+// The entry kinds.
+const (
+	EntryLink   EntryKind = "link"   // a symlink to the source file
+	EntryConfig EntryKind = "config" // config.json with the quantization block
+	EntryShard  EntryKind = "shard"  // a rewritten shard
+	EntryIndex  EntryKind = "index"  // model.safetensors.index.json for rewritten shards
+)
+
 // Entry is one planned name in the destination.
 type Entry struct {
-	Name string `json:"name"`
-	// Kind is "link" (to Source), "config", "shard" (rewritten) or "index".
-	Kind   string `json:"kind"`
-	Source string `json:"source,omitempty"` // absolute source path, for links
+	Name   string    `json:"name"`
+	Kind   EntryKind `json:"kind"`
+	Source string    `json:"source,omitempty"` // absolute source path, for links
 }
 
 // outTensor is one tensor of a rewritten shard.
@@ -560,13 +570,13 @@ func (p *Plan) planEntries() error {
 		case strings.HasPrefix(name, "."):
 			continue
 		case name == "config.json":
-			p.Entries = append(p.Entries, Entry{Name: name, Kind: "config"})
+			p.Entries = append(p.Entries, Entry{Name: name, Kind: EntryConfig})
 		case rewritten[name]:
-			p.Entries = append(p.Entries, Entry{Name: name, Kind: "shard"})
+			p.Entries = append(p.Entries, Entry{Name: name, Kind: EntryShard})
 		case name == safetensors.IndexName && p.index != nil:
-			p.Entries = append(p.Entries, Entry{Name: name, Kind: "index"})
+			p.Entries = append(p.Entries, Entry{Name: name, Kind: EntryIndex})
 		default:
-			p.Entries = append(p.Entries, Entry{Name: name, Kind: "link", Source: filepath.Join(p.Src, name)})
+			p.Entries = append(p.Entries, Entry{Name: name, Kind: EntryLink, Source: filepath.Join(p.Src, name)})
 		}
 	}
 	return nil

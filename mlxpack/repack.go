@@ -19,20 +19,24 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
+// Action is what a repack did to one destination entry; it marshals as
+// its string.
+type Action string
+
 // Actions reported per destination entry.
 const (
-	ActionCreated   = "created"
-	ActionReplaced  = "replaced"
-	ActionUnchanged = "unchanged"
+	ActionCreated   Action = "created"
+	ActionReplaced  Action = "replaced"
+	ActionUnchanged Action = "unchanged"
 )
 
 // EntryResult is what happened to one destination entry.
 type EntryResult struct {
-	Name   string `json:"name"`
-	Kind   string `json:"kind"`
-	Target string `json:"target,omitempty"` // link target as written
-	Bytes  int64  `json:"bytes,omitempty"`  // new files only
-	Action string `json:"action"`
+	Name   string    `json:"name"`
+	Kind   EntryKind `json:"kind"`
+	Target string    `json:"target,omitempty"` // link target as written
+	Bytes  int64     `json:"bytes,omitempty"`  // new files only
+	Action Action    `json:"action"`
 }
 
 // Result reports a repack.
@@ -163,8 +167,8 @@ func checkExisting(plan *Plan, dst string, res *Result) error {
 			continue
 		}
 		switch {
-		case ours && pe.Kind == "link" && (isLink || plan.Opts.Force) && !fi.IsDir():
-		case ours && pe.Kind != "link" && (isLink || fi.Mode().IsRegular()):
+		case ours && pe.Kind == EntryLink && (isLink || plan.Opts.Force) && !fi.IsDir():
+		case ours && pe.Kind != EntryLink && (isLink || fi.Mode().IsRegular()):
 		case ours:
 			return errf(filepath.Join(dst, name), "", ErrDestination, "a %s where repack puts a %s (use --force to replace files repack did not make)", kindOf(fi), pe.Kind)
 		case !plan.Opts.Force:
@@ -255,16 +259,16 @@ func writeEntries(ctx context.Context, plan *Plan, dir, final string, res *Resul
 		r := EntryResult{Name: e.Name, Kind: e.Kind}
 		var err error
 		switch e.Kind {
-		case "link":
+		case EntryLink:
 			r.Target, err = linkTarget(plan, e.Source, final)
 			if err == nil {
 				r.Action, err = placeLink(path, r.Target)
 			}
-		case "shard":
+		case EntryShard:
 			r.Bytes, r.Action, err = placeShard(ctx, path, byName[e.Name])
-		case "index":
+		case EntryIndex:
 			r.Bytes, r.Action, err = placeBytes(path, plan.index)
-		case "config":
+		case EntryConfig:
 			r.Bytes, r.Action, err = placeBytes(path, plan.config)
 		}
 		results[i] = r
@@ -273,14 +277,14 @@ func writeEntries(ctx context.Context, plan *Plan, dir, final string, res *Resul
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(1, plan.Opts.Jobs))
 	for i, e := range plan.Entries {
-		if e.Kind == "shard" {
+		if e.Kind == EntryShard {
 			g.Go(func() error { return one(gctx, i) })
 		}
 	}
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	for _, kind := range []string{"link", "index", "config"} {
+	for _, kind := range []EntryKind{EntryLink, EntryIndex, EntryConfig} {
 		for i, e := range plan.Entries {
 			if e.Kind == kind {
 				if err := one(ctx, i); err != nil {
@@ -293,7 +297,7 @@ func writeEntries(ctx context.Context, plan *Plan, dir, final string, res *Resul
 		if r.Action != ActionUnchanged {
 			res.Changed = true
 		}
-		if plan.Entries[i].Kind != "link" {
+		if plan.Entries[i].Kind != EntryLink {
 			res.NewBytes += r.Bytes
 		}
 	}
@@ -317,7 +321,7 @@ func linkTarget(plan *Plan, source, final string) (string, error) {
 
 // placeLink makes path a symlink to target, replacing whatever is there
 // atomically (new link under a temp name, renamed over).
-func placeLink(path, target string) (string, error) {
+func placeLink(path, target string) (Action, error) {
 	action := ActionCreated
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSymlink != 0 {
@@ -347,7 +351,7 @@ func placeLink(path, target string) (string, error) {
 
 // placeBytes writes data to path atomically unless path already holds
 // exactly data (then nothing is touched).
-func placeBytes(path string, data []byte) (int64, string, error) {
+func placeBytes(path string, data []byte) (int64, Action, error) {
 	action := ActionCreated
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().IsRegular() && fi.Size() == int64(len(data)) {
@@ -365,7 +369,7 @@ func placeBytes(path string, data []byte) (int64, string, error) {
 
 // placeShard writes a rewritten shard unless path already holds exactly
 // its bytes (compared streaming, without writing).
-func placeShard(ctx context.Context, path string, s shardPlan) (int64, string, error) {
+func placeShard(ctx context.Context, path string, s shardPlan) (int64, Action, error) {
 	specs := make([]safetensors.TensorSpec, len(s.tensors))
 	for i, t := range s.tensors {
 		specs[i] = t.spec

@@ -37,22 +37,26 @@ type Options struct {
 	Log      *slog.Logger
 }
 
+// Action is what a plan or a run does with a stage; it marshals as its
+// string.
+type Action string
+
 // Actions a stage can get in a plan or a run.
 const (
-	ActionRun         = "run"          // will run / ran
-	ActionSkip        = "skip"         // up to date
-	ActionPending     = "pending"      // (plan) runs only if an input that re-runs first changes
-	ActionNotBuilt    = "not-built"    // its kind is not built yet
-	ActionBlocked     = "blocked"      // an input cannot be made
-	ActionNotSelected = "not-selected" // outside --only / --from
-	ActionFailed      = "failed"       // (run) it ran and failed
+	ActionRun         Action = "run"          // will run / ran
+	ActionSkip        Action = "skip"         // up to date
+	ActionPending     Action = "pending"      // (plan) runs only if an input that re-runs first changes
+	ActionNotBuilt    Action = "not-built"    // its kind is not built yet
+	ActionBlocked     Action = "blocked"      // an input cannot be made
+	ActionNotSelected Action = "not-selected" // outside --only / --from
+	ActionFailed      Action = "failed"       // (run) it ran and failed
 )
 
 // StageReport is one stage's line in a plan or a run.
 type StageReport struct {
 	Stage   string            `json:"stage"`
 	Kind    string            `json:"kind"`
-	Action  string            `json:"action"`
+	Action  Action            `json:"action"`
 	Reason  string            `json:"reason"`
 	Key     string            `json:"key,omitempty"`
 	View    string            `json:"view,omitempty"`
@@ -69,7 +73,7 @@ type Report struct {
 }
 
 type decision struct {
-	action string
+	action Action
 	reason string
 	key    string
 	params json.RawMessage

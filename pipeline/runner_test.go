@@ -39,7 +39,7 @@ func loadSpec(t *testing.T, dir, src string) *Spec {
 func actions(rep *Report) map[string]string {
 	m := map[string]string{}
 	for _, s := range rep.Stages {
-		m[s.Stage] = s.Action + ": " + s.Reason
+		m[s.Stage] = string(s.Action) + ": " + s.Reason
 	}
 	return m
 }

@@ -85,7 +85,7 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	out := &Result{}
 	for _, f := range res.Files {
-		d, err := manifest.ParseDigest(manifest.Algorithm + ":" + f.SHA256)
+		d, err := f.Digest()
 		if err != nil {
 			return nil, fmt.Errorf("merge output %s: %w", f.Name, err)
 		}

@@ -7,19 +7,22 @@ import (
 	"github.com/ferry-llm/ferry/manifest"
 )
 
+// State is a stage's state in a status report; it marshals as its string.
+type State string
+
 // States in a status report.
 const (
-	StateComplete = "complete"  // latest record complete, outputs intact by stamp
-	StateDamaged  = "damaged"   // latest record's outputs missing or changed
-	StateNeverRun = "never-run" // no record for this stage
-	StateNotBuilt = "not-built" // the kind is not built yet
+	StateComplete State = "complete"  // latest record complete, outputs intact by stamp
+	StateDamaged  State = "damaged"   // latest record's outputs missing or changed
+	StateNeverRun State = "never-run" // no record for this stage
+	StateNotBuilt State = "not-built" // the kind is not built yet
 )
 
 // StageStatus is one stage's line in a status report.
 type StageStatus struct {
 	Stage    string            `json:"stage"`
 	Kind     string            `json:"kind"`
-	State    string            `json:"state"`
+	State    State             `json:"state"`
 	Detail   string            `json:"detail,omitempty"`
 	Key      string            `json:"key,omitempty"`
 	Finished *time.Time        `json:"finished,omitempty"`

@@ -3,7 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -89,24 +89,24 @@ func mlxRepack(c *cli.Context) error {
 	if c.Bool("json") {
 		return printJSON(c, res)
 	}
-	counts := map[string]map[string]int{}
+	counts := map[mlxpack.EntryKind]map[mlxpack.Action]int{}
 	for _, e := range res.Entries {
 		if counts[e.Kind] == nil {
-			counts[e.Kind] = map[string]int{}
+			counts[e.Kind] = map[mlxpack.Action]int{}
 		}
 		counts[e.Kind][e.Action]++
 	}
 	fmt.Fprintf(out, "%s → %s\n", res.Src, res.Dst)
 	fmt.Fprintf(out, "  mode %s, model_type %s, %d packed modules\n", res.Mode, res.ModelType, res.PackedModules)
 	fmt.Fprintf(out, "  quantization %s\n", quantSummary(res.Quantization))
-	kinds := make([]string, 0, len(counts))
+	kinds := make([]mlxpack.EntryKind, 0, len(counts))
 	for k := range counts {
 		kinds = append(kinds, k)
 	}
-	sort.Strings(kinds)
+	slices.Sort(kinds)
 	for _, k := range kinds {
 		var parts []string
-		for _, a := range []string{mlxpack.ActionCreated, mlxpack.ActionReplaced, mlxpack.ActionUnchanged} {
+		for _, a := range []mlxpack.Action{mlxpack.ActionCreated, mlxpack.ActionReplaced, mlxpack.ActionUnchanged} {
 			if n := counts[k][a]; n > 0 {
 				parts = append(parts, fmt.Sprintf("%d %s", n, a))
 			}
