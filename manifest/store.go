@@ -273,7 +273,10 @@ func (s *Store) Damage(d Digest) string {
 
 // CheckBlob says what is wrong with blob d of the given size, or "" when it
 // is intact. Without rehash it compares the stamp recorded at commit (size,
-// mtime, inode) and reads no data; with rehash it reads and hashes the blob.
+// mtime, inode) and reads no data; with rehash it reads and hashes the blob,
+// and a blob whose content does not match is marked damaged (as `store
+// verify` does; saved with the next manifest write), so that making it
+// again replaces it.
 func (s *Store) CheckBlob(d Digest, size int64, rehash bool) string {
 	if why := s.Damage(d); why != "" {
 		return "damaged (" + why + ")"
@@ -300,6 +303,10 @@ func (s *Store) CheckBlob(d Digest, size int64, rehash bool) string {
 			return err.Error()
 		}
 		if got != d || n != size {
+			// Remembered, so that the blob made again by a re-run replaces
+			// this file instead of being taken for a copy already there
+			// (the stamp still matches when the damage kept the mtime).
+			s.setDamaged(d, "content does not match its digest")
 			return "content does not match its digest" + where
 		}
 		s.setStamp(d, StampOf(fi))
@@ -324,6 +331,12 @@ func (s *Store) setStamp(d Digest, st Stamp) {
 	s.mu.Lock()
 	s.m.Blobs[d.Hex()] = st
 	delete(s.m.Damaged, d.Hex())
+	s.mu.Unlock()
+}
+
+func (s *Store) setDamaged(d Digest, why string) {
+	s.mu.Lock()
+	s.m.Damaged[d.Hex()] = why
 	s.mu.Unlock()
 }
 

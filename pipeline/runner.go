@@ -89,6 +89,45 @@ type runner struct {
 
 	keyMu    sync.Mutex
 	keyLocks map[string]*sync.Mutex
+
+	// damaged holds the blobs this run found damaged (digest → which
+	// output): each must be whole again when the run ends.
+	damagedMu sync.Mutex
+	damaged   map[manifest.Digest]string
+}
+
+// checkOutput is CheckBlob for output o of stage st; a blob found damaged
+// is remembered for repaired.
+func (r *runner) checkOutput(st *StageSpec, o manifest.Output) string {
+	why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify)
+	if why != "" && r.store.Damage(o.Digest) != "" {
+		r.damagedMu.Lock()
+		if r.damaged == nil {
+			r.damaged = map[manifest.Digest]string{}
+		}
+		r.damaged[o.Digest] = fmt.Sprintf("stage %s output %s", st.Name, o.Path)
+		r.damagedMu.Unlock()
+	}
+	return why
+}
+
+// repaired says which damaged blobs this run found are still damaged: a
+// re-run stage that made the same content replaced them; one that made
+// other content (its inputs changed) or failed did not. A run must not
+// end saying all is well over a blob that does not match its digest.
+func (r *runner) repaired() error {
+	var bad []string
+	for d, where := range r.damaged {
+		if why := r.store.Damage(d); why != "" {
+			bad = append(bad, fmt.Sprintf("blob %s (%s): %s", d.Short(), where, why))
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	return errkind.Errorf(errkind.VerifyFailed, "still damaged after this run: %s; 'ferry store verify' lists every damaged blob",
+		strings.Join(bad, "; "))
 }
 
 // lockKey serialises the stages of one run that have the same key (same
@@ -217,7 +256,7 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 		}
 	}
 	for _, o := range rec.Outputs {
-		if why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify); why != "" {
+		if why := r.checkOutput(st, o); why != "" {
 			d.reason = fmt.Sprintf("output %s %s", o.Path, why)
 			return d, nil
 		}
@@ -278,7 +317,7 @@ func (r *runner) existingInput(st *StageSpec) (Input, error) {
 		return Input{}, fmt.Errorf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name)
 	}
 	for _, o := range rec.Outputs {
-		if why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify); why != "" {
+		if why := r.checkOutput(st, o); why != "" {
 			// The store is damaged (a blob vanished or changed), exit 3.
 			return Input{}, errkind.Errorf(errkind.VerifyFailed, "stage %s: output %s %s; re-run it first", st.Name, o.Path, why)
 		}
@@ -493,6 +532,11 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		}()
 	}
 	wg.Wait()
+	if ctx.Err() == nil {
+		if err := r.repaired(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	err = errors.Join(errs...)
 	if cerr := ctx.Err(); cerr != nil && err == nil {
 		err = cerr

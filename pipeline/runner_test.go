@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -313,12 +314,15 @@ func TestDamageMakesPlanRerun(t *testing.T) {
 	outs := rep.Stages[0].Outputs
 	s, _ := manifest.Load(spec.Store)
 	blob := s.BlobPath(outs[0].Digest)
-	fi, _ := os.Stat(blob)
-	os.Chmod(blob, 0o644)
-	b, _ := os.ReadFile(blob)
-	b[10] ^= 0x40
-	os.WriteFile(blob, b, 0o444)
-	os.Chtimes(blob, fi.ModTime(), fi.ModTime()) // the stamp alone cannot tell
+	damage := func() {
+		fi, _ := os.Stat(blob)
+		os.Chmod(blob, 0o644)
+		b, _ := os.ReadFile(blob)
+		b[10] ^= 0x40
+		os.WriteFile(blob, b, 0o444)
+		os.Chtimes(blob, fi.ModTime(), fi.ModTime()) // the stamp alone cannot tell
+	}
+	damage()
 
 	// Without verify the stamp matches and plan reads no data: it cannot
 	// see the flip. --verify re-hashes and sees it.
@@ -346,6 +350,16 @@ func TestDamageMakesPlanRerun(t *testing.T) {
 	}
 	rep, _ = Plan(spec, Options{Verify: true})
 	wantActions(t, "plan after repair", rep, map[string]string{"src": "skip", "syn": "skip"})
+
+	// A run that finds a blob damaged and cannot make that content again
+	// (here the source changed too) fails as a verification (exit 3)
+	// naming the blob's output, instead of ending as if all were well.
+	damage()
+	writeFile(t, filepath.Join(dir, "src/a.bin"), strings.Repeat("c", 1000))
+	_, err = Run(context.Background(), spec, Options{Verify: true})
+	if errkind.Of(err) != errkind.VerifyFailed || !strings.Contains(fmt.Sprint(err), "(stage src output a.bin): content does not match its digest") {
+		t.Fatalf("run --verify over an unrepairable blob: %v (%v)", err, errkind.Of(err))
+	}
 }
 
 func TestImportSingleFile(t *testing.T) {
