@@ -1,6 +1,8 @@
 package manifest
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -87,6 +89,21 @@ type Manifest struct {
 	Blobs map[string]Stamp `json:"blobs"`
 	// Damaged maps a blob's hex digest to what `store verify` found wrong.
 	Damaged map[string]string `json:"damaged,omitempty"`
+	// Attempts maps pipeline name → stage name → its latest run that did
+	// not end in a record: one that started and was killed or interrupted,
+	// or one that failed (with its error). Committing the stage's record
+	// clears it.
+	Attempts map[string]map[string]*Attempt `json:"attempts,omitempty"`
+}
+
+// Attempt is a stage run that has not (yet) ended in a record.
+type Attempt struct {
+	Key     string    `json:"key"` // the stage key: its journals and work dir
+	Started time.Time `json:"started"`
+	// Error is why the run failed; "" while it runs or after a kill or an
+	// interrupt (its journals and work dir are then what a run resumes).
+	Error  string     `json:"error,omitempty"`
+	Failed *time.Time `json:"failed,omitempty"`
 }
 
 func newManifest() *Manifest {
@@ -96,6 +113,7 @@ func newManifest() *Manifest {
 		Pipelines: map[string]map[string]string{},
 		Blobs:     map[string]Stamp{},
 		Damaged:   map[string]string{},
+		Attempts:  map[string]map[string]*Attempt{},
 	}
 }
 
@@ -191,6 +209,9 @@ func decodeManifest(r interface{ Read([]byte) (int, error) }) (*Manifest, error)
 	}
 	if m.Damaged == nil {
 		m.Damaged = map[string]string{}
+	}
+	if m.Attempts == nil {
+		m.Attempts = map[string]map[string]*Attempt{}
 	}
 	for k, r := range m.Records {
 		if r == nil || r.Key != k {
@@ -376,8 +397,96 @@ func (s *Store) Commit(rec *Record) error {
 			s.m.Pipelines[rec.Pipeline] = map[string]string{}
 		}
 		s.m.Pipelines[rec.Pipeline][rec.Stage] = rec.Key
+		s.clearAttemptLocked(rec.Pipeline, rec.Stage)
 	}
 	return s.saveLocked()
+}
+
+// BeginAttempt records that a pipeline stage starts a run with key, so
+// that status can tell a stage killed halfway (and what it left to resume)
+// from one that never ran. It saves the manifest.
+func (s *Store) BeginAttempt(pipeline, stage, key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.setAttemptLocked(pipeline, stage, &Attempt{Key: key, Started: time.Now().UTC()})
+	return s.saveLocked()
+}
+
+// FailAttempt records that the run of a pipeline stage with key failed, and
+// why, and saves the manifest. The stage's record, if one was committed
+// (a run whose view then failed), stays.
+func (s *Store) FailAttempt(pipeline, stage, key, why string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.m.Attempts[pipeline][stage]
+	if a == nil || a.Key != key {
+		a = &Attempt{Key: key, Started: time.Now().UTC()}
+	}
+	now := time.Now().UTC()
+	a.Error, a.Failed = why, &now
+	s.setAttemptLocked(pipeline, stage, a)
+	return s.saveLocked()
+}
+
+// EndAttempt clears what BeginAttempt and FailAttempt recorded for a
+// pipeline stage (it is done, or found up to date), saving the manifest
+// only if there was something to clear.
+func (s *Store) EndAttempt(pipeline, stage string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m.Attempts[pipeline][stage] == nil {
+		return nil
+	}
+	s.clearAttemptLocked(pipeline, stage)
+	return s.saveLocked()
+}
+
+// Attempt returns a copy of the unfinished or failed run of a pipeline
+// stage, or nil.
+func (s *Store) Attempt(pipeline, stage string) *Attempt {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.m.Attempts[pipeline][stage]
+	if a == nil {
+		return nil
+	}
+	c := *a
+	return &c
+}
+
+func (s *Store) setAttemptLocked(pipeline, stage string, a *Attempt) {
+	if s.m.Attempts[pipeline] == nil {
+		s.m.Attempts[pipeline] = map[string]*Attempt{}
+	}
+	s.m.Attempts[pipeline][stage] = a
+}
+
+func (s *Store) clearAttemptLocked(pipeline, stage string) {
+	delete(s.m.Attempts[pipeline], stage)
+	if len(s.m.Attempts[pipeline]) == 0 {
+		delete(s.m.Attempts, pipeline)
+	}
+}
+
+// Resumable is how many bytes the unfinished run with key left in the
+// store for a later run to continue from: its journals and its work dir.
+// It reads no file data.
+func (s *Store) Resumable(key string) int64 {
+	if _, err := hex.DecodeString(key); err != nil || len(key) != 2*sha256.Size {
+		return 0 // not a stage key (a hand-edited manifest): look nowhere
+	}
+	var n int64
+	for _, d := range []string{s.IngestDir(key), s.WorkDir(key)} {
+		filepath.WalkDir(d, func(_ string, de fs.DirEntry, err error) error {
+			if err == nil && de.Type().IsRegular() {
+				if fi, err := de.Info(); err == nil {
+					n += fi.Size()
+				}
+			}
+			return nil
+		})
+	}
+	return n
 }
 
 // Save rewrites manifest.json atomically.

@@ -240,6 +240,9 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 				d.reason += " (" + why + ")"
 			}
 		}
+		if n := r.store.Resumable(key); n > 0 {
+			d.reason += "; " + resumableDetail(n) // what a killed run left
+		}
 		return d, nil
 	}
 	// Sources first: an import reading its files in place sees a changed
@@ -552,7 +555,24 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	return rep, err
 }
 
+// runStage runs or skips one stage and records how it ended: a failure
+// (with its error, for status) or nothing pending. An interrupted run
+// leaves the attempt execute began, so status says what it left to resume.
 func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sem chan struct{}) (StageReport, *Input, error) {
+	sr, in, err := r.stage(ctx, st, ins, forced, sem)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		sr.Action, sr.Error = ActionFailed, err.Error()
+		if ferr := r.store.FailAttempt(r.spec.Name, st.Name, sr.Key, err.Error()); ferr != nil {
+			r.log.Warn("could not record the failure in the manifest", "stage", st.Name, "err", ferr)
+		}
+	case err == nil:
+		err = r.store.EndAttempt(r.spec.Name, st.Name)
+	}
+	return sr, in, err
+}
+
+func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sem chan struct{}) (StageReport, *Input, error) {
 	sr := StageReport{Stage: st.Name, Kind: st.Kind, View: r.spec.ViewDir(st)}
 	key, _, _, err := r.key(st, ins)
 	if err != nil {
@@ -576,7 +596,7 @@ func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, force
 			return sr, nil, err
 		}
 		if err := r.store.MakeView(sr.View, d.rec.Outputs); err != nil {
-			return sr, nil, err
+			return sr, nil, fmt.Errorf("view %s: %w", sr.View, err)
 		}
 		r.log.Info("stage up to date", "stage", st.Name, "key", d.key[:12])
 		in := r.recordInput(st, d.rec)
@@ -599,7 +619,9 @@ func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, force
 	}
 	sr.Outputs = rec.Outputs
 	if err := r.store.MakeView(sr.View, rec.Outputs); err != nil {
-		return sr, nil, err
+		// The record is committed (a re-run skips to making the view);
+		// the stage still failed: its outputs are not where asked.
+		return sr, nil, fmt.Errorf("view %s: %w", sr.View, err)
 	}
 	var total int64
 	for _, o := range rec.Outputs {
@@ -640,6 +662,9 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 		Inputs: ins, Store: r.store, Progress: prog, Log: r.log.With("stage", st.Name),
 		Prev: r.store.StageRecord(r.spec.Name, st.Name), Verify: r.opts.Verify || forced || damaged,
 		Jobs: r.opts.Jobs,
+	}
+	if err := r.store.BeginAttempt(r.spec.Name, st.Name, d.key); err != nil {
+		return nil, err
 	}
 	started := time.Now().UTC()
 	res, err := st.Stage.Run(ctx, env)

@@ -16,6 +16,8 @@ const (
 	StateDamaged  State = "damaged"   // latest record's outputs missing or changed
 	StateNeverRun State = "never-run" // no record for this stage
 	StateNotBuilt State = "not-built" // the kind is not built yet
+	StatePartial  State = "partial"   // a run started and did not finish (killed, interrupted, or running)
+	StateFailed   State = "failed"    // the latest run failed (Error says why)
 )
 
 // StageStatus is one stage's line in a status report.
@@ -28,6 +30,11 @@ type StageStatus struct {
 	Finished *time.Time        `json:"finished,omitempty"`
 	View     string            `json:"view"`
 	Outputs  []manifest.Output `json:"outputs,omitempty"`
+	// Error is why the latest run failed (state failed).
+	Error string `json:"error,omitempty"`
+	// Resumable is what an unfinished or failed run left for the next
+	// one to continue from (journals, work dir), in bytes.
+	Resumable int64 `json:"resumable_bytes,omitempty"`
 }
 
 // StatusReport is the result of Status.
@@ -50,6 +57,23 @@ func Status(spec *Spec) (*StatusReport, error) {
 	for _, st := range spec.Stages {
 		ss := StageStatus{Stage: st.Name, Kind: st.Kind, View: spec.ViewDir(st)}
 		rec := store.StageRecord(spec.Name, st.Name)
+		// A run that did not end in a record is newer than any record.
+		if a := store.Attempt(spec.Name, st.Name); a != nil {
+			ss.State, ss.Key, ss.Error = StatePartial, a.Key, a.Error
+			ss.Resumable = store.Resumable(a.Key)
+			ss.Detail = resumableDetail(ss.Resumable)
+			if a.Error != "" {
+				ss.State, ss.Detail = StateFailed, a.Error
+				if ss.Resumable > 0 {
+					ss.Detail += "; " + resumableDetail(ss.Resumable)
+				}
+			}
+			if rec != nil {
+				ss.Outputs = rec.Outputs
+			}
+			rep.Stages = append(rep.Stages, ss)
+			continue
+		}
 		switch {
 		case rec == nil && !Registry[st.Kind].Built():
 			ss.State = StateNotBuilt
@@ -76,4 +100,31 @@ func Status(spec *Spec) (*StatusReport, error) {
 		rep.Stages = append(rep.Stages, ss)
 	}
 	return rep, nil
+}
+
+// resumableDetail says how much an unfinished run left to resume from.
+func resumableDetail(n int64) string {
+	if n == 0 {
+		return "nothing to resume from"
+	}
+	return fmt.Sprintf("%s resumable", FormatBytes(n))
+}
+
+// FormatBytes prints a byte count for people, in powers of 1000 (as sizes
+// in pipeline files are written): 266 MB, 1.5 GB, 900 KB, 12 B.
+func FormatBytes(n int64) string {
+	const unit = 1000
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, i := float64(n), 0
+	for v >= unit && i < 4 {
+		v /= unit
+		i++
+	}
+	prec := 0
+	if v < 10 {
+		prec = 1
+	}
+	return fmt.Sprintf("%.*f %s", prec, v, [...]string{"B", "KB", "MB", "GB", "TB"}[i])
 }

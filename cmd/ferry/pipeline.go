@@ -150,7 +150,10 @@ func pipelineStatus(c *cli.Context) error {
 		if s.Finished != nil {
 			line += ", finished " + s.Finished.Format("2006-01-02 15:04:05Z07:00")
 		}
-		if s.Detail != "" {
+		switch {
+		case s.State == pipeline.StatePartial: // partial (266 MB resumable)
+			line += " (" + s.Detail + ")"
+		case s.Detail != "":
 			line += "; " + s.Detail
 		}
 		fmt.Fprintln(w, line)
