@@ -59,7 +59,8 @@ func ferryBinary(t testing.TB) string {
 				return
 			}
 		}
-		build := exec.Command(goTool, "build", "-o", binPath, "github.com/ferry-llm/ferry/cmd/ferry")
+		// -tags ferry_synth: with the test-only synth stage kind.
+		build := exec.Command(goTool, "build", "-tags", "ferry_synth", "-o", binPath, "github.com/ferry-llm/ferry/cmd/ferry")
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
 			binError = fmt.Errorf("building ferry: %v\n%s", err, out)

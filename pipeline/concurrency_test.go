@@ -1,14 +1,18 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ferry-llm/ferry/manifest"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 // stageTracker is a Progress factory that records which stages run at the
@@ -79,8 +83,8 @@ func (p *trackedProgress) Close() error {
 	return nil
 }
 
-// Independent stages run at the same time (up to Jobs); a stage starts only
-// once every stage it reads has finished; Jobs 1 runs one stage at a time.
+// Independent stages run at the same time (up to Stages); a stage starts only
+// once every stage it reads has finished; Stages 1 runs one stage at a time.
 func TestRunIndependentStagesConcurrently(t *testing.T) {
 	const src = `name: c
 stages:
@@ -96,7 +100,7 @@ stages:
 	}{{2, 2}, {1, 1}} {
 		spec := loadSpec(t, t.TempDir(), src)
 		tr := newStageTracker(tc.jobs)
-		if _, err := Run(context.Background(), spec, Options{Jobs: tc.jobs, Progress: tr.progress}); err != nil {
+		if _, err := Run(context.Background(), spec, Options{Stages: tc.jobs, Workers: tc.jobs, Progress: tr.progress}); err != nil {
 			t.Fatal(err)
 		}
 		if tr.maxActive != tc.wantMax {
@@ -122,7 +126,7 @@ stages:
 `
 	dir := t.TempDir()
 	spec := loadSpec(t, dir, src)
-	rep, err := Run(context.Background(), spec, Options{Jobs: 2})
+	rep, err := Run(context.Background(), spec, Options{Stages: 2, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,5 +141,52 @@ stages:
 		if d, _, err := manifest.HashFile(v); err != nil || d != rep.Stages[0].Outputs[0].Digest {
 			t.Errorf("view %s: %s %v", v, d, err)
 		}
+	}
+}
+
+// The stages running at once keep within Options.Memory by their planners'
+// estimates (synth declares its own); a stage estimated over the whole
+// budget runs alone. Options.Stages stays a bound too.
+func TestRunMemoryBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		memory  [4]string // of stages a, b, c, d (independent)
+		budget  int64
+		stages  int
+		wantMax int    // 0: depends on the order the stages queue in
+		alone   string // a stage nothing else may run beside
+	}{
+		{"all fit", [4]string{"20MB", "20MB", "20MB", "20MB"}, 100e6, 4, 4, ""},
+		{"two fit", [4]string{"40MB", "40MB", "40MB", "40MB"}, 100e6, 4, 2, ""},
+		{"one fits", [4]string{"60MB", "60MB", "60MB", "60MB"}, 100e6, 4, 1, ""},
+		{"stages bound", [4]string{"1MB", "1MB", "1MB", "1MB"}, 100e6, 3, 3, ""},
+		{"over the budget runs alone", [4]string{"20MB", "500MB", "20MB", "20MB"}, 100e6, 4, 0, "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := "name: m\nstages:\n"
+			names := []string{"a", "b", "c", "d"}
+			for i, n := range names {
+				src += fmt.Sprintf("  - name: %s\n    synth: { size: 4MiB, units: 64, seed: %d, memory: %s }\n", n, i, tc.memory[i])
+			}
+			spec := loadSpec(t, t.TempDir(), src)
+			tr := newStageTracker(tc.wantMax)
+			tr.timeout = time.Second // long enough for a runner that over-commits to show it
+			if _, err := Run(context.Background(), spec, Options{Stages: tc.stages, Workers: 1, Memory: tc.budget, Progress: tr.progress}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantMax > 0 && tr.maxActive != tc.wantMax {
+				t.Errorf("at most %d stages ran at once, want %d", tr.maxActive, tc.wantMax)
+			}
+			if tc.alone != "" {
+				if len(tr.seen[tc.alone]) != 0 {
+					t.Errorf("%s started while %v ran", tc.alone, tr.seen[tc.alone])
+				}
+				for _, n := range names {
+					if slices.Contains(tr.seen[n], tc.alone) {
+						t.Errorf("%s started while %s ran", n, tc.alone)
+					}
+				}
+			}
+		})
 	}
 }

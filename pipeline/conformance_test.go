@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -9,6 +9,10 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/manifest"
+
+	"github.com/ferry-llm/ferry/pipeline/pipelinetest"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 // Every built stage kind runs this suite: outputs are deterministic and do
@@ -50,7 +54,7 @@ func TestStageConformance(t *testing.T) {
 			}
 			// Reference run.
 			a := mk(t.TempDir(), tc.stage, "")
-			repA, err := Run(context.Background(), a, Options{Jobs: 2})
+			repA, err := Run(context.Background(), a, Options{Stages: 2, Workers: 2})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,7 +64,7 @@ func TestStageConformance(t *testing.T) {
 			}
 			// Another store, an out: view elsewhere, one worker.
 			b := mk(t.TempDir(), tc.stage, "    out: somewhere/else\n")
-			repB, err := Run(context.Background(), b, Options{Jobs: 1})
+			repB, err := Run(context.Background(), b, Options{Stages: 1, Workers: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -112,8 +116,9 @@ func TestStageConformance(t *testing.T) {
 			}
 		})
 	}
-	for kind, k := range Registry {
-		if k.Built() && !covered[kind] {
+	kinds := pipelinetest.Kinds()
+	for _, kind := range kinds.Names() {
+		if k, _ := kinds.Lookup(kind); k.Built() && !covered[kind] {
 			t.Errorf("built kind %q is not in the conformance suite", kind)
 		}
 	}

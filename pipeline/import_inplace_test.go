@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/manifest"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 // canClone reports whether files in dir can be cloned (reflinks): then an

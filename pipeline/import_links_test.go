@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/manifest"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 // An import applies ferry's symlink policy: a file linking outside the

@@ -153,14 +153,16 @@ func (p *Params) Size(key string, def int64) (int64, error) {
 	if n == nil || err != nil {
 		return def, err
 	}
-	v, ok := parseSize(n.Value)
+	v, ok := ParseSize(n.Value)
 	if n.Kind != yaml.ScalarNode || !ok {
 		return 0, p.Errorf(key, "must be a size like 100MB or 1GiB, got %q", n.Value)
 	}
 	return v, nil
 }
 
-func parseSize(s string) (int64, bool) {
+// ParseSize reads a byte count: an integer with an optional unit (KB, MB,
+// GB are powers of 1000; KiB, MiB, GiB powers of 1024).
+func ParseSize(s string) (int64, bool) {
 	s = strings.TrimSpace(s)
 	units := []struct {
 		suf string

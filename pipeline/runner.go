@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
 	"sort"
@@ -15,12 +16,9 @@ import (
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/manifest"
 )
-
-// FerryVersion is part of every stage key; the CLI sets it from its
-// stamped version.
-var FerryVersion = "dev"
 
 // Options select and tune a run or plan.
 type Options struct {
@@ -28,7 +26,17 @@ type Options struct {
 	Only   string   // run only this stage (its inputs must be complete)
 	From   string   // re-run this stage and everything that depends on it
 	Verify bool     // re-hash outputs instead of trusting their stamps
-	Jobs   int      // stages run at once (default: core count)
+	// Version is ferry's release version: part of every stage key, so a
+	// release that changes outputs re-runs stages ("dev" if empty).
+	Version string
+	// Stages bounds the stages run at once (default: core count), and
+	// Workers each stage's own worker count (default: core count).
+	Stages, Workers int
+	// Memory is the budget the stages running at once share, in bytes: a
+	// stage starts only when its estimated peak (StagePlan.Memory) fits in
+	// what the running ones leave; one bigger than the whole budget runs
+	// alone. 0 means half of the machine's memory, < 0 no budget.
+	Memory int64
 	// LockWait is how long run waits for a store held by another run.
 	LockWait time.Duration
 	// Progress makes the progress reporter of a running stage; if it also
@@ -50,6 +58,7 @@ const (
 	ActionBlocked     Action = "blocked"      // an input cannot be made
 	ActionNotSelected Action = "not-selected" // outside --only / --from
 	ActionFailed      Action = "failed"       // (run) it ran and failed
+	ActionInvalid     Action = "invalid"      // (plan) its planner says it cannot run (Error says why)
 )
 
 // StageReport is one stage's line in a plan or a run.
@@ -63,6 +72,9 @@ type StageReport struct {
 	Outputs []manifest.Output `json:"outputs,omitempty"`
 	Seconds float64           `json:"seconds,omitempty"`
 	Error   string            `json:"error,omitempty"`
+	// Plan is what the stage's planner says it will make, or, for a stage
+	// whose inputs are not made yet, "checked after <stage> runs".
+	Plan string `json:"plan,omitempty"`
 }
 
 // Report is the result of Plan or Run.
@@ -154,8 +166,20 @@ func newRunner(spec *Spec, store *manifest.Store, opts Options) *runner {
 	if l == nil {
 		l = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if opts.Jobs <= 0 {
-		opts.Jobs = runtime.NumCPU()
+	if opts.Stages <= 0 {
+		opts.Stages = runtime.NumCPU()
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = runtime.NumCPU()
+	}
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+	if opts.Memory == 0 {
+		opts.Memory = int64(min(sysmem.Total()/2, math.MaxInt64))
+	}
+	if opts.Memory <= 0 {
+		opts.Memory = math.MaxInt64 // no budget (or the machine's memory is unknown)
 	}
 	return &runner{spec: spec, store: store, opts: opts, log: l}
 }
@@ -211,7 +235,7 @@ func (r *runner) key(st *StageSpec, inputs []Input) (string, json.RawMessage, []
 		Ferry       string            `json:"ferry"`
 		Params      json.RawMessage   `json:"params"`
 		Inputs      []manifest.Digest `json:"inputs"`
-	}{st.Kind, Registry[st.Kind].Version, FerryVersion, params, digests})
+	}{st.Kind, r.spec.KindOf(st).Version, r.opts.Version, params, digests})
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -291,8 +315,8 @@ func (r *runner) whyNoRecord(st *StageSpec, params json.RawMessage, ins []manife
 		}
 		return "input changed: " + strings.Join(changed, ", ")
 	}
-	if prev.FerryVersion != FerryVersion || prev.KindVersion != Registry[st.Kind].Version {
-		return fmt.Sprintf("ferry version changed (%s -> %s)", prev.FerryVersion, FerryVersion)
+	if prev.FerryVersion != r.opts.Version || prev.KindVersion != r.spec.KindOf(st).Version {
+		return fmt.Sprintf("ferry version changed (%s -> %s)", prev.FerryVersion, r.opts.Version)
 	}
 	return "no record for this key"
 }
@@ -328,92 +352,12 @@ func (r *runner) existingInput(st *StageSpec) (Input, error) {
 	return r.recordInput(st, rec), nil
 }
 
-// Plan says, per stage, whether a run would run it and why. It reads the
-// manifest and stats files; it reads no weight data and writes nothing.
-func Plan(spec *Spec, opts Options) (*Report, error) {
-	store, err := manifest.Load(spec.Store)
-	if err != nil {
-		return nil, err
-	}
-	r := newRunner(spec, store, opts)
-	sel, forced, err := r.selection()
-	if err != nil {
-		return nil, err
-	}
-	rep := &Report{Pipeline: spec.Name, Store: spec.Store}
-	state := map[string]StageReport{}
-	inputs := map[string]*Input{}
-	for _, st := range spec.Order() {
-		sr := StageReport{Stage: st.Name, Kind: st.Kind, View: spec.ViewDir(st)}
-		kind := Registry[st.Kind]
-		var ins []Input
-		var waiting []string
-		blocked := ""
-		for _, dep := range st.Deps {
-			if in := inputs[dep.Name]; in != nil {
-				ins = append(ins, *in)
-				continue
-			}
-			switch ds := state[dep.Name]; ds.Action {
-			case ActionRun, ActionPending:
-				waiting = append(waiting, dep.Name)
-			case ActionNotSelected:
-				blocked = fmt.Sprintf("input %s has no usable record (%s)", dep.Name, ds.Reason)
-			default:
-				blocked = fmt.Sprintf("input %s cannot be made (%s)", dep.Name, ds.Action)
-			}
-		}
-		switch {
-		case !sel[st.Name]:
-			sr.Action = ActionNotSelected
-			if in, err := r.existingInput(st); err == nil {
-				inputs[st.Name] = &in
-				sr.Reason = "not selected; has a complete record"
-				sr.Key = in.Key
-			} else {
-				sr.Reason = err.Error()
-			}
-		case !kind.Built():
-			sr.Action = ActionNotBuilt
-			sr.Reason = fmt.Sprintf("kind %q is not built yet (comes with %s)", st.Kind, kind.NotBuilt)
-		case blocked != "":
-			sr.Action, sr.Reason = ActionBlocked, blocked
-		case len(waiting) > 0:
-			switch {
-			case forced[st.Name]:
-				sr.Action, sr.Reason = ActionRun, "forced (after "+strings.Join(waiting, ", ")+")"
-			case store.StageRecord(spec.Name, st.Name) == nil:
-				// Never run in this pipeline: it runs whatever its inputs
-				// turn out to be.
-				sr.Action, sr.Reason = ActionRun, "new (after "+strings.Join(waiting, ", ")+")"
-			default:
-				sr.Action = ActionPending
-				sr.Reason = fmt.Sprintf("after %s: runs if the outputs it reads change", strings.Join(waiting, ", "))
-			}
-		default:
-			d, err := r.decide(st, ins, forced[st.Name])
-			if err != nil {
-				return nil, fmt.Errorf("stage %s: %w", st.Name, err)
-			}
-			sr.Action, sr.Reason, sr.Key = d.action, d.reason, d.key
-			if d.rec != nil {
-				sr.Outputs = d.rec.Outputs
-				in := r.recordInput(st, d.rec)
-				inputs[st.Name] = &in
-			}
-		}
-		state[st.Name] = sr
-	}
-	for _, st := range spec.Stages {
-		rep.Stages = append(rep.Stages, state[st.Name])
-	}
-	return rep, nil
-}
-
-// Run executes the pipeline: stages in dependency order, independent ones
-// concurrently (up to Jobs), skipping stages whose key matches a complete
-// record with intact outputs. Each finished stage is committed to the
-// manifest at once, so a cancelled or killed run resumes from there.
+// Run executes the pipeline: first the planning pass Plan makes (a stage
+// its planner refuses stops the run before anything starts), then the
+// stages in dependency order, independent ones concurrently (see
+// Options.Stages and Options.Memory), skipping stages whose key matches a
+// complete record with intact outputs. Each finished stage is committed to
+// the manifest at once, so a cancelled or killed run resumes from there.
 func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	r := newRunner(spec, nil, opts)
 	sel, forced, err := r.selection()
@@ -423,8 +367,8 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	// Refuse before anything runs when a selected stage cannot.
 	var notBuilt []string
 	for _, st := range spec.Stages {
-		if sel[st.Name] && !Registry[st.Kind].Built() {
-			notBuilt = append(notBuilt, fmt.Sprintf("%s (%s: %s)", st.Name, st.Kind, Registry[st.Kind].NotBuilt))
+		if k := spec.KindOf(st); sel[st.Name] && !k.Built() {
+			notBuilt = append(notBuilt, fmt.Sprintf("%s (%s: %s)", st.Name, st.Kind, k.NotBuilt))
 		}
 	}
 	if len(notBuilt) > 0 {
@@ -471,6 +415,15 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		}
 	}
 
+	// The planning pass of `ferry pipeline plan` (without re-hashing:
+	// stages are planned, not verified, here): a stage whose planner says
+	// it cannot run stops the run before any stage starts.
+	planOpts := r.opts
+	planOpts.Verify = false
+	if _, err := newRunner(spec, store, planOpts).plan(ctx, sel, forced); err != nil {
+		return nil, fmt.Errorf("%w; nothing was run (see 'ferry pipeline plan')", err)
+	}
+
 	type slot struct {
 		done chan struct{}
 		in   *Input // nil if the stage did not complete
@@ -481,7 +434,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	}
 	var mu sync.Mutex
 	reports := map[string]StageReport{}
-	sem := make(chan struct{}, r.opts.Jobs)
+	sched := newScheduler(r.opts.Stages, r.opts.Memory)
 	// A failed stage blocks the stages that depend on it; independent
 	// stages go on (their work is not thrown away). Cancelling ctx stops
 	// everything.
@@ -517,7 +470,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 					}
 					ins = append(ins, *ds.in)
 				}
-				sr, in, err := r.runStage(gctx, st, ins, forced[st.Name], sem)
+				sr, in, err := r.runStage(gctx, st, ins, forced[st.Name], sched)
 				mu.Lock()
 				reports[st.Name] = sr
 				mu.Unlock()
@@ -558,8 +511,8 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 // runStage runs or skips one stage and records how it ended: a failure
 // (with its error, for status) or nothing pending. An interrupted run
 // leaves the attempt execute began, so status says what it left to resume.
-func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sem chan struct{}) (StageReport, *Input, error) {
-	sr, in, err := r.stage(ctx, st, ins, forced, sem)
+func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sched *scheduler) (StageReport, *Input, error) {
+	sr, in, err := r.stage(ctx, st, ins, forced, sched)
 	switch {
 	case err != nil && ctx.Err() == nil:
 		sr.Action, sr.Error = ActionFailed, err.Error()
@@ -572,7 +525,7 @@ func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, force
 	return sr, in, err
 }
 
-func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sem chan struct{}) (StageReport, *Input, error) {
+func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sched *scheduler) (StageReport, *Input, error) {
 	sr := StageReport{Stage: st.Name, Kind: st.Kind, View: r.spec.ViewDir(st)}
 	key, _, _, err := r.key(st, ins)
 	if err != nil {
@@ -602,14 +555,21 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		in := r.recordInput(st, d.rec)
 		return sr, &in, nil
 	}
-	select {
-	case sem <- struct{}{}:
-	case <-ctx.Done():
-		return sr, nil, ctx.Err()
+	// Planned again now that its inputs are made: what it will need.
+	p, err := r.planStage(ctx, st, d.key, ins)
+	if err != nil {
+		return sr, nil, err
 	}
-	defer func() { <-sem }()
+	if p != nil {
+		sr.Plan = p.Summary
+	}
+	release, err := sched.acquire(ctx, memoryOf(p))
+	if err != nil {
+		return sr, nil, err
+	}
+	defer release()
 	sr.Action = ActionRun
-	r.log.Info("stage start", "stage", st.Name, "kind", st.Kind, "why", d.reason, "key", d.key[:12])
+	r.log.Info("stage start", "stage", st.Name, "kind", st.Kind, "why", d.reason, "key", d.key[:12], "memory", FormatBytes(memoryOf(p)))
 	start := time.Now()
 	rec, err := r.execute(ctx, st, d, ins, forced)
 	sr.Seconds = time.Since(start).Seconds()
@@ -630,6 +590,16 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	r.log.Info("stage done", "stage", st.Name, "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", sr.Seconds))
 	in := r.recordInput(st, rec)
 	return sr, &in, nil
+}
+
+// env is what stage st gets to run (or plan) with key over ins.
+func (r *runner) env(st *StageSpec, key string, ins []Input, prog Progress, verify bool) *Env {
+	return &Env{
+		Pipeline: r.spec.Name, Stage: st.Name, Key: key, Dir: r.spec.Dir,
+		Inputs: ins, Store: r.store, Progress: prog, Log: r.log.With("stage", st.Name),
+		Prev: r.store.StageRecord(r.spec.Name, st.Name), Verify: verify,
+		Jobs: r.opts.Workers,
+	}
 }
 
 // execute runs one stage and commits its record: blobs first (the stage
@@ -657,12 +627,7 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 	if c, ok := prog.(io.Closer); ok {
 		defer c.Close()
 	}
-	env := &Env{
-		Pipeline: r.spec.Name, Stage: st.Name, Key: d.key, Dir: r.spec.Dir,
-		Inputs: ins, Store: r.store, Progress: prog, Log: r.log.With("stage", st.Name),
-		Prev: r.store.StageRecord(r.spec.Name, st.Name), Verify: r.opts.Verify || forced || damaged,
-		Jobs: r.opts.Jobs,
-	}
+	env := r.env(st, d.key, ins, prog, r.opts.Verify || forced || damaged)
 	if err := r.store.BeginAttempt(r.spec.Name, st.Name, d.key); err != nil {
 		return nil, err
 	}
@@ -683,7 +648,7 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 	}
 	rec := &manifest.Record{
 		Key: d.key, Pipeline: r.spec.Name, Stage: st.Name, Kind: st.Kind,
-		FerryVersion: FerryVersion, KindVersion: Registry[st.Kind].Version,
+		FerryVersion: r.opts.Version, KindVersion: r.spec.KindOf(st).Version,
 		Params: d.params, Inputs: d.ins, Sources: res.Sources, Outputs: outs,
 		Started: started, Finished: time.Now().UTC(),
 	}

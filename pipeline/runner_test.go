@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -14,6 +14,10 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
+
+	"github.com/ferry-llm/ferry/pipeline/pipelinetest"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 func writeFile(t *testing.T, p, content string) {
@@ -26,11 +30,17 @@ func writeFile(t *testing.T, p, content string) {
 	}
 }
 
+// loadSpec writes src as dir/p.yaml and loads it with the built-in kinds
+// and synth.
 func loadSpec(t *testing.T, dir, src string) *Spec {
+	return loadSpecKinds(t, dir, src, pipelinetest.Kinds())
+}
+
+func loadSpecKinds(t *testing.T, dir, src string, kinds *Kinds) *Spec {
 	t.Helper()
 	p := filepath.Join(dir, "p.yaml")
 	writeFile(t, p, src)
-	s, err := Load(p)
+	s, err := Load(p, WithKinds(kinds))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,17 +222,16 @@ func TestRunOnlyNeedsInputs(t *testing.T) {
 
 func TestNotBuiltKind(t *testing.T) {
 	// A kind registered as not built, as every kind is until its package lands.
-	Registry["future"] = Kind{NotBuilt: "issue 99 (future/)", RefKeys: []string{"from"}}
-	t.Cleanup(func() { delete(Registry, "future") })
+	kinds := BuiltinKinds().With("future", Kind{NotBuilt: "issue 99 (future/)", RefKeys: []string{"from"}})
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "src/a"), "a")
-	spec := loadSpec(t, dir, `name: t
+	spec := loadSpecKinds(t, dir, `name: t
 stages:
   - name: src
     import: { path: src }
   - name: ship
     future: { from: [src], to: [h:~/x] }
-`)
+`, kinds)
 	rep, err := Plan(spec, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -379,8 +388,23 @@ func TestImportSingleFile(t *testing.T) {
 	wantActions(t, "plan after change", rep, map[string]string{"g": "run: source file changed: w.gguf"})
 	os.Remove(filepath.Join(dir, "w.gguf"))
 	rep, _ = Plan(spec, Options{})
-	wantActions(t, "plan after removal", rep, map[string]string{"g": "run: source missing"})
+	wantActions(t, "plan after removal", rep, map[string]string{"g": "invalid: source missing"})
 	if _, err := Run(context.Background(), spec, Options{}); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("run with the source gone: %v", err)
 	}
+}
+
+// The ferry version in Options is part of every stage key: another
+// release re-runs the stages, and plan says why.
+func TestRunVersionInKey(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "src/a.bin"), "a")
+	spec := loadSpec(t, dir, strings.ReplaceAll(importSpec, "%SEED%", "1"))
+	if _, err := Run(context.Background(), spec, Options{Version: "0.1.0"}); err != nil {
+		t.Fatal(err)
+	}
+	rep, _ := Plan(spec, Options{Version: "0.1.0"})
+	wantActions(t, "same version", rep, map[string]string{"src": "skip", "syn": "skip"})
+	rep, _ = Plan(spec, Options{Version: "0.2.0"})
+	wantActions(t, "next version", rep, map[string]string{"src": "run: ferry version changed (0.1.0 -> 0.2.0)", "syn": "pending"})
 }

@@ -26,6 +26,8 @@ type Spec struct {
 	Dir    string // its directory: relative paths start here
 	Store  string // absolute store directory
 	Stages []*StageSpec
+	// Kinds are the stage kinds the file was parsed with; runs use them.
+	Kinds  *Kinds
 	byName map[string]*StageSpec
 }
 
@@ -42,6 +44,12 @@ type StageSpec struct {
 	outLine int
 }
 
+// KindOf returns the kind of stage st.
+func (s *Spec) KindOf(st *StageSpec) Kind {
+	k, _ := s.Kinds.Lookup(st.Kind)
+	return k
+}
+
 // Lookup returns the stage called name, or nil.
 func (s *Spec) Lookup(name string) *StageSpec { return s.byName[name] }
 
@@ -55,8 +63,21 @@ func (s *Spec) ViewDir(st *StageSpec) string {
 
 var stageNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
 
+// LoadOption changes how a pipeline file is read.
+type LoadOption func(*loadOptions)
+
+type loadOptions struct {
+	kinds *Kinds
+}
+
+// WithKinds parses the file against kinds instead of BuiltinKinds (tests
+// add the synth kind of pipeline/pipelinetest this way).
+func WithKinds(kinds *Kinds) LoadOption {
+	return func(o *loadOptions) { o.kinds = kinds }
+}
+
 // Load reads and checks the pipeline file at path.
-func Load(path string) (*Spec, error) {
+func Load(path string, opts ...LoadOption) (*Spec, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
@@ -73,14 +94,21 @@ func Load(path string) (*Spec, error) {
 	if len(b) > maxSpecSize {
 		return nil, &SpecError{File: path, Msg: fmt.Sprintf("file is over %d bytes", maxSpecSize)}
 	}
-	return Parse(path, filepath.Dir(abs), b)
+	return Parse(path, filepath.Dir(abs), b, opts...)
 }
 
 var yamlLineRE = regexp.MustCompile(`line (\d+)`)
 
 // Parse checks a pipeline file's content. name is used in error messages;
 // dir is the directory relative paths start from.
-func Parse(name, dir string, b []byte) (*Spec, error) {
+func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
+	o := loadOptions{}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.kinds == nil {
+		o.kinds = BuiltinKinds()
+	}
 	fail := func(line int, format string, args ...any) error {
 		return &SpecError{File: name, Line: line, Msg: fmt.Sprintf(format, args...)}
 	}
@@ -114,7 +142,7 @@ func Parse(name, dir string, b []byte) (*Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec := &Spec{File: filepath.Join(absDir, filepath.Base(name)), Dir: absDir, byName: map[string]*StageSpec{}}
+	spec := &Spec{File: filepath.Join(absDir, filepath.Base(name)), Dir: absDir, Kinds: o.kinds, byName: map[string]*StageSpec{}}
 	var stagesNode *yaml.Node
 	seen := map[string]int{}
 	for i := 0; i+1 < len(root.Content); i += 2 {
@@ -161,7 +189,7 @@ func Parse(name, dir string, b []byte) (*Spec, error) {
 		return nil, fail(line, "no stages")
 	}
 	for _, n := range stagesNode.Content {
-		st, err := parseStage(name, absDir, n)
+		st, err := parseStage(name, absDir, n, o.kinds)
 		if err != nil {
 			return nil, err
 		}
@@ -203,7 +231,7 @@ func Parse(name, dir string, b []byte) (*Spec, error) {
 	return spec, nil
 }
 
-func parseStage(file, dir string, n *yaml.Node) (*StageSpec, error) {
+func parseStage(file, dir string, n *yaml.Node, kinds *Kinds) (*StageSpec, error) {
 	if n.Kind != yaml.MappingNode {
 		return nil, &SpecError{File: file, Line: n.Line, Msg: "a stage must be a mapping with name, one kind and optional out"}
 	}
@@ -239,13 +267,13 @@ func parseStage(file, dir string, n *yaml.Node) (*StageSpec, error) {
 	}
 	if kindKey == nil {
 		return nil, &SpecError{File: file, Line: n.Line, Stage: st.Name,
-			Msg: fmt.Sprintf("no kind given (one of %s)", strings.Join(KindNames(), ", "))}
+			Msg: fmt.Sprintf("no kind given (one of %s)", strings.Join(kinds.Names(), ", "))}
 	}
 	st.Kind = kindKey.Value
-	kind, ok := Registry[st.Kind]
+	kind, ok := kinds.Lookup(st.Kind)
 	if !ok {
 		return nil, &SpecError{File: file, Line: kindKey.Line, Stage: st.Name,
-			Msg: fmt.Sprintf("unknown kind %q (known: %s)", st.Kind, strings.Join(KindNames(), ", "))}
+			Msg: fmt.Sprintf("unknown kind %q (known: %s)", st.Kind, strings.Join(kinds.Names(), ", "))}
 	}
 	if outNode != nil {
 		if outNode.Kind != yaml.ScalarNode || outNode.Value == "" {

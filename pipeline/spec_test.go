@@ -56,17 +56,16 @@ func TestParseBad(t *testing.T) {
 		{"bad yaml unclosed list", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: b\n    verify_mtp: { from: [a, b }\n  - name: c\n", 6, "invalid YAML"},
 		{"bad yaml tab", "name: x\n\tstages: []\n", 2, "invalid YAML"},
 		{"unknown kind", "name: x\nstages:\n  - name: a\n    imprt: { path: p }\n", 4, `unknown kind "imprt"`},
-		{"missing reference", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: b\n    synth: { size: 10, from: nope }\n", 6, `unknown stage "nope"`},
+		{"missing reference", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: b\n    verify_mtp: { from: nope }\n", 6, `unknown stage "nope"`},
 		{"missing reference in list", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: c\n    verify_mtp:\n      from:\n        - a\n        - zz\n", 9, `unknown stage "zz"`},
-		{"cycle", "name: x\nstages:\n  - name: a\n    synth: { size: 10, from: b }\n  - name: b\n    synth: { size: 10, from: a }\n", 6, "dependency cycle: a -> b -> a"},
-		{"self cycle", "name: x\nstages:\n  - name: a\n    synth: { size: 10, from: a }\n", 4, "dependency cycle: a -> a"},
+		{"cycle", "name: x\nstages:\n  - name: a\n    verify_mtp: { from: b }\n  - name: b\n    verify_mtp: { from: a }\n", 6, "dependency cycle: a -> b -> a"},
+		{"self cycle", "name: x\nstages:\n  - name: a\n    verify_mtp: { from: a }\n", 4, "dependency cycle: a -> a"},
 		{"duplicate name", "name: x\nstages:\n  - name: a\n    import: { path: p }\n  - name: a\n    import: { path: q }\n", 5, "duplicate stage name (first defined at line 3)"},
-		{"two kinds", "name: x\nstages:\n  - name: a\n    import: { path: p }\n    synth: { size: 1 }\n", 5, "exactly one kind"},
+		{"two kinds", "name: x\nstages:\n  - name: a\n    import: { path: p }\n    verify_mtp: { from: b }\n", 5, "exactly one kind"},
 		{"no kind", "name: x\nstages:\n  - name: a\n    out: o\n", 3, "no kind given"},
 		{"no name", "name: x\nstages:\n  - import: { path: p }\n", 3, "stage without a name"},
 		{"unknown param", "name: x\nstages:\n  - name: a\n    import:\n      path: p\n      pth: q\n", 6, `unknown parameter "pth"`},
 		{"missing param", "name: x\nstages:\n  - name: a\n    import: {}\n", 4, `needs "path"`},
-		{"bad size", "name: x\nstages:\n  - name: a\n    synth: { size: lots }\n", 4, "must be a size"},
 		{"unknown top key", "name: x\nstage: []\n", 2, `unknown key "stage"`},
 		{"no stages", "name: x\nstages: []\n", 2, "no stages"},
 		{"missing name", "stages:\n  - name: a\n    import: { path: p }\n", 1, "missing name"},
@@ -103,12 +102,12 @@ func TestParseBad(t *testing.T) {
 
 func TestParseSize(t *testing.T) {
 	for in, want := range map[string]int64{"10": 10, "1KB": 1000, "2 MiB": 2 << 20, "3GB": 3e9, "0": 0} {
-		if got, ok := parseSize(in); !ok || got != want {
+		if got, ok := ParseSize(in); !ok || got != want {
 			t.Errorf("%q: %d %v", in, got, ok)
 		}
 	}
 	for _, bad := range []string{"", "x", "-1", "1TB", "99999999999GiB"} {
-		if _, ok := parseSize(bad); ok {
+		if _, ok := ParseSize(bad); ok {
 			t.Errorf("%q accepted", bad)
 		}
 	}
@@ -117,7 +116,7 @@ func TestParseSize(t *testing.T) {
 // FuzzSpec: any bytes give a Spec or a *SpecError with a line, never a panic.
 func FuzzSpec(f *testing.F) {
 	f.Add([]byte(goodSpec))
-	f.Add([]byte("name: x\nstages:\n  - name: a\n    synth: { size: 10, from: b }\n  - name: b\n    synth: { size: 10, from: a }\n"))
+	f.Add([]byte("name: x\nstages:\n  - name: a\n    verify_mtp: { from: b }\n  - name: b\n    verify_mtp: { from: a }\n"))
 	f.Add([]byte("name: x\nstages:\n  - name: a\n    import: { path: p\n"))
 	f.Add([]byte("&a [*a]"))
 	f.Fuzz(func(t *testing.T, b []byte) {

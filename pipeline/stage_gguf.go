@@ -90,17 +90,11 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err := env.Store.MakeView(src, in.Outputs); err != nil {
 		return nil, err
 	}
-	ck, err := safetensors.OpenDir(src)
+	ck, plan, err := s.plan(src)
 	if err != nil {
 		return nil, err
 	}
 	defer ck.Close()
-	plan, err := convert.NewPlan(ck, convert.Options{
-		OutType: convert.OutType(s.OutType), NoMTP: s.NoMTP, MTPOnly: s.MTPOnly, Pre: s.Pre,
-	})
-	if err != nil {
-		return nil, err
-	}
 	name := plan.DefaultFileName(s.MTPOnly)
 	out := filepath.Join(work, name)
 	env.Progress.SetTotal(plan.InputBytes)
@@ -144,4 +138,43 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	return &Result{Outputs: []manifest.Output{{Path: name, Digest: d, Size: n}}}, nil
+}
+
+// Plan makes the conversion plan from the input's headers, config and
+// tokenizer files (no tensor data): an unsupported architecture or an
+// option the checkpoint does not allow is refused here, before any stage
+// of the run starts.
+func (s *ggufStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
+	in := env.Input(s.From)
+	if in == nil {
+		return nil, fmt.Errorf("gguf: input %q not given", s.From)
+	}
+	ck, plan, err := s.plan(in.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	// convert.Write holds about ChunkElems (1Mi) elements per worker at
+	// 8 bytes each (16 from F64), plus the writer's and hasher's buffers.
+	return &StagePlan{
+		Summary: fmt.Sprintf("%s → %s (%s), %d tensors, %s", plan.HFArch, plan.Arch, plan.OutType, len(plan.Tensors), FormatBytes(plan.Layout.Size)),
+		Memory:  int64(max(env.Jobs, 1))*(1<<20)*16 + 64<<20,
+	}, nil
+}
+
+// plan opens the checkpoint in dir (headers only) and makes the conversion
+// plan; the caller closes the checkpoint.
+func (s *ggufStage) plan(dir string) (*safetensors.Checkpoint, *convert.Plan, error) {
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	plan, err := convert.NewPlan(ck, convert.Options{
+		OutType: convert.OutType(s.OutType), NoMTP: s.NoMTP, MTPOnly: s.MTPOnly, Pre: s.Pre,
+	})
+	if err != nil {
+		ck.Close()
+		return nil, nil, err
+	}
+	return ck, plan, nil
 }

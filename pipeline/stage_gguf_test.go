@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/safetensors"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 func tinyBase(t *testing.T) string {
@@ -56,12 +58,12 @@ stages:
 		if cancelAt > 0 {
 			ctx, cancel := context.WithCancel(context.Background())
 			prog := &cancelAfter{n: cancelAt, cancel: cancel}
-			_, err := Run(ctx, spec, Options{Jobs: 1, Progress: func(string) Progress { return prog }})
+			_, err := Run(ctx, spec, Options{Stages: 1, Workers: 1, Progress: func(string) Progress { return prog }})
 			if !errors.Is(err, context.Canceled) {
 				t.Fatalf("cancelled run: %v", err)
 			}
 		}
-		rep, err := Run(context.Background(), spec, Options{Jobs: 2})
+		rep, err := Run(context.Background(), spec, Options{Stages: 2, Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +91,7 @@ stages:
   - name: bad
     verify_mtp: { from: [nomtp], require: true }
 `)
-	rep, err := Run(context.Background(), spec, Options{Jobs: 2})
+	rep, err := Run(context.Background(), spec, Options{Stages: 2, Workers: 2})
 	if !errors.Is(err, ErrVerifyFailed) {
 		t.Fatalf("err %v, want ErrVerifyFailed", err)
 	}

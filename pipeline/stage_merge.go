@@ -56,13 +56,18 @@ func newMerge(p *Params) (Stage, error) {
 
 func (s *mergeStage) Params() any { return s }
 
-func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
+// inventory makes the merge plan from the inputs' headers and configs.
+func (s *mergeStage) inventory(env *Env) (*merge.Plan, error) {
 	base, adapter := env.Input(s.Base), env.Input(s.Adapter)
 	if base == nil || adapter == nil {
 		return nil, fmt.Errorf("merge: inputs %q and %q not given", s.Base, s.Adapter)
 	}
 	dt, _ := merge.ParseDType(s.DType)
-	plan, err := merge.Inventory(base.Dir, adapter.Dir, merge.PlanOptions{AllowUnused: s.AllowUnused, DType: dt})
+	return merge.Inventory(base.Dir, adapter.Dir, merge.PlanOptions{AllowUnused: s.AllowUnused, DType: dt})
+}
+
+func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
+	plan, err := s.inventory(env)
 	if err != nil {
 		return nil, err
 	}
@@ -95,4 +100,30 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		out.Outputs = append(out.Outputs, manifest.Output{Path: filepath.ToSlash(f.Name), Digest: d, Size: f.Size})
 	}
 	return out, nil
+}
+
+// Plan makes the merge plan from the base's and adapter's headers and
+// configs (no tensor data): a missing target, an adapter that does not fit
+// the base or unused adapter tensors are refused here, before any stage
+// of the run starts.
+func (s *mergeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
+	plan, err := s.inventory(env)
+	if err != nil {
+		return nil, err
+	}
+	defer plan.Close()
+	// Each worker, and the writer, hold a block of whole rows (at least
+	// merge.DefaultBlockElems elements) at about 16 bytes an element (the
+	// raw bytes, the base and delta rows in float32, the output); one
+	// module's A and B factors in float32; and a constant.
+	var width, factors int64
+	for _, m := range plan.Modules {
+		width = max(width, m.Cols)
+		factors = max(factors, (m.Rows+m.Cols)*int64(m.Rank)*4)
+	}
+	block := max(width, merge.DefaultBlockElems) * 16
+	return &StagePlan{
+		Summary: fmt.Sprintf("%d modules into %d shards, %s", len(plan.Modules), len(plan.Shards), FormatBytes(plan.TotalBytes)),
+		Memory:  int64(max(env.Jobs, 1)+1)*block + 2*factors + 64<<20,
+	}, nil
 }

@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/safetensors"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 // TestMergeStageKeptShardsAreImportBlobs: with an adapter that touches one
@@ -69,7 +71,7 @@ stages:
   - name: merged
     merge: { base: base, adapter: adapter }
 `)
-	rep, err := Run(context.Background(), spec, Options{Jobs: 2})
+	rep, err := Run(context.Background(), spec, Options{Stages: 2, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/merge"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 // The merge stage's outputs are byte-identical to merge.Execute run
@@ -44,7 +46,7 @@ stages:
     merge: { base: base, adapter: adapter }
     out: out/merged
 `)
-	rep, err := Run(context.Background(), spec, Options{Jobs: 2})
+	rep, err := Run(context.Background(), spec, Options{Stages: 2, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

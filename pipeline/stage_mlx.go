@@ -94,3 +94,19 @@ func (s *mlxRepackStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	env.Log.Debug("mlx repack", "mode", res.Mode, "packed_modules", res.PackedModules)
 	return out, nil
 }
+
+// Plan makes the repack plan from the input's headers and config (no
+// tensor data): a checkpoint that is not compressed-tensors pack-quantized
+// is refused here, before any stage of the run starts.
+func (s *mlxRepackStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
+	in := env.Input(s.From)
+	if in == nil {
+		return nil, fmt.Errorf("mlx_repack: input %q not given", s.From)
+	}
+	plan, err := mlxpack.PlanRepack(in.Dir, mlxpack.Options{Rewrite: s.Rewrite, Relative: true, Jobs: env.Jobs})
+	if err != nil {
+		return nil, err
+	}
+	defer plan.Close()
+	return &StagePlan{Summary: fmt.Sprintf("%d entries", len(plan.Entries)), Memory: 64 << 20}, nil
+}

@@ -1,4 +1,4 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/mlxpack"
+
+	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
 )
 
 // mlx_repack in a pipeline gives what mlxpack.Repack gives run directly:

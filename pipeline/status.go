@@ -75,9 +75,9 @@ func Status(spec *Spec) (*StatusReport, error) {
 			continue
 		}
 		switch {
-		case rec == nil && !Registry[st.Kind].Built():
+		case rec == nil && !spec.KindOf(st).Built():
 			ss.State = StateNotBuilt
-			ss.Detail = fmt.Sprintf("kind %q is not built yet (comes with %s)", st.Kind, Registry[st.Kind].NotBuilt)
+			ss.Detail = fmt.Sprintf("kind %q is not built yet (comes with %s)", st.Kind, spec.KindOf(st).NotBuilt)
 		case rec == nil:
 			ss.State = StateNeverRun
 		default:

@@ -27,7 +27,9 @@ func pipelineCommand() *cli.Command {
 				Usage:     "run the stages that are not up to date",
 				ArgsUsage: "FILE.yaml",
 				Flags: append(sel,
-					jobsFlag("stages run at once, and each stage's workers"),
+					jobsFlag("workers of each stage"),
+					&cli.IntFlag{Name: "stages", Usage: "stages run at once (within --memory)", DefaultText: "core count"},
+					&cli.StringFlag{Name: "memory", Usage: "memory budget the stages running at once share (`SIZE` like 8GB or 16GiB); a stage estimated over it runs alone", DefaultText: "half of RAM"},
 					lockWaitFlag("the store"),
 				),
 				Action: pipelineRun,
@@ -54,20 +56,29 @@ func loadSpec(c *cli.Context) (*pipeline.Spec, error) {
 	if c.NArg() != 1 {
 		return nil, usageErrorf("%s: want one pipeline file, got %d arguments %q", c.Command.FullName(), c.NArg(), c.Args().Slice())
 	}
-	pipeline.FerryVersion = releaseVersion
-	return pipeline.Load(c.Args().First())
+	return pipeline.Load(c.Args().First(), pipeline.WithKinds(stageKinds()))
 }
 
-func pipelineOptions(c *cli.Context) pipeline.Options {
-	return pipeline.Options{
+func pipelineOptions(c *cli.Context) (pipeline.Options, error) {
+	o := pipeline.Options{
 		Force:    c.StringSlice("force"),
 		Only:     c.String("only"),
 		From:     c.String("from"),
 		Verify:   c.Bool("verify"),
-		Jobs:     c.Int("jobs"),
+		Version:  releaseVersion,
+		Workers:  c.Int("jobs"),
+		Stages:   c.Int("stages"),
 		LockWait: c.Duration("lock-wait"),
 		Log:      slog.Default(),
 	}
+	if m := c.String("memory"); m != "" {
+		n, ok := pipeline.ParseSize(m)
+		if !ok || n == 0 {
+			return o, usageErrorf("--memory %q: want a size like 8GB or 16GiB", m)
+		}
+		o.Memory = n
+	}
+	return o, nil
 }
 
 func pipelineRun(c *cli.Context) error {
@@ -75,8 +86,11 @@ func pipelineRun(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	opts := pipelineOptions(c)
-	if opts.Jobs, err = jobsOf(c); err != nil {
+	opts, err := pipelineOptions(c)
+	if err != nil {
+		return err
+	}
+	if opts.Workers, err = jobsOf(c); err != nil {
 		return err
 	}
 	pg := newProgress(c, true)
@@ -100,11 +114,17 @@ func pipelinePlan(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	rep, err := pipeline.Plan(spec, pipelineOptions(c))
+	opts, err := pipelineOptions(c)
 	if err != nil {
 		return err
 	}
-	return printReport(c, rep, false)
+	rep, err := pipeline.Plan(spec, opts)
+	if rep != nil { // a stage its planner refused is in the report, and in err
+		if perr := printReport(c, rep, false); perr != nil && err == nil {
+			err = perr
+		}
+	}
+	return err
 }
 
 func printReport(c *cli.Context, rep *pipeline.Report, ran bool) error {
@@ -118,6 +138,9 @@ func printReport(c *cli.Context, rep *pipeline.Report, ran bool) error {
 		why := s.Reason
 		if s.Error != "" {
 			why += ": " + s.Error
+		}
+		if s.Plan != "" {
+			why += "; " + s.Plan
 		}
 		secs := ""
 		if ran && s.Action == pipeline.ActionRun {

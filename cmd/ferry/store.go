@@ -71,7 +71,7 @@ func loadStoreArg(c *cli.Context) (*manifest.Store, error) {
 	}
 	dir := arg
 	if !fi.IsDir() {
-		spec, err := pipeline.Load(arg)
+		spec, err := pipeline.Load(arg, pipeline.WithKinds(stageKinds()))
 		if err != nil {
 			return nil, err
 		}

@@ -1,4 +1,9 @@
-package pipeline
+// Package pipelinetest holds what tests and benchmarks of pipelines use
+// and ferry does not ship: the synth stage kind, and the set of kinds
+// that adds it to the built-in ones. Tests parse pipeline files with
+// pipeline.WithKinds(pipelinetest.Kinds()); the ferry binary the CLI tests
+// run is built with -tags ferry_synth, which makes cmd/ferry do the same.
+package pipelinetest
 
 import (
 	"context"
@@ -8,13 +13,23 @@ import (
 	"math/rand/v2"
 
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/pipeline"
 )
+
+// Kinds returns ferry's built-in stage kinds plus synth.
+func Kinds() *pipeline.Kinds { return pipeline.BuiltinKinds().With("synth", Synth()) }
+
+// Synth returns the synth stage kind.
+func Synth() pipeline.Kind {
+	return pipeline.Kind{New: newSynth, Version: "1",
+		Summary: "test/benchmark stage: deterministic pseudo-random bytes written in journaled units"}
+}
 
 // synthStage is a test and benchmark stage: it writes one file of
 // deterministic pseudo-random bytes in journaled units, so the kill test and
 // the benchmarks can exercise resumable big outputs without model data.
 //
-//	synth: { size: 100MB, units: 50, seed: 1, from: other, file: data.bin }
+//	synth: { size: 100MB, units: 50, seed: 1, from: other, file: data.bin, memory: 1GB }
 //
 // Unit i holds bytes from a ChaCha8 stream seeded by sha256 of (seed, i,
 // the digests of the from stages), so any unit can be made without the
@@ -22,17 +37,29 @@ import (
 // uninterrupted one would. With --verbose every unit logs "synth unit
 // begin" before its first byte and "synth unit done" once it is durable in
 // the journal.
+//
+// memory is the peak memory its planner declares (default: its 1 MiB
+// buffer), so tests can check that a run keeps within its budget; it does
+// not change the output and is not part of the stage key.
 type synthStage struct {
-	Size  int64    `json:"size"`
-	Units int64    `json:"units"`
-	Seed  int64    `json:"seed"`
-	File  string   `json:"file"`
-	From  []string `json:"from,omitempty"`
+	Size   int64    `json:"size"`
+	Units  int64    `json:"units"`
+	Seed   int64    `json:"seed"`
+	File   string   `json:"file"`
+	From   []string `json:"from,omitempty"`
+	Memory int64    `json:"-"`
 }
+
+var (
+	_ pipeline.Stage   = (*synthStage)(nil)
+	_ pipeline.Planner = (*synthStage)(nil)
+)
+
+const synthBuffer = 1 << 20
 
 const maxSynthUnits = 1 << 20
 
-func newSynth(p *Params) (Stage, error) {
+func newSynth(p *pipeline.Params) (pipeline.Stage, error) {
 	s := &synthStage{}
 	var err error
 	if s.Size, err = p.Size("size", 0); err != nil {
@@ -59,7 +86,20 @@ func newSynth(p *Params) (Stage, error) {
 	if s.From, err = p.Refs("from", false); err != nil {
 		return nil, err
 	}
+	if s.Memory, err = p.Size("memory", synthBuffer); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// Plan checks that every from stage is given and declares Memory.
+func (s *synthStage) Plan(ctx context.Context, env *pipeline.Env) (*pipeline.StagePlan, error) {
+	for _, f := range s.From {
+		if env.Input(f) == nil {
+			return nil, fmt.Errorf("synth: input %q not given", f)
+		}
+	}
+	return &pipeline.StagePlan{Summary: fmt.Sprintf("%d bytes in %d units", s.Size, s.Units), Memory: s.Memory}, nil
 }
 
 func (s *synthStage) Params() any { return s }
@@ -72,7 +112,7 @@ func (s *synthStage) unitSize(i int64) int64 {
 	return per
 }
 
-func (s *synthStage) Run(ctx context.Context, env *Env) (*Result, error) {
+func (s *synthStage) Run(ctx context.Context, env *pipeline.Env) (*pipeline.Result, error) {
 	j, err := env.Journal(s.File)
 	if err != nil {
 		return nil, err
@@ -81,7 +121,7 @@ func (s *synthStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	env.Progress.SetTotal(s.Size)
 	if o, ok := j.Committed(); ok {
 		env.Progress.Add(o.Size)
-		return &Result{Outputs: []manifest.Output{o}}, nil
+		return &pipeline.Result{Outputs: []manifest.Output{o}}, nil
 	}
 	done := j.Units()
 	for i, u := range done {
@@ -96,7 +136,7 @@ func (s *synthStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		h.Write([]byte(in.Digest))
 	}
 	base := h.Sum(nil)
-	buf := make([]byte, 1<<20)
+	buf := make([]byte, synthBuffer)
 	for i := int64(len(done)); i < s.Units; i++ {
 		env.Log.Debug("synth unit begin", "unit", i)
 		var seed [32]byte
@@ -126,7 +166,7 @@ func (s *synthStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Outputs: []manifest.Output{o}}, nil
+	return &pipeline.Result{Outputs: []manifest.Output{o}}, nil
 }
 
 func unitName(i int64) string { return fmt.Sprintf("unit-%d", i) }

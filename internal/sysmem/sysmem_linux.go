@@ -1,0 +1,11 @@
+package sysmem
+
+import "syscall"
+
+func total() uint64 {
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) != nil {
+		return 0
+	}
+	return uint64(si.Totalram) * uint64(si.Unit)
+}

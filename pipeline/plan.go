@@ -1,0 +1,237 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/ferry-llm/ferry/manifest"
+)
+
+// Planner is implemented by stages that can check, before anything runs,
+// that Run will be able to make their outputs. Plan reads the inputs'
+// headers and configs only (an inventory: no weight data), decides what
+// Run would, and returns the error Run would end with (an unsupported
+// architecture, a parameter the inputs do not allow). It writes nothing:
+// env.WorkDir and env.Journal are not for planners. The runner calls it
+// for `ferry pipeline plan`, in the planning pass that a run makes before
+// it starts any stage, and once more just before the stage runs, when its
+// Memory is what the run budgets for.
+type Planner interface {
+	Plan(ctx context.Context, env *Env) (*StagePlan, error)
+}
+
+// StagePlan is what a stage's planner found.
+type StagePlan struct {
+	// Summary is one line for plan output: what the stage will make.
+	Summary string `json:"summary"`
+	// Memory is the estimated peak memory of Run with env.Jobs workers,
+	// in bytes: about workers × the largest unit held at once, plus a
+	// constant.
+	Memory int64 `json:"memory"`
+	// Preview, if not "", is a directory laid out like the stage's outputs
+	// will be and readable now (an import's source directory): the stages
+	// that read this one are planned from it before it has run.
+	Preview string `json:"-"`
+}
+
+// defaultStageMemory is what a stage without a planner is budgeted for.
+const defaultStageMemory = 64 << 20
+
+// planStage runs st's planner, if it has one, over ins (nil plan if not).
+func (r *runner) planStage(ctx context.Context, st *StageSpec, key string, ins []Input) (*StagePlan, error) {
+	pl, ok := st.Stage.(Planner)
+	if !ok {
+		return nil, nil
+	}
+	return pl.Plan(ctx, r.env(st, key, ins, nopProgress{}, false))
+}
+
+// memoryOf is what the runner budgets for a stage with plan p.
+func memoryOf(p *StagePlan) int64 {
+	if p == nil || p.Memory <= 0 {
+		return defaultStageMemory
+	}
+	return p.Memory
+}
+
+// planViews makes views of earlier stages' records in a temp directory,
+// for planners to read: the views a run keeps may be out of date, and
+// planning writes nothing into the store or the user's out: paths.
+type planViews struct {
+	store *manifest.Store
+	dir   string
+}
+
+func (v *planViews) view(in Input) (Input, error) {
+	if v.dir == "" {
+		d, err := os.MkdirTemp("", "ferry-plan-")
+		if err != nil {
+			return Input{}, err
+		}
+		v.dir = d
+	}
+	dir := filepath.Join(v.dir, in.Stage)
+	if err := v.store.MakeView(dir, in.Outputs); err != nil {
+		return Input{}, err
+	}
+	in.Dir = dir
+	return in, nil
+}
+
+func (v *planViews) close() {
+	if v.dir != "" {
+		os.RemoveAll(v.dir)
+	}
+}
+
+// Plan says, per stage, whether a run would run it and why, and asks the
+// planner of each stage that would run whether it can (see Planner). It
+// reads the manifest, stats files and reads input headers; it reads no
+// weight data and writes nothing. A stage its planner refuses is reported
+// as invalid, and the error (every refusal, joined) is returned with the
+// report.
+func Plan(spec *Spec, opts Options) (*Report, error) {
+	store, err := manifest.Load(spec.Store)
+	if err != nil {
+		return nil, err
+	}
+	r := newRunner(spec, store, opts)
+	sel, forced, err := r.selection()
+	if err != nil {
+		return nil, err
+	}
+	return r.plan(context.Background(), sel, forced)
+}
+
+func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report, error) {
+	spec, store := r.spec, r.store
+	views := &planViews{store: store}
+	defer views.close()
+	rep := &Report{Pipeline: spec.Name, Store: spec.Store}
+	state := map[string]StageReport{}
+	inputs := map[string]*Input{}
+	previews := map[string]string{} // stage → Preview of its plan
+	var refused []error
+	for _, st := range spec.Order() {
+		sr := StageReport{Stage: st.Name, Kind: st.Kind, View: spec.ViewDir(st)}
+		kind := spec.KindOf(st)
+		var ins []Input
+		var waiting []string
+		blocked := ""
+		for _, dep := range st.Deps {
+			if in := inputs[dep.Name]; in != nil {
+				ins = append(ins, *in)
+				continue
+			}
+			switch ds := state[dep.Name]; ds.Action {
+			case ActionRun, ActionPending:
+				waiting = append(waiting, dep.Name)
+			case ActionNotSelected:
+				blocked = fmt.Sprintf("input %s has no usable record (%s)", dep.Name, ds.Reason)
+			default:
+				blocked = fmt.Sprintf("input %s cannot be made (%s)", dep.Name, ds.Action)
+			}
+		}
+		var runIns []Input // what the planner reads, when it can run now
+		switch {
+		case !sel[st.Name]:
+			sr.Action = ActionNotSelected
+			if in, err := r.existingInput(st); err == nil {
+				inputs[st.Name] = &in
+				sr.Reason = "not selected; has a complete record"
+				sr.Key = in.Key
+			} else {
+				sr.Reason = err.Error()
+			}
+		case !kind.Built():
+			sr.Action = ActionNotBuilt
+			sr.Reason = fmt.Sprintf("kind %q is not built yet (comes with %s)", st.Kind, kind.NotBuilt)
+		case blocked != "":
+			sr.Action, sr.Reason = ActionBlocked, blocked
+		case len(waiting) > 0:
+			switch {
+			case forced[st.Name]:
+				sr.Action, sr.Reason = ActionRun, "forced (after "+strings.Join(waiting, ", ")+")"
+			case store.StageRecord(spec.Name, st.Name) == nil:
+				// Never run in this pipeline: it runs whatever its inputs
+				// turn out to be.
+				sr.Action, sr.Reason = ActionRun, "new (after "+strings.Join(waiting, ", ")+")"
+			default:
+				sr.Action = ActionPending
+				sr.Reason = fmt.Sprintf("after %s: runs if the outputs it reads change", strings.Join(waiting, ", "))
+			}
+			// Inputs not made yet can be planned from only where their
+			// stage's plan shows what they will be (an import's source).
+			var unseen []string
+			for _, w := range waiting {
+				if previews[w] == "" {
+					unseen = append(unseen, w)
+				}
+			}
+			if len(unseen) > 0 {
+				sr.Plan = "checked after " + strings.Join(unseen, ", ") + " runs"
+				break
+			}
+			for _, dep := range st.Deps {
+				in := inputs[dep.Name]
+				if in == nil {
+					in = &Input{Stage: dep.Name, Dir: previews[dep.Name]}
+				}
+				runIns = append(runIns, *in)
+			}
+		default:
+			d, err := r.decide(st, ins, forced[st.Name])
+			if err != nil {
+				return nil, fmt.Errorf("stage %s: %w", st.Name, err)
+			}
+			sr.Action, sr.Reason, sr.Key = d.action, d.reason, d.key
+			if d.rec != nil {
+				sr.Outputs = d.rec.Outputs
+				in := r.recordInput(st, d.rec)
+				inputs[st.Name] = &in
+				break
+			}
+			runIns = ins
+		}
+		if runIns != nil || (sr.Action == ActionRun || sr.Action == ActionPending) && len(st.Deps) == 0 {
+			p, err := r.planWithViews(ctx, views, st, sr.Key, runIns)
+			switch {
+			case err != nil:
+				sr.Action, sr.Error = ActionInvalid, err.Error()
+				refused = append(refused, fmt.Errorf("stage %s: %w", st.Name, err))
+			case p != nil:
+				sr.Plan = p.Summary
+				previews[st.Name] = p.Preview
+			}
+		}
+		state[st.Name] = sr
+	}
+	for _, st := range spec.Stages {
+		rep.Stages = append(rep.Stages, state[st.Name])
+	}
+	return rep, errors.Join(refused...)
+}
+
+// planWithViews plans st over ins, reading recorded inputs through views
+// made for the purpose (preview inputs are read where they are).
+func (r *runner) planWithViews(ctx context.Context, views *planViews, st *StageSpec, key string, ins []Input) (*StagePlan, error) {
+	if _, ok := st.Stage.(Planner); !ok {
+		return nil, nil
+	}
+	var vins []Input
+	for _, in := range ins {
+		if in.Outputs != nil {
+			v, err := views.view(in)
+			if err != nil {
+				return nil, err
+			}
+			in = v
+		}
+		vins = append(vins, in)
+	}
+	return r.planStage(ctx, st, key, vins)
+}
