@@ -360,14 +360,18 @@ func TestDamageMakesPlanRerun(t *testing.T) {
 	rep, _ = Plan(spec, Options{Verify: true})
 	wantActions(t, "plan after repair", rep, map[string]string{"src": "skip", "syn": "skip"})
 
-	// A run that finds a blob damaged and cannot make that content again
-	// (here the source changed too) fails as a verification (exit 3)
-	// naming the blob's output, instead of ending as if all were well.
+	// A run that finds a blob damaged and does not make it again (here the
+	// stage's re-run fails; synth's fail is not part of its key) ends as a
+	// verification failure (exit 3) naming the blob's output, besides the
+	// stage's own error.
+	syn := s.BlobPath(rep.Stages[1].Outputs[0].Digest)
+	blob = syn
 	damage()
-	writeFile(t, filepath.Join(dir, "src/a.bin"), strings.Repeat("c", 1000))
+	spec = loadSpec(t, dir, strings.ReplaceAll(strings.ReplaceAll(strings.ReplaceAll(importSpec, "%SEED%", "1"), "path: src }", "path: src, copy: true }"), "from: src }", `from: src, fail: "disk on fire" }`))
 	_, err = Run(context.Background(), spec, Options{Verify: true})
-	if errkind.Of(err) != errkind.VerifyFailed || !strings.Contains(fmt.Sprint(err), "(stage src output a.bin): content does not match its digest") {
-		t.Fatalf("run --verify over an unrepairable blob: %v (%v)", err, errkind.Of(err))
+	if errkind.Of(err) != errkind.VerifyFailed || !strings.Contains(fmt.Sprint(err), "disk on fire") ||
+		!strings.Contains(fmt.Sprint(err), "(stage syn output synth.bin): content does not match its digest") {
+		t.Fatalf("run --verify whose repair failed: %v (%v)", err, errkind.Of(err))
 	}
 }
 

@@ -60,7 +60,7 @@ func TestCLIRunVerifyRepairsDamage(t *testing.T) {
 			write(t, filepath.Join(dir, "m/b.bin"), strings.Repeat("b", 4096))
 			p := filepath.Join(dir, "p.yaml")
 			write(t, p, "name: v\nstages:\n"+
-				"  - name: m\n    import: { path: m }\n"+
+				"  - name: m\n    import: { path: m, copy: true }\n"+ // a copy: in place, the blob is the user's file
 				"  - name: s\n    synth: { size: 100000, units: 4, from: m }\n"+
 				"  - name: base\n    import: { path: "+models+"/base }\n"+
 				"  - name: g\n    gguf: { from: base, model_name: base }\n    out: out/g\n")

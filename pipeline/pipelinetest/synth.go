@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 
@@ -29,7 +30,7 @@ func Synth() pipeline.Kind {
 // deterministic pseudo-random bytes in journaled units, so the kill test and
 // the benchmarks can exercise resumable big outputs without model data.
 //
-//	synth: { size: 100MB, units: 50, seed: 1, from: other, file: data.bin, memory: 1GB }
+//	synth: { size: 100MB, units: 50, seed: 1, from: other, file: data.bin, memory: 1GB, fail: "" }
 //
 // Unit i holds bytes from a ChaCha8 stream seeded by sha256 of (seed, i,
 // the digests of the from stages), so any unit can be made without the
@@ -39,8 +40,10 @@ func Synth() pipeline.Kind {
 // the journal.
 //
 // memory is the peak memory its planner declares (default: its 1 MiB
-// buffer), so tests can check that a run keeps within its budget; it does
-// not change the output and is not part of the stage key.
+// buffer), so tests can check that a run keeps within its budget; fail
+// makes Run fail with that message before it writes anything, so tests can
+// make a stage fail without changing its key. Neither changes the output;
+// neither is part of the stage key.
 type synthStage struct {
 	Size   int64    `json:"size"`
 	Units  int64    `json:"units"`
@@ -48,6 +51,7 @@ type synthStage struct {
 	File   string   `json:"file"`
 	From   []string `json:"from,omitempty"`
 	Memory int64    `json:"-"`
+	Fail   string   `json:"-"`
 }
 
 var (
@@ -89,6 +93,9 @@ func newSynth(p *pipeline.Params) (pipeline.Stage, error) {
 	if s.Memory, err = p.Size("memory", synthBuffer); err != nil {
 		return nil, err
 	}
+	if s.Fail, err = p.String("fail", false); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -113,6 +120,9 @@ func (s *synthStage) unitSize(i int64) int64 {
 }
 
 func (s *synthStage) Run(ctx context.Context, env *pipeline.Env) (*pipeline.Result, error) {
+	if s.Fail != "" {
+		return nil, errors.New(s.Fail)
+	}
 	j, err := env.Journal(s.File)
 	if err != nil {
 		return nil, err
