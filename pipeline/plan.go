@@ -41,15 +41,6 @@ type StagePlan struct {
 // defaultStageMemory is what a stage without a planner is budgeted for.
 const defaultStageMemory = 64 << 20
 
-// planStage runs st's planner, if it has one, over ins (nil plan if not).
-func (r *runner) planStage(ctx context.Context, st *StageSpec, key string, ins []Input) (*StagePlan, error) {
-	pl, ok := st.Stage.(Planner)
-	if !ok {
-		return nil, nil
-	}
-	return pl.Plan(ctx, r.env(st, key, ins, nopProgress{}, false))
-}
-
 // memoryOf is what the runner budgets for a stage with plan p.
 func memoryOf(p *StagePlan) int64 {
 	if p == nil || p.Memory <= 0 {
@@ -216,10 +207,12 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 	return rep, errors.Join(refused...)
 }
 
-// planWithViews plans st over ins, reading recorded inputs through views
-// made for the purpose (preview inputs are read where they are).
+// planWithViews runs st's planner, if it has one (nil plan if not), over
+// ins, reading recorded inputs through views made for the purpose (preview
+// inputs are read where they are).
 func (r *runner) planWithViews(ctx context.Context, views *planViews, st *StageSpec, key string, ins []Input) (*StagePlan, error) {
-	if _, ok := st.Stage.(Planner); !ok {
+	pl, ok := st.Stage.(Planner)
+	if !ok {
 		return nil, nil
 	}
 	var vins []Input
@@ -233,5 +226,5 @@ func (r *runner) planWithViews(ctx context.Context, views *planViews, st *StageS
 		}
 		vins = append(vins, in)
 	}
-	return r.planStage(ctx, st, key, vins)
+	return pl.Plan(ctx, r.env(st, key, vins, nopProgress{}, false))
 }

@@ -555,8 +555,11 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		in := r.recordInput(st, d.rec)
 		return sr, &in, nil
 	}
-	// Planned again now that its inputs are made: what it will need.
-	p, err := r.planStage(ctx, st, d.key, ins)
+	// Planned again, as plan does, now that its inputs are made: what it
+	// will need.
+	views := &planViews{store: r.store}
+	p, err := r.planWithViews(ctx, views, st, d.key, ins)
+	views.close()
 	if err != nil {
 		return sr, nil, err
 	}
