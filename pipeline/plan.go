@@ -163,8 +163,13 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 					unseen = append(unseen, w)
 				}
 			}
-			if len(unseen) > 0 {
+			if _, ok := st.Stage.(Planner); ok && len(unseen) > 0 {
 				sr.Plan = "checked after " + strings.Join(unseen, ", ") + " runs"
+				if n := len(unseen); n > 1 {
+					sr.Plan = "checked after " + strings.Join(unseen[:n-1], ", ") + " and " + unseen[n-1] + " run"
+				}
+			}
+			if len(unseen) > 0 {
 				break
 			}
 			for _, dep := range st.Deps {

@@ -101,16 +101,20 @@ func TestPlanChecksWhatItCan(t *testing.T) {
 		"  - name: adapter\n    import: { path: "+models+"/adapter-dora }\n"+
 		"  - name: merged\n    merge: { base: base, adapter: adapter }\n"+
 		"  - name: f16\n    gguf: { from: merged }\n"+
-		"  - name: direct\n    gguf: { from: base, outtype: bf16 }\n")
+		"  - name: direct\n    gguf: { from: base, outtype: bf16 }\n"+
+		"  - name: check\n    verify_mtp: { from: [f16, merged] }\n"+ // no planner
+		"  - name: remerge\n    merge: { base: merged, adapter: f16 }\n")
 	rep, err := pipeline.Plan(spec, pipeline.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		"base":   `^12 files, [0-9.]+ MB$`,
-		"merged": `^\d+ modules into 7 shards, `,
-		"f16":    `^checked after merged runs$`,
-		"direct": `^Qwen3_5ForCausalLM → qwen35 \(bf16\), \d+ tensors, `,
+		"base":    `^12 files, [0-9.]+ MB$`,
+		"merged":  `^\d+ modules into 7 shards, `,
+		"f16":     `^checked after merged runs$`,
+		"direct":  `^Qwen3_5ForCausalLM → qwen35 \(bf16\), \d+ tensors, `,
+		"check":   `^$`,
+		"remerge": `^checked after merged and f16 run$`,
 	}
 	for _, s := range rep.Stages {
 		if re, ok := want[s.Stage]; ok && !regexp.MustCompile(re).MatchString(s.Plan) {
