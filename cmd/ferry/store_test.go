@@ -28,11 +28,16 @@ func TestStoreDU(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "c", "config.json"), []byte(`{"c":1}`), 0o644)
 	clones := fsutil.Clone(filepath.Join(dir, "m", "config.json"), filepath.Join(dir, "probe")) == nil
 	p := filepath.Join(dir, "p.yaml")
+	// Stage s, a copying import of 5000 bytes, changes its parameters.
+	for _, v := range []string{"1", "2"} {
+		os.MkdirAll(filepath.Join(dir, "s"+v), 0o755)
+		os.WriteFile(filepath.Join(dir, "s"+v, "x.bin"), bytes.Repeat([]byte(v), 5000), 0o644)
+	}
 	spec := func(seed string) {
 		os.WriteFile(p, []byte("name: d\nstages:\n"+
 			"  - name: in\n    import: { path: m }\n"+
 			"  - name: copied\n    import: { path: c, copy: true }\n"+
-			"  - name: s\n    synth: { size: 5000, seed: "+seed+", from: in }\n"), 0o644)
+			"  - name: s\n    import: { path: s"+seed+", copy: true }\n"), 0o644)
 	}
 	run := func(args ...string) string {
 		t.Helper()
@@ -44,7 +49,7 @@ func TestStoreDU(t *testing.T) {
 	}
 	spec("1")
 	run("pipeline", "run", p)
-	spec("2") // the first synth record is now an old one
+	spec("2") // the first record of s is now an old one
 	run("pipeline", "run", p)
 
 	var du manifest.DiskUsage
@@ -69,7 +74,7 @@ func TestStoreDU(t *testing.T) {
 		t.Errorf("copying import: %+v", copied)
 	}
 	if s := by["s"]; len(s) != 2 || !s[0].Live || s[1].Live || s[1].BlobBytes != 5000 {
-		t.Errorf("synth records: %+v", s)
+		t.Errorf("records of s: %+v", s)
 	}
 	if du.GC.Bytes != 0 || du.GCPrune != (manifest.FreeUsage{Records: 1, Blobs: 1, Bytes: 5000}) {
 		t.Errorf("gc %+v, gc --prune-records %+v", du.GC, du.GCPrune)
