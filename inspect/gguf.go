@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/hashing"
+	"github.com/ferry-llm/ferry/verify"
 )
 
 // ggufReport reads only the header: the KV table with value types and the
@@ -29,7 +30,6 @@ func ggufReport(path string) (*Report, []hashing.Section, func(), error) {
 		rep.Metadata = append(rep.Metadata, kvRow(kv))
 	}
 	sections := make([]hashing.Section, len(f.Tensors))
-	nLayer, nextn := ggufLayers(f)
 	for i, t := range f.Tensors {
 		shape := make([]int64, len(t.Dims))
 		for j, d := range t.Dims {
@@ -43,42 +43,9 @@ func ggufReport(path string) (*Report, []hashing.Section, func(), error) {
 		s.Parameters += int64(t.NumElements())
 		s.Bytes += t.Size()
 		s.BytesPerDType[t.Type.String()] += t.Size()
-		if b := blockOf(t.Name); nextn > 0 && b >= nLayer {
-			s.MTP.NextNTensors++
-			if k := len(s.MTP.NextNLayers); k == 0 || s.MTP.NextNLayers[k-1] != int(b) {
-				s.MTP.NextNLayers = appendUnique(s.MTP.NextNLayers, int(b))
-			}
-		}
 	}
-	if nextn > 0 {
-		s.MTP.Promised = nextn
-		s.MTP.PromisedBy = s.Architecture + ".nextn_predict_layers"
-		s.MTP.Present = s.MTP.NextNTensors > 0
-	}
+	s.MTP = verify.FindGGUFHead(f)
 	return rep, sections, func() { f.Close() }, nil
-}
-
-// ggufLayers is (block_count - nextn_predict_layers, nextn_predict_layers).
-func ggufLayers(f *gguf.File) (int64, int64) {
-	a := f.Architecture()
-	bc, _ := f.KV(a + ".block_count")
-	nn, _ := f.KV(a + ".nextn_predict_layers")
-	b, _ := bc.Uint()
-	n, _ := nn.Uint()
-	return int64(b) - int64(n), int64(n)
-}
-
-func blockOf(name string) int64 {
-	rest, ok := strings.CutPrefix(name, "blk.")
-	if !ok {
-		return -1
-	}
-	num, _, _ := strings.Cut(rest, ".")
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil {
-		return -1
-	}
-	return n
 }
 
 func kvRow(kv gguf.KV) KV {
@@ -90,7 +57,7 @@ func kvRow(kv gguf.KV) KV {
 	return r
 }
 
-// printGGUFMetadata prints the KV table; long arrays show their length and
+// writeGGUFMetadata prints the KV table; long arrays show their length and
 // first elements.
 func (rep *Report) writeGGUFMetadata(w io.Writer) error {
 	var b bytes.Buffer
@@ -144,13 +111,4 @@ func ellipsis(b bool) string {
 		return " …"
 	}
 	return ""
-}
-
-func appendUnique(s []int, v int) []int {
-	for _, x := range s {
-		if x == v {
-			return s
-		}
-	}
-	return append(s, v)
 }

@@ -13,14 +13,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
-	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/internal/progress"
 	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/verify"
 )
 
 // Row is one tensor of an inspected file, for the table, --json and
@@ -37,22 +35,6 @@ type Row struct {
 	SHA256 string  `json:"sha256,omitempty"`
 }
 
-// MTP says whether multi-token-prediction weights are present and
-// what the config promises.
-type MTP struct {
-	Present bool `json:"present"`
-	// Tensors counts Qwen-style `mtp.*` tensors (also `….mtp.…`).
-	Tensors int `json:"tensors"`
-	// NextNLayers and NextNTensors count DeepSeek-style layers with index
-	// ≥ num_hidden_layers, looked for when num_nextn_predict_layers is set.
-	NextNLayers  []int `json:"nextn_layers,omitempty"`
-	NextNTensors int   `json:"nextn_tensors"`
-	// Promised is the layer count the config declares, and PromisedBy the
-	// key it came from ("" when the config declares none).
-	Promised   int64  `json:"promised_layers"`
-	PromisedBy string `json:"promised_by,omitempty"`
-}
-
 // Summary describes a whole inspected file or checkpoint.
 type Summary struct {
 	Path          string           `json:"path"`
@@ -65,7 +47,7 @@ type Summary struct {
 	BytesPerDType map[string]int64 `json:"bytes_per_dtype"`
 	Shards        int              `json:"shards"`
 	ShardFiles    []string         `json:"shard_files"`
-	MTP           MTP              `json:"mtp"`
+	MTP           verify.Head      `json:"mtp"` // found by verify, which decides where a head is
 }
 
 // KV is one GGUF metadata pair as inspect shows it.
@@ -256,45 +238,8 @@ func safetensorsReport(path string, isDir bool, opt safetensors.DirOptions) (*Re
 		rep.Summary.Bytes += t.Size()
 		rep.Summary.BytesPerDType[string(t.DType)] += t.Size()
 	}
-	rep.Summary.MTP = mtpSummary(names, cfg)
+	rep.Summary.MTP = verify.FindHead(names, cfg)
 	return rep, sections, in.close, nil
-}
-
-var layerRE = regexp.MustCompile(`(?:^|\.)layers\.(\d+)\.`)
-
-func mtpSummary(names []string, cfg *safetensors.Config) MTP {
-	var m MTP
-	for _, key := range []string{"mtp_num_hidden_layers", "num_nextn_predict_layers"} {
-		if n, ok := cfg.Int(key); ok && m.PromisedBy == "" {
-			m.Promised, m.PromisedBy = n, key
-		}
-	}
-	for _, n := range names {
-		if strings.HasPrefix(n, "mtp.") || strings.Contains(n, ".mtp.") {
-			m.Tensors++
-		}
-	}
-	if _, ok := cfg.Int("num_nextn_predict_layers"); ok {
-		if hidden, ok := cfg.Int("num_hidden_layers"); ok {
-			layers := map[int]bool{}
-			for _, n := range names {
-				mm := layerRE.FindStringSubmatch(n)
-				if mm == nil || strings.HasPrefix(n, "mtp.") {
-					continue
-				}
-				if i, err := strconv.Atoi(mm[1]); err == nil && int64(i) >= hidden {
-					m.NextNTensors++
-					layers[i] = true
-				}
-			}
-			for i := range layers {
-				m.NextNLayers = append(m.NextNLayers, i)
-			}
-			sort.Ints(m.NextNLayers)
-		}
-	}
-	m.Present = m.Tensors > 0 || m.NextNTensors > 0
-	return m
 }
 
 // rowHashError names the shard, tensor and absolute offset of a failed

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/ferry-llm/ferry/verify"
 )
 
 // WriteText prints the report as inspect shows it: the summary, the
@@ -66,7 +68,7 @@ func (rep *Report) writeTables(w io.Writer) error {
 	return err
 }
 
-func describeMTP(m MTP) string {
+func describeMTP(m verify.Head) string {
 	var parts []string
 	if m.Present {
 		parts = append(parts, "present:")

@@ -231,12 +231,7 @@ func (a *ckAnalysis) run() error {
 	if rep.Arch == "" {
 		rep.Arch = cfg.ModelType
 	}
-	for _, p := range trunkPrefixes {
-		if len(w.layerIndices(p+"layers.")) > 0 {
-			a.trunkPrefix = p
-			break
-		}
-	}
+	a.trunkPrefix = trunkPrefixOf(w)
 	if a.trunkPrefix == "" && len(w.layerIndices("layers.")) == 0 {
 		return badf(rep.Path, ErrNotModel, "no decoder layers (model.layers.N.*) in the weight index")
 	}
