@@ -411,11 +411,12 @@ func Parse(r io.ReaderAt, size int64, path string) (*File, error) {
 				return nil, err
 			}
 			if d > math.MaxInt64 {
-				return nil, h.errAt(h.pos-8, "", name, ErrDims, "ne[%d] = %d", j, d)
+				return nil, h.errAt(h.pos-8, "", name, ErrDims, "ne[%d] = %d is out of range (at most %d)", j, d, int64(math.MaxInt64))
 			}
 			hi, lo := bits.Mul64(elems, d)
 			if hi != 0 || lo > math.MaxInt64 {
-				return nil, h.errAt(dimsAt, "", name, ErrDims, "element count of %v overflows", t.Dims[:j+1])
+				// The raw values read so far, this one included.
+				return nil, h.errAt(dimsAt, "", name, ErrDims, "ne[%d] = %d is out of range: dimensions %v have more than %d elements", j, d, append(t.Dims[:j:j], d), int64(math.MaxInt64))
 			}
 			elems = lo
 			t.Dims[j] = d
@@ -439,7 +440,7 @@ func Parse(r io.ReaderAt, size int64, path string) (*File, error) {
 		// bytes = elems / block * typeSize must fit in int64.
 		hi, nbytes := bits.Mul64(elems/uint64(t.Type.BlockSize()), uint64(t.Type.TypeSize()))
 		if hi != 0 || nbytes > math.MaxInt64/2 {
-			return nil, h.errAt(dimsAt, "", name, ErrDims, "byte size of %s %v overflows", t.Type, t.Dims)
+			return nil, h.errAt(dimsAt, "", name, ErrDims, "dimensions %v are out of range: their %s byte size overflows int64", t.Dims, t.Type)
 		}
 		offAt := h.pos
 		if t.Offset, err = h.u64("offset"); err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf/quant"
@@ -214,6 +215,9 @@ func TestParseBadInput(t *testing.T) {
 		{"unknown type 99", new(builder).head(1, 0).tensor("t", []uint64{4}, quant.Type(99), 0).pad(64).Bytes(), ErrUnknownType, 45},
 		{"block size", new(builder).head(1, 0).tensor("t", []uint64{16}, quant.Q8_0, 0).pad(64).Bytes(), ErrBlockSize, 33},
 		{"element overflow", new(builder).head(1, 0).tensor("t", []uint64{1 << 40, 1 << 40}, quant.F32, 0).pad(64).Bytes(), ErrDims, 33},
+		{"element overflow 2^62 x 4", new(builder).head(1, 0).tensor("t", []uint64{1 << 62, 4}, quant.F32, 0).pad(64).Bytes(), ErrDims, 33},
+		{"dimension over int64", new(builder).head(1, 0).tensor("t", []uint64{1 << 63, 1}, quant.F32, 0).pad(64).Bytes(), ErrDims, 37},
+		{"byte size overflow", new(builder).head(1, 0).tensor("t", []uint64{1 << 62}, quant.F32, 0).pad(64).Bytes(), ErrDims, 33},
 		{"name too long", new(builder).head(1, 0).tensor(string(bytes.Repeat([]byte("x"), 64)), []uint64{4}, quant.F32, 0).pad(64).Bytes(), ErrTensorName, 24},
 		{"duplicate tensor", new(builder).head(2, 0).tensor("t", []uint64{8}, quant.F32, 0).tensor("t", []uint64{8}, quant.F32, 32).pad(128).Bytes(), ErrDuplicateTensor, 57},
 		{"first offset not zero", new(builder).head(1, 0).tensor("t", []uint64{8}, quant.F32, 32).pad(128).Bytes(), ErrOffset, 49},
@@ -226,6 +230,13 @@ func TestParseBadInput(t *testing.T) {
 	wantTensor := map[string]string{
 		"n_dims 5": "t", "unknown type": "t", "first offset not zero": "t", "offset not contiguous": "b",
 		"data past EOF": "t", "truncated in the first of three tensors": "a",
+	}
+	// Text the message must hold: dimension errors print the raw values
+	// read and say which one is out of range.
+	wantText := map[string][]string{
+		"element overflow 2^62 x 4": {"ne[1] = 4 is out of range", "[4611686018427387904 4]"},
+		"dimension over int64":      {"ne[0] = 9223372036854775808 is out of range"},
+		"byte size overflow":        {"[4611686018427387904] are out of range"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -245,6 +256,11 @@ func TestParseBadInput(t *testing.T) {
 			}
 			if tt.off != -2 && ge.Offset != tt.off {
 				t.Errorf("offset %d, want %d (%v)", ge.Offset, tt.off, err)
+			}
+			for _, s := range wantText[tt.name] {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not say %q", err, s)
+				}
 			}
 			t.Log(err)
 		})

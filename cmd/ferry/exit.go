@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 )
@@ -42,6 +44,17 @@ func interrupted(ctx context.Context, err error) error {
 		return errkind.Mark(errkind.Interrupted, err)
 	}
 	return err
+}
+
+// interruptedResume words the error of a resumable command that ctx's
+// cancellation (Ctrl-C, SIGTERM) stopped, the same way for every such
+// command: "interrupted; " what is and is not written, then how to resume
+// (exit 130). It returns nil when err is not that cancellation.
+func interruptedResume(ctx context.Context, err error, what string, args ...any) error {
+	if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+		return nil
+	}
+	return errkind.Mark(errkind.Interrupted, fmt.Errorf("interrupted; %s; run the same command again to resume: %w", fmt.Sprintf(what, args...), err))
 }
 
 // exitCode maps an error to the documented exit code.

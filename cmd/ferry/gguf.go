@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -149,13 +148,12 @@ func runGGUFConvert(c *cli.Context) error {
 	bar.Close()
 	pg.Close()
 	if err != nil {
-		ferr := j.Flush()
-		if errors.Is(err, c.Context.Err()) && c.Context.Err() != nil {
-			if ferr != nil {
-				return fmt.Errorf("interrupted; %s was not written, and recording the last finished tensors in %s failed (%v): running the same command again resumes from the ones recorded before: %w", out, jpath, ferr, err)
+		if ferr := j.Flush(); ferr != nil {
+			if ierr := interruptedResume(c.Context, err, "%s was not written, and recording the last finished tensors in %s failed (%v), so a resume starts from the ones recorded before", out, jpath, ferr); ierr != nil {
+				return ierr
 			}
-			return fmt.Errorf("interrupted; %s was not written: %d of %d tensors are durable in %s, run the same command again to resume: %w",
-				out, j.Durable(), len(plan.Tensors), gguf.PartialPath(out), err)
+		} else if ierr := interruptedResume(c.Context, err, "%s was not written: %d of %d tensors are durable in %s", out, j.Durable(), len(plan.Tensors), gguf.PartialPath(out)); ierr != nil {
+			return ierr
 		}
 		return err
 	}

@@ -8,11 +8,9 @@ import (
 	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -248,33 +246,15 @@ func TestGGUFConvertSIGINT(t *testing.T) {
 	// keeps the pre-exec high-water mark of a vfork'd child).
 	want := fileDigest(t, ref)
 	out := filepath.Join(dir, "m.gguf")
-	cmd := exec.Command(os.Args[0], "gguf", "convert", "--jobs", "1", "--out", out, src)
-	cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(out + ".partial"); err == nil {
-			break
-		}
-		if _, err := os.Stat(out); err == nil {
-			t.Fatal("the conversion finished before it could be interrupted")
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
 	// Aim for a third of the write (the count resumed is logged, not
 	// asserted: it depends on the machine's speed).
-	time.Sleep(time.Duration(refRes.Seconds / 3 * float64(time.Second)))
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
+	stderr, code := sigintChild(t, func() bool { return exists(out + ".partial") }, func() bool { return exists(out) },
+		time.Duration(refRes.Seconds/3*float64(time.Second)), "gguf", "convert", "--jobs", "1", "--out", out, src)
+	if code != exitInterrupted {
+		t.Errorf("interrupted conversion exited %d, want %d: %s", code, exitInterrupted, stderr)
 	}
-	if err := cmd.Wait(); err == nil {
-		t.Fatalf("interrupted conversion exited 0: %s", stderr.String())
-	}
-	if !strings.Contains(stderr.String(), "run the same command again to resume") {
-		t.Errorf("stderr does not say how to resume:\n%s", stderr.String())
+	if !strings.Contains(stderr, "interrupted; ") || !strings.Contains(stderr, "run the same command again to resume") {
+		t.Errorf("stderr does not say how to resume:\n%s", stderr)
 	}
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatalf("%s exists after the interrupt (%v)", out, err)
@@ -295,7 +275,7 @@ func TestGGUFConvertSIGINT(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("interrupt: %s; resumed %d of %d tensors", strings.TrimSpace(stderr.String()), res.Resumed, res.Tensors)
+	t.Logf("interrupt: %s; resumed %d of %d tensors", strings.TrimSpace(stderr), res.Resumed, res.Tensors)
 	if fileDigest(t, out) != want {
 		t.Error("resumed output differs from an uninterrupted conversion")
 	}

@@ -13,9 +13,10 @@ import (
 
 func mergeCommand() *cli.Command {
 	return &cli.Command{
-		Name:      "merge",
-		Usage:     "merge a PEFT LoRA / DoRA / rsLoRA adapter into a safetensors checkpoint, shard by shard",
-		ArgsUsage: " ",
+		Name:  "merge",
+		Usage: "merge a PEFT LoRA / DoRA / rsLoRA adapter into a safetensors checkpoint, shard by shard",
+		UsageText: "ferry merge --base DIR --adapter DIR --out DIR [--dtype bf16|f16|f32] [--jobs N] [--allow-unused] [--allow-nonfinite] [--json]\n" +
+			"ferry merge --base DIR --adapter DIR --dry-run [--json]",
 		Description: "Merges exactly as PEFT's merge_and_unload (float32 arithmetic, one rounding), streaming\n" +
 			"row blocks so memory stays bounded, and copies every tensor the adapter does not touch\n" +
 			"byte for byte (mtp.* included). Shards keep the base's names; shards without adapted\n" +
@@ -98,6 +99,9 @@ func runMerge(c *cli.Context) error {
 	bar.Close()
 	pg.Close()
 	if err != nil {
+		if ierr := interruptedResume(c.Context, err, "%s is not complete (no index yet); the shards finished so far are kept and verified on resume", c.String("out")); ierr != nil {
+			return ierr
+		}
 		return err
 	}
 	elapsed := time.Since(start)

@@ -9,7 +9,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -270,5 +272,75 @@ func TestMergeCLIAllowUnused(t *testing.T) {
 	}
 	if res.Modules != 4 || len(res.Unused) != 4 {
 		t.Errorf("--json says %d modules and %d unused tensors, want 4 and 4", res.Modules, len(res.Unused))
+	}
+}
+
+// `ferry merge --help` shows the flags a merge needs in USAGE.
+func TestMergeHelpUsage(t *testing.T) {
+	s, code := ferryMerge(t, "--help")
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s", code, s)
+	}
+	usage, _, _ := strings.Cut(s[strings.Index(s, "USAGE:"):], "DESCRIPTION:")
+	for _, want := range []string{"--base DIR", "--adapter DIR", "--out DIR", "--dry-run"} {
+		if !strings.Contains(usage, want) {
+			t.Errorf("USAGE lacks %s:\n%s", want, usage)
+		}
+	}
+}
+
+// A real Ctrl-C: SIGINT to `ferry merge` mid-merge says it was interrupted
+// and how to resume (exit 130, not "context canceled", exit 1), leaves no
+// index, and the same command then ends with the files of an uninterrupted
+// merge.
+func TestMergeSIGINT(t *testing.T) {
+	dir := t.TempDir()
+	base, adapter := filepath.Join(dir, "base"), filepath.Join(dir, "adapter")
+	// ~150 MB, every linear adapted: long enough (one worker) that the
+	// signal lands mid-merge.
+	if _, err := (testmodel.Qwen3Options{Common: testmodel.Common{
+		HiddenSize: 1024, IntermediateSize: 4096, NumLayers: 4, NumHeads: 8, NumKVHeads: 4, HeadDim: 128,
+		VocabSize: 4096, MaxShardSize: 32 << 20, RepeatBlock: 1 << 12,
+	}}).Write(base); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (testmodel.AdapterOptions{AllLinear: true, DoRA: true}).WriteForDir(adapter, base); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		Files   []struct{ Name, SHA256 string }
+		Seconds float64
+	}
+	mergeJSON := func(out string) result {
+		t.Helper()
+		r := execFerry(t, nil, "merge", "--json", "--jobs", "1", "--base", base, "--adapter", adapter, "--out", out)
+		if r.code != 0 {
+			t.Fatalf("exit %d: %s", r.code, r.stderr)
+		}
+		var res result
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	ref := mergeJSON(filepath.Join(dir, "ref"))
+	out := filepath.Join(dir, "merged")
+	index := filepath.Join(out, safetensors.IndexName)
+	stderr, code := sigintChild(t, func() bool { return exists(filepath.Join(out, "config.json")) }, func() bool { return exists(index) },
+		time.Duration(ref.Seconds/3*float64(time.Second)), "merge", "--jobs", "1", "--base", base, "--adapter", adapter, "--out", out)
+	if code != exitInterrupted {
+		t.Errorf("interrupted merge exited %d, want %d: %s", code, exitInterrupted, stderr)
+	}
+	if !strings.Contains(stderr, "interrupted; ") || !strings.Contains(stderr, "run the same command again to resume") {
+		t.Errorf("stderr does not say how to resume:\n%s", stderr)
+	}
+	got := mergeJSON(out)
+	if len(got.Files) != len(ref.Files) {
+		t.Fatalf("resumed merge wrote %d files, want %d", len(got.Files), len(ref.Files))
+	}
+	for i := range ref.Files {
+		if got.Files[i] != ref.Files[i] {
+			t.Errorf("resumed %s differs from an uninterrupted merge", got.Files[i].Name)
+		}
 	}
 }
