@@ -59,18 +59,21 @@ func ggufConvertCommand() *cli.Command {
 
 // ggufConvertResult is what convert prints.
 type ggufConvertResult struct {
-	Out          string   `json:"out"`
-	Architecture string   `json:"architecture"`
-	HFArch       string   `json:"hf_architecture"`
-	OutType      string   `json:"outtype"`
-	Tensors      int      `json:"tensors"`
-	Bytes        int64    `json:"bytes"`
-	InputBytes   int64    `json:"input_bytes"`
-	MTPLayers    int      `json:"nextn_predict_layers"`
-	Resumed      int      `json:"resumed_tensors,omitempty"`
-	Seconds      float64  `json:"seconds,omitempty"`
-	DryRun       bool     `json:"dry_run,omitempty"`
-	Plan         []string `json:"plan,omitempty"`
+	Out          string `json:"out"`
+	Architecture string `json:"architecture"`
+	HFArch       string `json:"hf_architecture"`
+	OutType      string `json:"outtype"`
+	Tensors      int    `json:"tensors"`
+	Bytes        int64  `json:"bytes"`
+	InputBytes   int64  `json:"input_bytes"`
+	MTPLayers    int    `json:"nextn_predict_layers"`
+	Resumed      int    `json:"resumed_tensors,omitempty"`
+	// NonFinite lists the tensors holding NaN or ±Inf in the checkpoint
+	// (converted as they are), with their counts.
+	NonFinite []nonFiniteCount `json:"nonfinite,omitempty"`
+	Seconds   float64          `json:"seconds,omitempty"`
+	DryRun    bool             `json:"dry_run,omitempty"`
+	Plan      []string         `json:"plan,omitempty"`
 }
 
 func runGGUFConvert(c *cli.Context) error {
@@ -126,6 +129,7 @@ func runGGUFConvert(c *cli.Context) error {
 	defer release()
 
 	start := time.Now()
+	var nf nonFiniteCounts
 	jpath := out + ".journal"
 	j, err := convert.OpenJournal(jpath, out, convert.Stamp(ck, plan))
 	if err != nil {
@@ -144,6 +148,7 @@ func runGGUFConvert(c *cli.Context) error {
 			return false
 		},
 		TensorDone: j.Done,
+		NonFinite:  nf.add,
 	})
 	bar.Close()
 	pg.Close()
@@ -162,6 +167,8 @@ func runGGUFConvert(c *cli.Context) error {
 		return err
 	}
 	res.Seconds = time.Since(start).Seconds()
+	res.NonFinite = nf.sorted()
+	nf.warn(c.App.ErrWriter, "gguf convert", "in the checkpoint; converted as they are")
 	return printConvert(c, res)
 }
 

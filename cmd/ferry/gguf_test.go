@@ -297,3 +297,77 @@ func fileDigest(t *testing.T, p string) [sha256.Size]byte {
 	h.Sum(d[:0])
 	return d
 }
+
+// pokeBF16 overwrites elements of a BF16 tensor of the checkpoint in dir
+// with the given bit patterns.
+func pokeBF16(t *testing.T, dir, name string, vals map[int64]uint16) {
+	t.Helper()
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc, ok := ck.Lookup(name)
+	ck.Close()
+	if !ok || loc.Info.DType != "BF16" {
+		t.Fatalf("%s: no BF16 tensor %s", dir, name)
+	}
+	f, err := os.OpenFile(loc.Shard.Path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for i, v := range vals {
+		if _, err := f.WriteAt([]byte{byte(v), byte(v >> 8)}, loc.Shard.DataOffset()+loc.Info.Begin+2*i); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// NaN and Inf already in the checkpoint are converted as they are, with
+// one warning line per tensor and the counts in --json: through the
+// vector bf16 → f16 kernel (attn/ffn weights), a plain copy (bf16) and the
+// float32 path (a norm, which gets +1).
+func TestGGUFConvertNonFinite(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "base")
+	copyDir(t, bundledBase, src)
+	pokeBF16(t, src, "model.layers.0.mlp.down_proj.weight", map[int64]uint16{5: 0x7fc0, 300: 0xff80, 7000: 0x7f80})
+	pokeBF16(t, src, "model.layers.0.input_layernorm.weight", map[int64]uint16{3: 0xffc1})
+	for _, tc := range []struct{ outtype, down string }{{"f16", "blk.0.ffn_down.weight"}, {"bf16", "blk.0.ffn_down.weight"}, {"f32", ""}} {
+		out := filepath.Join(t.TempDir(), "m.gguf")
+		r := execFerry(t, nil, "gguf", "convert", "--json", "--outtype", tc.outtype, "--out", out, src)
+		if r.code != 0 {
+			t.Fatalf("%s: exit %d: %s", tc.outtype, r.code, r.stderr)
+		}
+		var res ggufConvertResult
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+			t.Fatal(err)
+		}
+		want := []nonFiniteCount{{"blk.0.attn_norm.weight", 1}, {"blk.0.ffn_down.weight", 3}}
+		if len(res.NonFinite) != len(want) || res.NonFinite[0] != want[0] || res.NonFinite[1] != want[1] {
+			t.Errorf("%s: nonfinite %+v, want %+v", tc.outtype, res.NonFinite, want)
+		}
+		for _, w := range []string{"tensor blk.0.ffn_down.weight: 3 NaN/Inf values", "tensor blk.0.attn_norm.weight: 1 NaN/Inf values"} {
+			if strings.Count(r.stderr, w) != 1 {
+				t.Errorf("%s: stderr does not say %q once:\n%s", tc.outtype, w, r.stderr)
+			}
+		}
+		if tc.down == "" {
+			continue
+		}
+		f, err := gguf.Open(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ti, _ := f.Tensor(tc.down)
+		raw := make([]byte, ti.Size())
+		if _, err := f.Section(ti).ReadAt(raw, 0); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		// Element 5 of the source is element 5 of the GGUF (same layout).
+		got := uint16(raw[10]) | uint16(raw[11])<<8
+		if tc.outtype == "f16" && got != 0x7e00 || tc.outtype == "bf16" && got != 0x7fc0 {
+			t.Errorf("%s: NaN converted to %#04x", tc.outtype, got)
+		}
+	}
+}

@@ -32,33 +32,45 @@ var littleEndian = func() bool {
 }()
 
 // bf16ToF16 converts little-endian bfloat16 src into little-endian half dst
-// (len(dst) ≥ len(src), both even). dst may be src itself (in place).
-func bf16ToF16(dst, src []byte) {
+// (len(dst) ≥ len(src), both even) and returns how many source values were
+// NaN or ±Inf (counted while converting: the vector kernel does it in two
+// instructions per 16 values). dst may be src itself (in place).
+func bf16ToF16(dst, src []byte) int64 {
 	t := bf16ToF16Table()
 	n := len(src) / 2
 	if littleEndian && n > 0 && uintptr(unsafe.Pointer(&src[0]))%2 == 0 && uintptr(unsafe.Pointer(&dst[0]))%2 == 0 {
 		s := unsafe.Slice((*uint16)(unsafe.Pointer(&src[0])), n)
 		d := unsafe.Slice((*uint16)(unsafe.Pointer(&dst[0])), n)
-		k := bf16ToF16Fast(d, s)
+		k, nonFinite := bf16ToF16Fast(d, s)
 		for i, x := range s[k:] {
+			if x&0x7f80 == 0x7f80 {
+				nonFinite++
+			}
 			d[k+i] = t[x]
 		}
-		return
+		return nonFinite
 	}
 	dst = dst[:len(src)]
+	var nonFinite int64
 	for i := 0; i+1 < len(src); i += 2 {
-		h := t[binary.LittleEndian.Uint16(src[i:])]
+		x := binary.LittleEndian.Uint16(src[i:])
+		if x&0x7f80 == 0x7f80 {
+			nonFinite++
+		}
+		h := t[x]
 		dst[i] = byte(h)
 		dst[i+1] = byte(h >> 8)
 	}
+	return nonFinite
 }
 
 // directKernel reports whether tensor bytes can go from source to output
 // without the float32 stage (no element op, and a conversion that keeps
 // the element width: a copy or the bfloat16 → half kernel), and the
-// function doing it (nil: a plain copy). Row gathers and column
+// function doing it (nil: a plain copy), which returns the count of source
+// values that are NaN or ±Inf. Row gathers and column
 // permutations move whole elements and commute with the conversion.
-func directKernel(t *TensorPlan) (ok bool, conv func(dst, src []byte)) {
+func directKernel(t *TensorPlan) (ok bool, conv func(dst, src []byte) int64) {
 	v := t.vt
 	if len(v.ops) > 0 || len(v.srcs) == 0 {
 		return false, nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/ferry-llm/ferry/tensor"
@@ -41,13 +42,33 @@ func TestBF16ToF16Kernel(t *testing.T) {
 				s = append(make([]byte, 1, 2*tc.n+1), s...)[1:]
 			}
 			got := make([]byte, 2*tc.n)
-			bf16ToF16(got, s)
+			nonFinite := bf16ToF16(got, s)
+			var wantNonFinite int64
 			for i := 0; i < tc.n; i++ {
 				if g := binary.LittleEndian.Uint16(got[2*i:]); g != want[i] {
 					t.Fatalf("bf16 %#04x → %#04x, float32 path %#04x", i, g, want[i])
 				}
+				if f := tensor.BF16ToFloat32(uint16(i)); math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+					wantNonFinite++
+				}
+			}
+			if nonFinite != wantNonFinite {
+				t.Errorf("counted %d NaN/Inf sources, want %d", nonFinite, wantNonFinite)
 			}
 		})
+	}
+}
+
+// The count stays exact past one kernel call's lane capacity (65535 per
+// lane): a buffer of NaN and Inf only, longer than kernelMax.
+func TestBF16ToF16CountsLongRuns(t *testing.T) {
+	n := 16*65536 + 21
+	src := make([]byte, 2*n)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint16(src[2*i:], []uint16{0x7fc0, 0xff80, 0x7f80, 0xffff}[i%4])
+	}
+	if got := bf16ToF16(src, src); got != int64(n) {
+		t.Errorf("counted %d NaN/Inf of %d", got, n)
 	}
 }
 

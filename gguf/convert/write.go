@@ -47,6 +47,12 @@ type WriteOptions struct {
 	// concurrent use), after tensor i's bytes are written (not yet fsynced;
 	// the file is fsynced before it is renamed into place).
 	TensorDone func(i int, name string)
+	// NonFinite, when set, is told of checkpoint values that are NaN or
+	// ±Inf: n of them in the part of tensor i just converted. They are
+	// converted faithfully (NaN stays NaN, Inf stays Inf), as the reference
+	// converter does; the caller decides how to warn. Called from worker
+	// goroutines; tensors a resume skips are not scanned.
+	NonFinite func(i int, name string, n int64)
 }
 
 type unit struct {
@@ -129,9 +135,12 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 				if err := gctx.Err(); err != nil {
 					return err
 				}
-				off, consumed, err := convertUnit(p, u, &b)
+				off, consumed, nonFinite, err := convertUnit(p, u, &b)
 				if err != nil {
 					return err
+				}
+				if nonFinite > 0 && wo.NonFinite != nil {
+					wo.NonFinite(u.t, p.Tensors[u.t].Name, nonFinite)
 				}
 				if err := w.WriteAt(u.t, b.out, off); err != nil {
 					return err
@@ -269,9 +278,9 @@ func grow[T any](s []T, n int64) []T {
 }
 
 // convertUnit reads and converts unit u into b.out and returns the byte
-// offset within the tensor where b.out belongs and the checkpoint bytes
-// it consumed.
-func convertUnit(p *Plan, u unit, b *buffers) (int64, int64, error) {
+// offset within the tensor where b.out belongs, the checkpoint bytes it
+// consumed, and how many of the values read were NaN or ±Inf.
+func convertUnit(p *Plan, u unit, b *buffers) (off, consumed, nonFinite int64, err error) {
 	t := &p.Tensors[u.t]
 	v := t.vt
 	C := v.cols()
@@ -282,14 +291,13 @@ func convertUnit(p *Plan, u unit, b *buffers) (int64, int64, error) {
 	// conversion: convert the source rows, then gather their columns.
 	permuted := direct && v.col != nil
 	if permuted {
-		if err := colPerm(t, b); err != nil {
-			return 0, 0, err
+		if err = colPerm(t, b); err != nil {
+			return 0, 0, 0, err
 		}
 	}
 	if !direct {
 		b.f32 = grow(b.f32, (u.r1-u.r0)*C)
 	}
-	var consumed int64
 	// Output rows [i, j) come from consecutive rows of one source: one read.
 	for i := u.r0; i < u.r1; {
 		s, r := v.row(i)
@@ -305,11 +313,11 @@ func convertUnit(p *Plan, u unit, b *buffers) (int64, int64, error) {
 		es := int64(src.DType.Bits() / 8)
 		srcElems := src.Loc.Info.Size() / es
 		if srcElems%C != 0 || r < 0 || (r+(j-i))*C > srcElems {
-			return 0, 0, fmt.Errorf("%s: tensor %q: internal plan error: rows %d..%d of %d columns outside %d elements", src.Loc.Shard.Path, src.HFName, r, r+(j-i), C, srcElems)
+			return 0, 0, 0, fmt.Errorf("%s: tensor %q: internal plan error: rows %d..%d of %d columns outside %d elements", src.Loc.Shard.Path, src.HFName, r, r+(j-i), C, srcElems)
 		}
 		nb := (j - i) * C * es
 		if direct && int64(rowBytes) != C*es {
-			return 0, 0, fmt.Errorf("tensor %q: internal plan error: direct conversion from %d-byte to %d-byte rows", t.Name, C*es, rowBytes)
+			return 0, 0, 0, fmt.Errorf("tensor %q: internal plan error: direct conversion from %d-byte to %d-byte rows", t.Name, C*es, rowBytes)
 		}
 		off := src.Loc.Shard.DataOffset() + src.Loc.Info.Begin + r*C*es
 		// Direct conversions keep the element width (rowBytes == C·es).
@@ -322,20 +330,24 @@ func convertUnit(p *Plan, u unit, b *buffers) (int64, int64, error) {
 			in = b.raw
 		}
 		if _, err := src.Loc.Shard.ReaderAt().ReadAt(in, off); err != nil {
-			return 0, 0, fmt.Errorf("%s: tensor %q at offset %d: %w", src.Loc.Shard.Path, src.HFName, off, err)
+			return 0, 0, 0, fmt.Errorf("%s: tensor %q at offset %d: %w", src.Loc.Shard.Path, src.HFName, off, err)
 		}
 		switch {
 		case direct && permuted:
 			gatherCols(dst, in, b.perm, int(es))
 			if kernel != nil {
-				kernel(dst, dst)
+				nonFinite += kernel(dst, dst)
+			} else {
+				nonFinite += countNonFinite(src.DType, dst)
 			}
 		case direct && kernel != nil:
-			kernel(dst, dst)
+			nonFinite += kernel(dst, dst) // counts while converting
 		case direct: // a plain copy: the bytes are in place
+			nonFinite += countNonFinite(src.DType, in)
 		default:
+			nonFinite += countNonFinite(src.DType, in)
 			if err := tensor.ToF32(src.DType, b.f32[(i-u.r0)*C:(j-u.r0)*C], in); err != nil {
-				return 0, 0, fmt.Errorf("%s: tensor %q: %w", src.Loc.Shard.Path, src.HFName, err)
+				return 0, 0, 0, fmt.Errorf("%s: tensor %q: %w", src.Loc.Shard.Path, src.HFName, err)
 			}
 		}
 		consumed += nb
@@ -343,11 +355,17 @@ func convertUnit(p *Plan, u unit, b *buffers) (int64, int64, error) {
 	}
 	if !direct {
 		if err := transformEncode(t, b, u); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 	}
-	off, _ := unitSpan(p, u)
-	return off, consumed, nil
+	off, _ = unitSpan(p, u)
+	return off, consumed, nonFinite, nil
+}
+
+// countNonFinite is how many of the dtype-d values in raw are NaN or ±Inf.
+func countNonFinite(d tensor.DType, raw []byte) int64 {
+	n, _ := tensor.NonFinite(d, raw)
+	return n
 }
 
 // unitSpan is the byte range [off, off+n) of unit u within its tensor.
