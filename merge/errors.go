@@ -23,6 +23,7 @@ var (
 	ErrOutputExists     = errors.New("output directory is in use")
 	ErrJournal          = errors.New("output directory holds a different merge")
 	ErrDigest           = errors.New("digest mismatch")
+	ErrNonFinite        = errors.New("the adapter brings NaN or Inf into the merge")
 )
 
 // InputError is a bad-input error (exit code 2): the file, and the tensor

@@ -35,6 +35,14 @@ type ExecOptions struct {
 	// DefaultBlockElems). Blocks are whole rows; the block size depends only
 	// on this and the tensor's width, never on Jobs.
 	BlockElems int
+	// AllowNonFinite writes merged tensors even where the adapter makes a
+	// value NaN or ±Inf (see finite.go); by default that is refused.
+	AllowNonFinite bool
+	// NonFinite, if set, is called once per merged tensor whose base holds
+	// NaN or ±Inf (carried through the merge as they are), with their count
+	// (module: index into Plan.Modules). Shards kept from an earlier run are
+	// not scanned.
+	NonFinite func(module int, tensor string, n int64)
 }
 
 // DefaultBlockElems makes a row block about 1 MiB of float32.
@@ -69,6 +77,11 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	}
 	if opt.BlockElems <= 0 {
 		opt.BlockElems = DefaultBlockElems
+	}
+	if !opt.AllowNonFinite {
+		if err := checkAdapterFinite(p); err != nil {
+			return nil, err
+		}
 	}
 	if err := checkOutDir(p, outDir); err != nil {
 		return nil, err
@@ -533,6 +546,8 @@ type block struct {
 	w, d     []float32 // base rows, delta rows (then V)
 	colSq    []float64 // first pass: column sums of squares
 	out      []byte
+	// nonFinite counts NaN/Inf of the base carried into out.
+	nonFinite int64
 }
 
 func (mm *modMath) blockRows(target int) int {
@@ -587,6 +602,9 @@ func roundTo(d tensor.DType, f float32) float32 {
 func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors.Shard, info safetensors.TensorInfo, t TensorOp) error {
 	m := e.p.Modules[t.Module]
 	where := func(err error) error {
+		if _, ok := errors.AsType[*InputError](err); ok {
+			return err // names the file, tensor and offset itself
+		}
 		return fmt.Errorf("%s: tensor %q (module %s): %w", sh.Path, info.Name, m.Name, err)
 	}
 	mm, err := e.prepare(m, info.DType, t.DType)
@@ -642,7 +660,7 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 		}
 	}
 
-	err = ordered(ctx, nBlocks, e.opt.Jobs, func(i int) (*block, error) {
+	work := func(i int) (*block, error) {
 		b := get()
 		b.start, b.n = span(i)
 		if err := mm.computeV(b, sec, inSize); err != nil {
@@ -674,10 +692,20 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 		}
 		b.out = b.raw[:len(v)*outSize]
 		return b, tensor.FromF32(t.DType, b.out, v)
+	}
+	var nonFinite int64
+	err = ordered(ctx, nBlocks, e.opt.Jobs, func(i int) (*block, error) {
+		b, err := work(i)
+		if err != nil {
+			return b, err
+		}
+		b.nonFinite, err = checkMerged(t.DType, b.out, b.w[:b.n*mm.cols], int64(b.start*mm.cols), sh, info, m.Name, e.opt.AllowNonFinite)
+		return b, err
 	}, func(b *block) error {
 		if _, err := w.Write(b.out); err != nil {
 			return err
 		}
+		nonFinite += b.nonFinite
 		e.advance(int64(b.n * mm.cols * inSize))
 		e.putBlock(b)
 		return nil
@@ -685,7 +713,14 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 	if err != nil {
 		return where(err)
 	}
+	e.reportNonFinite(t.Module, info.Name, nonFinite)
 	return nil
+}
+
+func (e *executor) reportNonFinite(module int, tensor string, n int64) {
+	if n > 0 && e.opt.NonFinite != nil {
+		e.opt.NonFinite(module, tensor, n)
+	}
 }
 
 // ordered runs work(i) for i in [0, n) on up to jobs goroutines and hands
@@ -764,6 +799,16 @@ func (e *executor) biasTensor(w io.Writer, sh *safetensors.Shard, info safetenso
 	if err := tensor.FromF32(t.DType, out, b); err != nil {
 		return err
 	}
+	// b now holds the merged values; the check wants the base's.
+	base := make([]float32, len(b))
+	if err := tensor.ToF32(info.DType, base, raw); err != nil {
+		return err
+	}
+	nonFinite, err := checkMerged(t.DType, out, base, 0, sh, info, m.Name, e.opt.AllowNonFinite)
+	if err != nil {
+		return err
+	}
+	e.reportNonFinite(t.Module, info.Name, nonFinite)
 	_, err = w.Write(out)
 	e.advance(info.Size())
 	return err

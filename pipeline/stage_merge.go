@@ -13,10 +13,12 @@ import (
 // mergeStage merges a PEFT LoRA/DoRA/rsLoRA adapter into a base checkpoint
 // with the merge package (PEFT merge_and_unload semantics, streaming).
 //
-//	merge: { base: base, adapter: adapter, dtype: bf16, allow_unused: false }
+//	merge: { base: base, adapter: adapter, dtype: bf16, allow_unused: false, allow_nonfinite: false }
 //
 // base and adapter name earlier stages (usually imports); dtype (bf16, f16,
-// f32) is the merged tensors' dtype, default each base tensor's own. The
+// f32) is the merged tensors' dtype, default each base tensor's own;
+// allow_nonfinite merges even where the adapter brings NaN or Inf (enters
+// the stage key only when set, so keys of existing pipelines stay). The
 // merge writes into the stage's work dir inside the store (merge resumes
 // there after a kill, from its own shard journal), and every file is then
 // adopted into the blobs by hard link under the digest merge computed while
@@ -26,6 +28,9 @@ type mergeStage struct {
 	Adapter     string `json:"adapter"`
 	DType       string `json:"dtype,omitempty"`
 	AllowUnused bool   `json:"allow_unused,omitempty"`
+	// omitempty: absent when false, so stage keys made before the option
+	// existed do not change.
+	AllowNonFinite bool `json:"allow_nonfinite,omitempty"`
 }
 
 var _ Stage = (*mergeStage)(nil)
@@ -49,6 +54,9 @@ func newMerge(p *Params) (Stage, error) {
 	}
 	s.DType = strings.ToLower(string(d)) // bf16, f16, f32 or "", as keys have always had it
 	if s.AllowUnused, err = p.Bool("allow_unused", false); err != nil {
+		return nil, err
+	}
+	if s.AllowNonFinite, err = p.Bool("allow_nonfinite", false); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -79,7 +87,8 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	env.Progress.SetTotal(plan.TotalBytes)
 	var last int64
 	res, err := merge.Execute(ctx, plan, work, merge.ExecOptions{
-		Jobs: env.Jobs,
+		Jobs:           env.Jobs,
+		AllowNonFinite: s.AllowNonFinite,
 		Progress: func(done, total int64) {
 			env.Progress.Add(done - last)
 			last = done

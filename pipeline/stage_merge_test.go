@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"testing"
 
@@ -64,4 +65,27 @@ stages:
 		t.Fatal(err)
 	}
 	wantActions(t, "second run", rep, map[string]string{"base": "skip", "adapter": "skip", "merged": "skip"})
+}
+
+// allow_nonfinite reaches the merge and enters the stage key only when set:
+// the key parameters of a merge stage without it are what they were before
+// the option existed.
+func TestMergeStageAllowNonFiniteParam(t *testing.T) {
+	for _, tc := range []struct{ yaml, params string }{
+		{"merge: { base: base, adapter: adapter }", `{"base":"base","adapter":"adapter"}`},
+		{"merge: { base: base, adapter: adapter, allow_nonfinite: false }", `{"base":"base","adapter":"adapter"}`},
+		{"merge: { base: base, adapter: adapter, dtype: f16, allow_nonfinite: true }", `{"base":"base","adapter":"adapter","dtype":"f16","allow_nonfinite":true}`},
+	} {
+		s, err := Parse("m.yaml", "/p", []byte("name: m\nstages:\n  - name: base\n    import: { path: b }\n  - name: adapter\n    import: { path: a }\n  - name: merged\n    "+tc.yaml+"\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := json.Marshal(s.Lookup("merged").Stage.Params())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != tc.params {
+			t.Errorf("%s: key params %s, want %s", tc.yaml, got, tc.params)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/ferry-llm/ferry/inspect"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/tensor"
 )
 
 func TestGGUFConvertCLI(t *testing.T) {
@@ -298,26 +300,49 @@ func fileDigest(t *testing.T, p string) [sha256.Size]byte {
 	return d
 }
 
-// pokeBF16 overwrites elements of a BF16 tensor of the checkpoint in dir
-// with the given bit patterns.
-func pokeBF16(t *testing.T, dir, name string, vals map[int64]uint16) {
+// pokeTensor overwrites elements of a tensor of the checkpoint directory
+// or safetensors file at path with the given values, in its dtype.
+func pokeTensor(t *testing.T, path, name string, vals map[int64]float32) {
 	t.Helper()
-	ck, err := safetensors.OpenDir(dir)
+	var file string
+	var off int64
+	var info safetensors.TensorInfo
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		ck, err := safetensors.OpenDir(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loc, ok := ck.Lookup(name)
+		ck.Close()
+		if !ok {
+			t.Fatalf("%s: no tensor %s", path, name)
+		}
+		file, off, info = loc.Shard.Path, loc.Shard.DataOffset(), loc.Info
+	} else {
+		f, err := safetensors.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ok bool
+		info, ok = f.Tensor(name)
+		f.Close()
+		if !ok {
+			t.Fatalf("%s: no tensor %s", path, name)
+		}
+		file, off = path, f.DataOffset()
+	}
+	fh, err := os.OpenFile(file, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	loc, ok := ck.Lookup(name)
-	ck.Close()
-	if !ok || loc.Info.DType != "BF16" {
-		t.Fatalf("%s: no BF16 tensor %s", dir, name)
-	}
-	f, err := os.OpenFile(loc.Shard.Path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	defer fh.Close()
+	es := int64(info.DType.Bits() / 8)
 	for i, v := range vals {
-		if _, err := f.WriteAt([]byte{byte(v), byte(v >> 8)}, loc.Shard.DataOffset()+loc.Info.Begin+2*i); err != nil {
+		b := make([]byte, es)
+		if err := tensor.FromF32(info.DType, b, []float32{v}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fh.WriteAt(b, off+info.Begin+i*es); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -330,8 +355,9 @@ func pokeBF16(t *testing.T, dir, name string, vals map[int64]uint16) {
 func TestGGUFConvertNonFinite(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "base")
 	copyDir(t, bundledBase, src)
-	pokeBF16(t, src, "model.layers.0.mlp.down_proj.weight", map[int64]uint16{5: 0x7fc0, 300: 0xff80, 7000: 0x7f80})
-	pokeBF16(t, src, "model.layers.0.input_layernorm.weight", map[int64]uint16{3: 0xffc1})
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	pokeTensor(t, src, "model.layers.0.mlp.down_proj.weight", map[int64]float32{5: nan, 300: -inf, 7000: inf})
+	pokeTensor(t, src, "model.layers.0.input_layernorm.weight", map[int64]float32{3: nan})
 	for _, tc := range []struct{ outtype, down string }{{"f16", "blk.0.ffn_down.weight"}, {"bf16", "blk.0.ffn_down.weight"}, {"f32", ""}} {
 		out := filepath.Join(t.TempDir(), "m.gguf")
 		r := execFerry(t, nil, "gguf", "convert", "--json", "--outtype", tc.outtype, "--out", out, src)

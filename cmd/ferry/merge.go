@@ -29,6 +29,7 @@ func mergeCommand() *cli.Command {
 			jobsFlag("row-block workers (output bytes do not depend on it)"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "print the plan and write nothing"},
 			&cli.BoolFlag{Name: "allow-unused", Usage: "merge even if some adapter tensors would be ignored"},
+			&cli.BoolFlag{Name: "allow-nonfinite", Usage: "merge even where the adapter brings NaN or Inf (by default refused, as PEFT's safe_merge does)"},
 			followLinksFlag(),
 			jsonFlag("print the plan or result as JSON"),
 			lockWaitFlag("the output"),
@@ -95,7 +96,9 @@ func runMerge(c *cli.Context) error {
 	var last int64
 	progress := func(done, _ int64) { bar.Add(done - last); last = done }
 	start := time.Now()
-	res, err := merge.Execute(c.Context, plan, c.String("out"), merge.ExecOptions{Jobs: jobs, Progress: progress})
+	var nf nonFiniteCounts
+	res, err := merge.Execute(c.Context, plan, c.String("out"), merge.ExecOptions{Jobs: jobs, Progress: progress,
+		AllowNonFinite: c.Bool("allow-nonfinite"), NonFinite: nf.add})
 	bar.Close()
 	pg.Close()
 	if err != nil {
@@ -105,14 +108,16 @@ func runMerge(c *cli.Context) error {
 		return err
 	}
 	elapsed := time.Since(start)
+	nf.warn(errw, "merge", "in the base; merged as they are")
 	if c.Bool("json") {
 		return printJSON(c, struct {
 			*merge.Result
-			Modules  int      `json:"modules"`
-			Unused   []string `json:"unused,omitempty"`
-			Warnings []string `json:"warnings,omitempty"`
-			Seconds  float64  `json:"seconds"`
-		}{res, len(plan.Modules), plan.Unused, plan.Warnings, elapsed.Seconds()})
+			Modules   int              `json:"modules"`
+			Unused    []string         `json:"unused,omitempty"`
+			Warnings  []string         `json:"warnings,omitempty"`
+			NonFinite []nonFiniteCount `json:"nonfinite,omitempty"`
+			Seconds   float64          `json:"seconds"`
+		}{res, len(plan.Modules), plan.Unused, plan.Warnings, nf.sorted(), elapsed.Seconds()})
 	}
 	fmt.Fprintf(stdout, "merged %d modules into %s: %d shards written, %d resumed, %d files in all (%.1f s, %.0f MB/s)\n",
 		len(plan.Modules), res.OutDir, len(res.Written), len(res.Resumed), len(res.Files), elapsed.Seconds(),

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -342,5 +343,47 @@ func TestMergeSIGINT(t *testing.T) {
 		if got.Files[i] != ref.Files[i] {
 			t.Errorf("resumed %s differs from an uninterrupted merge", got.Files[i].Name)
 		}
+	}
+}
+
+// NaN in lora_B: refused with the tensor and row, exit 2, nothing written;
+// --allow-nonfinite merges. NaN/Inf in the base: merged as they are, one
+// warning line per tensor, counts in --json.
+func TestMergeCLINonFinite(t *testing.T) {
+	dir := t.TempDir()
+	base, adapter := filepath.Join(dir, "base"), filepath.Join(dir, "adapter")
+	copyDir(t, qwen3BaseDir, base)
+	copyDir(t, qwen3RSLoRA, adapter)
+	const q = "model.layers.1.self_attn.q_proj"
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	pokeTensor(t, filepath.Join(adapter, "adapter_model.safetensors"), "base_model.model."+q+".lora_B.weight", map[int64]float32{5*4 + 2: nan})
+	out := filepath.Join(dir, "out")
+	s, code := ferryMerge(t, "--base", qwen3BaseDir, "--adapter", adapter, "--out", out)
+	if code != exitBadInput || !strings.Contains(s, q+".lora_B.weight") || !strings.Contains(s, "row 5, column 2") || !strings.Contains(s, "--allow-nonfinite") {
+		t.Fatalf("NaN in lora_B: exit %d\n%s", code, s)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("refused merge created %s (%v)", out, err)
+	}
+	if s, code := ferryMerge(t, "--base", qwen3BaseDir, "--adapter", adapter, "--out", out, "--allow-nonfinite"); code != exitOK {
+		t.Fatalf("--allow-nonfinite: exit %d\n%s", code, s)
+	}
+
+	pokeTensor(t, base, q+".weight", map[int64]float32{3: nan, 700: -inf, 701: inf})
+	s, code = ferryMerge(t, "--base", base, "--adapter", qwen3RSLoRA, "--out", filepath.Join(dir, "out2"), "--json")
+	if code != exitOK {
+		t.Fatalf("NaN in the base: exit %d\n%s", code, s)
+	}
+	if w := "merge: warning: tensor " + q + ".weight: 3 NaN/Inf values"; strings.Count(s, w) != 1 {
+		t.Errorf("want one line %q:\n%s", w, s)
+	}
+	var res struct {
+		NonFinite []nonFiniteCount `json:"nonfinite"`
+	}
+	if err := json.Unmarshal([]byte(s[strings.Index(s, "{"):]), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NonFinite) != 1 || res.NonFinite[0] != (nonFiniteCount{q + ".weight", 3}) {
+		t.Errorf("--json nonfinite %+v", res.NonFinite)
 	}
 }
