@@ -228,7 +228,7 @@ func (s *Store) HashResumable(ctx context.Context, key, ref, p string, st Stamp,
 		if err != nil {
 			return "", err
 		}
-		if err := fsutil.WriteFileAtomic(statePath, b, 0o644); err != nil {
+		if err := saveState(statePath, b); err != nil {
 			return "", err
 		}
 	}
@@ -243,6 +243,19 @@ func (s *Store) HashResumable(ctx context.Context, key, ref, p string, st Stamp,
 		return "", fmt.Errorf("%s: changed while it was being read (%d bytes, was %d)", p, fi.Size(), st.Size)
 	}
 	return NewDigest(h.Sum(nil)), nil
+}
+
+// saveState replaces the resume state at p by b: written under a temp name
+// and renamed, so a kill leaves the old state or the new one, never a torn
+// one. It is not fsynced: the state only saves work (a state lost with the
+// page cache in a crash means hashing again from an earlier offset, or from
+// byte 0), and fsyncing it after every unit would cost more than the unit.
+func saveState(p string, b []byte) error {
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
 }
 
 // IngestClone makes the file src (of stamp st) a blob by cloning it into the

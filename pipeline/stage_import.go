@@ -29,7 +29,7 @@ import (
 // re-runs); a file that is gone or changed makes the blob missing or
 // damaged until the import re-runs. copy: true copies every file into the
 // store instead (a store that stands alone, the sources free to go).
-// Either way a killed import resumes within a file, from the last 32 MiB
+// Either way a killed import resumes within a file, from the last 16 MiB
 // unit it finished.
 //
 // Entries whose names start with "." (.git, .cache, …) are not imported.
@@ -224,7 +224,7 @@ func (s *importStage) Run(ctx context.Context, env *Env) (*Result, error) {
 // importUnit is the resume unit of an import: after each one the copied
 // bytes and the hash state are durable, so a killed import continues from
 // the last unit boundary instead of byte 0.
-const importUnit = 32 << 20
+const importUnit = 16 << 20
 
 // importRef names the resume state of f's import: its stamp is part of it,
 // so a source that changed since a killed run starts over instead of
