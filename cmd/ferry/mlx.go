@@ -1,13 +1,13 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/mlxpack"
 )
 
@@ -139,7 +139,7 @@ func mlxQuantizeCommand() *cli.Command {
 		Usage:           "float checkpoint → MLX affine quantized (not built yet)",
 		SkipFlagParsing: true,
 		Action: func(*cli.Context) error {
-			return errors.New("'ferry mlx quantize' is not built yet")
+			return fmt.Errorf("'ferry mlx quantize' is %w yet", errkind.ErrNotBuilt)
 		},
 	}
 }

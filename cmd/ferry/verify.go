@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/verify"
 )
 
@@ -25,7 +26,7 @@ func verifyCommand() *cli.Command {
 			}
 			// Structural and checksum verification of a whole artifact is
 			// not built; say so rather than pass.
-			return fmt.Errorf("'ferry verify PATH' (structure and checksums) is not built yet; 'ferry verify mtp PATH...' checks the MTP head")
+			return fmt.Errorf("'ferry verify PATH' (structure and checksums) is %w yet; 'ferry verify mtp PATH...' checks the MTP head", errkind.ErrNotBuilt)
 		},
 	}
 }
