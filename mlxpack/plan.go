@@ -35,6 +35,10 @@ type Options struct {
 	// FollowExternalLinks accepts source files that are symlinks out of
 	// the source directory (see safetensors.DirOptions).
 	FollowExternalLinks bool
+	// Progress, if set, is told the bytes of each rewritten shard once it
+	// is written or found unchanged; it may be called from several
+	// goroutines at once.
+	Progress func(n int64)
 }
 
 // Mode names.

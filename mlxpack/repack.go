@@ -266,6 +266,9 @@ func writeEntries(ctx context.Context, plan *Plan, dir, final string, res *Resul
 			}
 		case EntryShard:
 			r.Bytes, r.Action, err = placeShard(ctx, path, byName[e.Name])
+			if err == nil && plan.Opts.Progress != nil {
+				plan.Opts.Progress(r.Bytes)
+			}
 		case EntryIndex:
 			r.Bytes, r.Action, err = placeBytes(path, plan.index)
 		case EntryConfig:
@@ -369,18 +372,39 @@ func placeBytes(path string, data []byte) (int64, Action, error) {
 
 // placeShard writes a rewritten shard unless path already holds exactly
 // its bytes (compared streaming, without writing).
-func placeShard(ctx context.Context, path string, s shardPlan) (int64, Action, error) {
+// encode is the shard's header, tensor specs and file size.
+func (s shardPlan) encode() ([]byte, []safetensors.TensorSpec, int64, error) {
 	specs := make([]safetensors.TensorSpec, len(s.tensors))
 	for i, t := range s.tensors {
 		specs[i] = t.spec
 	}
 	hdr, infos, err := safetensors.EncodeHeader(s.metadata, specs)
 	if err != nil {
-		return 0, "", fmt.Errorf("%s: %w", path, err)
+		return nil, nil, 0, err
 	}
 	size := int64(len(hdr))
 	if n := len(infos); n > 0 {
 		size += infos[n-1].End
+	}
+	return hdr, specs, size, nil
+}
+
+// RewriteBytes is the size of the shards the repack writes (0 when it
+// only links).
+func (p *Plan) RewriteBytes() int64 {
+	var n int64
+	for _, s := range p.shards {
+		if _, _, size, err := s.encode(); err == nil {
+			n += size
+		}
+	}
+	return n
+}
+
+func placeShard(ctx context.Context, path string, s shardPlan) (int64, Action, error) {
+	hdr, specs, size, err := s.encode()
+	if err != nil {
+		return 0, "", fmt.Errorf("%s: %w", path, err)
 	}
 	action := ActionCreated
 	if fi, err := os.Lstat(path); err == nil {

@@ -81,7 +81,12 @@ func mlxRepack(c *cli.Context) error {
 		return err
 	}
 	defer release()
+	pg := newProgress(c, false)
+	bar := pg.New("repacking", plan.RewriteBytes(), "task", "mlx repack")
+	plan.Opts.Progress = bar.Add
 	res, err := mlxpack.Repack(c.Context, plan, dst)
+	bar.Close()
+	pg.Close()
 	if err != nil {
 		return err
 	}
