@@ -121,6 +121,15 @@ func featureCases() []featureCase {
 				{module: m + "1.self_attn.q_proj", target: "model.language_model.layers.1.self_attn.q_proj.weight", r: 4, scaling: 2, dora: true}}},
 		{name: "f16-base", baseDType: tensor.F16, cfg: map[string]any{"target_modules": []string{"q_proj"}, "use_dora": true, "r": 4, "lora_alpha": 8},
 			mods: []modSpec{{module: m + "0.self_attn.q_proj", r: 4, scaling: 2, dora: true}}},
+		// PEFT decides fan_in_fan_out by the layer class: Linear layers
+		// (stored [out, in]; q_proj square, down_proj not) are merged
+		// without it whatever the config says, Conv1D layers with it.
+		{name: "fan-in-fan-out-set-on-linear", cfg: map[string]any{"target_modules": []string{"q_proj", "down_proj"}, "fan_in_fan_out": true, "r": 4, "lora_alpha": 8},
+			mods: []modSpec{{module: m + "0.self_attn.q_proj", r: 4, scaling: 2}, {module: m + "1.mlp.down_proj", r: 4, scaling: 2}}},
+		{name: "fan-in-fan-out-set-on-linear-dora", cfg: map[string]any{"target_modules": []string{"q_proj", "down_proj"}, "fan_in_fan_out": true, "use_dora": true, "r": 4, "lora_alpha": 8},
+			mods: []modSpec{{module: m + "1.self_attn.q_proj", r: 4, scaling: 2, dora: true}, {module: m + "0.mlp.down_proj", r: 4, scaling: 2, dora: true}}},
+		{name: "fan-in-fan-out-unset-on-conv1d", cfg: map[string]any{"target_modules": []string{"c_fc", "v_proj"}, "fan_in_fan_out": false, "r": 4, "lora_alpha": 8},
+			mods: []modSpec{{module: m + "0.mlp.c_fc", fifo: true, r: 4, scaling: 2}, {module: m + "1.self_attn.v_proj", r: 4, scaling: 2}}},
 	}
 }
 

@@ -314,6 +314,10 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 		}
 	}
 
+	kinds := &layerKinds{flag: cfg.FanInFanOut}
+	if p.base.Config != nil {
+		kinds.modelType = p.base.Config.ModelType
+	}
 	for _, m := range order {
 		mp := mods[m]
 		k := mp.keys
@@ -384,7 +388,7 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 		mod := Module{Name: m, Kind: kind, Target: target, Rank: r, Alpha: alpha, Scaling: scaling,
 			DoRA: cfg.UseDoRA, Rows: loc.Info.Shape[0], Cols: loc.Info.Shape[1], A: aKey, B: bKey}
 		if kind == KindLinear {
-			mod.FanInFanOut = cfg.FanInFanOut
+			mod.FanInFanOut = kinds.fanInFanOut(m, at.Shape, bt.Shape, mod.Rows, mod.Cols)
 		}
 		// Expected factor shapes. Linear: A (r,in), B (out,r), W (out,in),
 		// or (in,out) with fan_in_fan_out. Embedding: A (r,vocab),
@@ -455,6 +459,7 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 			}
 		}
 	}
+	p.Warnings = append(p.Warnings, kinds.warnings()...)
 	if firstMismatch != nil {
 		return nil, firstMismatch
 	}
@@ -699,6 +704,14 @@ func (p *Plan) digest() (string, error) {
 		fmt.Fprintf(h, "aux %s %d\n", a, st.Size())
 	}
 	fmt.Fprintf(h, "dtype %s allow %v\n", p.DType, p.Unused)
+	// A layout that overrides fan_in_fan_out depends on config.json's
+	// model_type (for square weights), which the aux sizes do not pin.
+	// Keys of plans without such modules stay as they were.
+	for _, m := range p.Modules {
+		if m.Kind == KindLinear && m.FanInFanOut != p.Config.FanInFanOut {
+			fmt.Fprintf(h, "layout %s fan_in_fan_out %v\n", m.Name, m.FanInFanOut)
+		}
+	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
