@@ -97,7 +97,7 @@ func Load(path string, opts ...LoadOption) (*Spec, error) {
 	return Parse(path, filepath.Dir(abs), b, opts...)
 }
 
-var yamlLineRE = regexp.MustCompile(`line (\d+)`)
+var yamlErrRE = regexp.MustCompile(`(?s)^(?:yaml: )?(?:line (\d+):)?(.*)$`)
 
 // Parse checks a pipeline file's content. name is used in error messages;
 // dir is the directory relative paths start from.
@@ -114,12 +114,7 @@ func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(b, &doc); err != nil {
-		msg := strings.TrimPrefix(err.Error(), "yaml: ")
-		line := 0
-		if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
-			line, _ = strconv.Atoi(m[1])
-			msg = strings.TrimSpace(strings.Replace(msg, m[0]+":", "", 1))
-		}
+		line, msg := yamlMessage(err)
 		if l := yamlErrorLine(b, msg); l > 0 {
 			line = l
 		}
@@ -400,6 +395,16 @@ func (s *Spec) Dependents(name string) map[string]bool {
 	return set
 }
 
+// yamlMessage splits a yaml.v3 error into the line its text names (0 when
+// none) and what is wrong. yaml.v3 has no error type for syntax errors: the
+// position exists only in the text ("yaml: line 3: did not find expected
+// key"), so this is the one place that reads it out of a message.
+func yamlMessage(err error) (int, string) {
+	m := yamlErrRE.FindStringSubmatch(err.Error())
+	line, _ := strconv.Atoi(m[1])
+	return line, strings.TrimSpace(m[2])
+}
+
 // yamlErrorLine finds the line a YAML syntax error is on. yaml.v3 reports
 // the line where the enclosing construct began (often lines earlier), so
 // this looks for the shortest prefix of the file, in whole lines, that fails
@@ -418,11 +423,7 @@ func yamlErrorLine(b []byte, msg string) int {
 		if err == nil {
 			continue
 		}
-		m := strings.TrimPrefix(err.Error(), "yaml: ")
-		if lm := yamlLineRE.FindStringSubmatch(m); lm != nil {
-			m = strings.TrimSpace(strings.Replace(m, lm[0]+":", "", 1))
-		}
-		if m == msg {
+		if _, m := yamlMessage(err); m == msg {
 			return i + 1
 		}
 	}
