@@ -19,7 +19,9 @@ type StageUsage struct {
 	// keeps it; the others are results of old parameters or inputs).
 	Live    bool `json:"live"`
 	Outputs int  `json:"outputs"`
-	// BlobBytes are outputs held as files in the store; InPlaceBytes are
+	// BlobBytes are outputs held as files in the store (a clone made by an
+	// import counts in full, though it shares its blocks with the imported
+	// file); InPlaceBytes are
 	// outputs read in place from files outside it (imports); MissingBytes
 	// are outputs whose blob or in-place file is gone.
 	BlobBytes    int64 `json:"blob_bytes"`

@@ -35,8 +35,9 @@ func storeCommand() *cli.Command {
 				Description: "Per record: bytes held as blobs in the store (shared: also held by another record),\n" +
 					"bytes read in place from imported files outside it, and whether a pipeline stage still\n" +
 					"points at it; then what 'store gc' and 'store gc --prune-records' would free. gc never\n" +
-					"frees an imported file read in place (it removes only the link). Reads no file data and\n" +
-					"takes no lock.",
+					"frees an imported file read in place (it removes only the link). A blob cloned from an\n" +
+					"import (reflinks) counts its full size though it shares its blocks with the file. Reads no\n" +
+					"file data and takes no lock.",
 				ArgsUsage: "STORE_DIR | PIPELINE.yaml",
 				Flags: []cli.Flag{
 					jsonFlag("print the result as JSON"),
