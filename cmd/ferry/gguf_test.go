@@ -251,7 +251,7 @@ func TestGGUFConvertSIGINT(t *testing.T) {
 	// Aim for a third of the write (the count resumed is logged, not
 	// asserted: it depends on the machine's speed).
 	stderr, code := sigintChild(t, func() bool { return exists(out + ".partial") }, func() bool { return exists(out) },
-		time.Duration(refRes.Seconds/3*float64(time.Second)), "gguf", "convert", "--jobs", "1", "--out", out, src)
+		func() { os.Remove(out) }, time.Duration(refRes.Seconds/3*float64(time.Second)), "gguf", "convert", "--jobs", "1", "--out", out, src)
 	if code != exitInterrupted {
 		t.Errorf("interrupted conversion exited %d, want %d: %s", code, exitInterrupted, stderr)
 	}

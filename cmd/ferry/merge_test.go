@@ -328,7 +328,7 @@ func TestMergeSIGINT(t *testing.T) {
 	out := filepath.Join(dir, "merged")
 	index := filepath.Join(out, safetensors.IndexName)
 	stderr, code := sigintChild(t, func() bool { return exists(filepath.Join(out, "config.json")) }, func() bool { return exists(index) },
-		time.Duration(ref.Seconds/3*float64(time.Second)), "merge", "--jobs", "1", "--base", base, "--adapter", adapter, "--out", out)
+		func() { os.RemoveAll(out) }, time.Duration(ref.Seconds/3*float64(time.Second)), "merge", "--jobs", "1", "--base", base, "--adapter", adapter, "--out", out)
 	if code != exitInterrupted {
 		t.Errorf("interrupted merge exited %d, want %d: %s", code, exitInterrupted, stderr)
 	}
