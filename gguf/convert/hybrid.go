@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/tensor"
 )
 
 // hybrid holds what the Gated-DeltaNet hybrid families share
@@ -174,7 +175,13 @@ func (h *hybrid) modify(m *model, v *vtensor, bid int) ([]*vtensor, error) {
 	name := v.Name
 	switch {
 	case strings.HasSuffix(name, ".A_log"):
-		v = v.withOp(opNegExp)
+		// prepare_tensors keeps F16 as F16 and widens every other dtype
+		// to F32 before modify_tensors, so torch's exp runs in that dtype.
+		op := opNegExp
+		if len(v.srcs) == 1 && v.srcs[0].DType == tensor.F16 {
+			op = opNegExpF16
+		}
+		v = v.withOp(op)
 	case strings.HasSuffix(name, ".dt_bias"):
 		v = v.renamed(strings.TrimSuffix(name, ".dt_bias") + ".dt_proj.bias")
 	case strings.Contains(name, "conv1d"):

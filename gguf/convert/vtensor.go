@@ -20,8 +20,9 @@ type source struct {
 type elemOp uint8
 
 const (
-	opAddOne elemOp = iota + 1 // x + 1 (Qwen3-Next / Qwen3.5 RMSNorm weights)
-	opNegExp                   // -exp(x) (A_log → ssm_a)
+	opAddOne    elemOp = iota + 1 // x + 1 (Qwen3-Next / Qwen3.5 RMSNorm weights)
+	opNegExp                      // -exp(x) in float32 (A_log → ssm_a), torch's float32 exp
+	opNegExpF16                   // -exp(x) of an F16 A_log: torch's float16 exp
 )
 
 func (o elemOp) String() string {
@@ -30,6 +31,8 @@ func (o elemOp) String() string {
 		return "+1"
 	case opNegExp:
 		return "-exp"
+	case opNegExpF16:
+		return "-exp (f16)"
 	}
 	return "?"
 }

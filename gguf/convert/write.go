@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"math"
 	"runtime"
 
 	"sync/atomic"
@@ -441,7 +440,11 @@ func transformEncode(t *TensorPlan, b *buffers, u unit) error {
 			}
 		case opNegExp:
 			for k := range f32 {
-				f32[k] = -float32(math.Exp(float64(f32[k])))
+				f32[k] = -torchExpF32(f32[k])
+			}
+		case opNegExpF16:
+			for k := range f32 {
+				f32[k] = -torchExpF16(f32[k])
 			}
 		}
 	}
