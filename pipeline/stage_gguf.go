@@ -95,6 +95,9 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	defer ck.Close()
+	for _, w := range plan.Warnings {
+		env.Log.Warn("gguf: " + w)
+	}
 	name := plan.DefaultFileName(s.MTPOnly)
 	out := filepath.Join(work, name)
 	env.Progress.SetTotal(plan.InputBytes)

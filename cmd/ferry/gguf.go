@@ -45,7 +45,7 @@ func ggufConvertCommand() *cli.Command {
 			&cli.StringFlag{Name: "outtype", Value: "f16", Usage: "f16, bf16, f32, q8_0 or auto"},
 			&cli.BoolFlag{Name: "no-mtp", Usage: "drop the MTP/NextN head (mtp.* tensors)"},
 			&cli.BoolFlag{Name: "mtp-only", Usage: "write only the MTP head plus token_embd, output_norm and output (an mtp- file)"},
-			&cli.StringFlag{Name: "pre", Usage: "tokenizer.ggml.pre `NAME` (default by model family: qwen2 for Qwen2/3 and Qwen3-Next, qwen35 for Qwen3.5/3.6, llama-bpe for Llama)"},
+			&cli.StringFlag{Name: "pre", Usage: "tokenizer.ggml.pre `NAME` (default: named from tokenizer.json's pre-tokenizer — qwen2, qwen35, llama-bpe or gpt-2 — or, with a warning, the family's: qwen2 for Qwen2/3 and Qwen3-Next, qwen35 for Qwen3.5/3.6, llama-bpe for Llama)"},
 			&cli.StringFlag{Name: "model-name", Usage: "general.name (default from the directory name)"},
 			jobsFlag("tensor workers"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the checkpoint and print the plan, write nothing"},
@@ -71,6 +71,7 @@ type ggufConvertResult struct {
 	// NonFinite lists the tensors holding NaN or ±Inf in the checkpoint
 	// (converted as they are), with their counts.
 	NonFinite []nonFiniteCount `json:"nonfinite,omitempty"`
+	Warnings  []string         `json:"warnings,omitempty"`
 	Seconds   float64          `json:"seconds,omitempty"`
 	DryRun    bool             `json:"dry_run,omitempty"`
 	Plan      []string         `json:"plan,omitempty"`
@@ -114,7 +115,11 @@ func runGGUFConvert(c *cli.Context) error {
 		}
 	}
 	res := ggufConvertResult{Out: out, Architecture: plan.Arch, HFArch: plan.HFArch, OutType: string(plan.OutType),
-		Tensors: len(plan.Tensors), Bytes: plan.Layout.Size, InputBytes: plan.InputBytes, MTPLayers: plan.MTPLayers}
+		Tensors: len(plan.Tensors), Bytes: plan.Layout.Size, InputBytes: plan.InputBytes, MTPLayers: plan.MTPLayers,
+		Warnings: plan.Warnings}
+	for _, w := range plan.Warnings {
+		fmt.Fprintf(stderr(c), "gguf convert: warning: %s\n", w)
+	}
 	if c.Bool("dry-run") {
 		res.DryRun = true
 		for _, t := range plan.Tensors {

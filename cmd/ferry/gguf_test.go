@@ -34,7 +34,7 @@ func TestGGUFConvertCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
 		t.Fatalf("%v: %s", err, r.stdout)
 	}
-	if res.Architecture != "qwen35" || res.Tensors != 71 || res.MTPLayers != 1 || res.Out != out {
+	if res.Architecture != "qwen35" || res.Tensors != 71 || res.MTPLayers != 1 || res.Out != out || len(res.Warnings) != 0 {
 		t.Errorf("result %+v", res)
 	}
 	f, err := gguf.Open(out)
@@ -395,5 +395,38 @@ func TestGGUFConvertNonFinite(t *testing.T) {
 		if tc.outtype == "f16" && got != 0x7e00 || tc.outtype == "bf16" && got != 0x7fc0 {
 			t.Errorf("%s: NaN converted to %#04x", tc.outtype, got)
 		}
+	}
+}
+
+// A tokenizer whose pre-tokenizer ferry cannot name: the family's name is
+// written and the warning goes to stderr and into --json.
+func TestGGUFConvertWarnsUnknownPre(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "m")
+	if _, err := (testmodel.Qwen35Options{}).Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	tokPath := filepath.Join(dir, "tokenizer.json")
+	b, err := os.ReadFile(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = bytes.Replace(b, []byte(`"Isolated"`), []byte(`"Removed"`), 1)
+	if err := os.WriteFile(tokPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "m.gguf")
+	r := execFerry(t, nil, "gguf", "convert", "--json", "--out", out, dir)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var res ggufConvertResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "unknown pre-tokenizer Split(Removed)") || !strings.Contains(res.Warnings[0], `family default "qwen35"`) {
+		t.Errorf("json warnings %q", res.Warnings)
+	}
+	if !strings.Contains(r.stderr, "gguf convert: warning: "+tokPath+": unknown pre-tokenizer") {
+		t.Errorf("stderr %q", r.stderr)
 	}
 }

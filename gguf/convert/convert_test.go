@@ -521,10 +521,9 @@ func checkQwen35(t *testing.T, m *testmodel.Model, f *gguf.File) {
 	if v, ok := f.KV(f.Architecture() + ".rope.dimension_sections"); !ok || v.Value.(gguf.Array).Len() != 4 {
 		t.Errorf("rope.dimension_sections %v", v)
 	}
-	if f.Architecture() == "qwen35" {
-		if s, _ := f.KV("tokenizer.ggml.pre"); s.Value != "qwen35" {
-			t.Errorf("pre %v", s.Value)
-		}
+	// testmodel's tokenizer splits with Qwen2's regex, whatever the family.
+	if s, _ := f.KV("tokenizer.ggml.pre"); s.Value != "qwen2" {
+		t.Errorf("pre %v", s.Value)
 	}
 }
 
@@ -668,7 +667,8 @@ func TestInterruptAndResume(t *testing.T) {
 	}
 	want := loadGolden(t, "qwen35-base-F16")
 	got := dumpGGUF(t, out, "")
-	compareGolden(t, got, want, intended{"tokenizer.ggml.pre": "see TestGoldenQwen35F16"}, false)
+	compareGolden(t, got, want, nil, false)
+	wantIdentical(t, got, want, "resumed: ")
 	// The digest hashed the skipped tensors from the partial file.
 	if hex.EncodeToString(sum) != got.SHA256 {
 		t.Errorf("resumed write's digest %x, file sha256 %s", sum, got.SHA256)

@@ -41,6 +41,9 @@ type Plan struct {
 	InputBytes int64
 	// MTPLayers is nextn_predict_layers as written (0 when none).
 	MTPLayers int
+	// Warnings are the choices the converter made on a guess (e.g. an
+	// unknown pre-tokenizer); the CLI prints them and --json lists them.
+	Warnings []string
 }
 
 // model is the shared converter state: hparams, inventory, and the
@@ -61,6 +64,7 @@ type model struct {
 	outType     OutType
 	inventory   []*invEntry
 	firstMatrix tensor.DType // dtype of the first ≥2-D tensor, for auto
+	warnings    []string
 }
 
 // invEntry is a checkpoint tensor after the converter's name filters.
@@ -373,6 +377,7 @@ func (m *model) plan() (*Plan, error) {
 		return nil, err
 	}
 	p.KVs = kv.list
+	p.Warnings = m.warnings
 	if n, ok := kv.get(p.Arch + ".nextn_predict_layers"); ok {
 		p.MTPLayers = int(n.Value.(uint32))
 	}

@@ -39,6 +39,7 @@ type tokenizerJSON struct {
 		Normalized bool   `json:"normalized"`
 	} `json:"added_tokens"`
 	Normalizer    map[string]any `json:"normalizer"`
+	PreTokenizer  map[string]any `json:"pre_tokenizer"`
 	PostProcessor map[string]any `json:"post_processor"`
 	Decoder       map[string]any `json:"decoder"`
 }
@@ -142,9 +143,13 @@ func (m *model) gpt2Vocab(kv *kvList, defaultPre string) error {
 		}
 		tokens[i] = tok
 	}
-	pre := defaultPre
-	if m.opts.Pre != "" {
-		pre = m.opts.Pre
+	pre := m.opts.Pre
+	if pre == "" {
+		var warn string
+		pre, warn = detectPre(&tj, defaultPre)
+		if warn != "" {
+			m.warnings = append(m.warnings, tokPath+": "+warn)
+		}
 	}
 	kv.add(gguf.Str("tokenizer.ggml.model", "gpt2"))
 	kv.add(gguf.Str("tokenizer.ggml.pre", pre))
