@@ -129,12 +129,14 @@ func waitLockHolder(t *testing.T, lock string, procs ...*ferryProc) int {
 // whose lock file is lock, and returns them once both have exited. The one
 // seen holding the lock is stopped (SIGSTOP) until the other has finished,
 // so the two meet at the lock even if one of them is scheduled late; it
-// also checks that the loser left the holder's lock alone. contended says
-// whether the holder was stopped while the lock still named it: only then
-// must the other lose. On a loaded machine one process can take, use and
-// release the lock before the poll sees it; the two then ran one after the
-// other and both rightly succeed.
-func raceOutput(t *testing.T, lock string, a, b []string) (pa, pb *ferryProc, contended bool) {
+// also checks that the loser left the holder's lock alone.
+//
+// On a loaded machine one process can take, use and release the lock
+// before the poll sees the other take it; the two then ran one after the
+// other and both rightly succeed. So a try counts as a race only when one
+// of them was refused (checkRace then checks the refusal); when both
+// succeed, checkSequential checks that the output is one writer's alone.
+func raceOutput(t *testing.T, lock string, a, b []string) (pa, pb *ferryProc) {
 	t.Helper()
 	pa, pb = startGated(t, a...), startGated(t, b...)
 	pa.cmd.Process.Signal(syscall.SIGCONT)
@@ -144,9 +146,9 @@ func raceOutput(t *testing.T, lock string, a, b []string) (pa, pb *ferryProc, co
 		holder, other := procs[i], procs[1-i]
 		holder.cmd.Process.Signal(syscall.SIGSTOP)
 		h, err := lockfile.Read(lock)
-		contended = err == nil && h != nil && h.PID == holder.cmd.Process.Pid
+		held := err == nil && h != nil && h.PID == holder.cmd.Process.Pid
 		other.wait(t)
-		if contended {
+		if held && other.code != 0 {
 			if h, err := lockfile.Read(lock); err != nil || h == nil || h.PID != holder.cmd.Process.Pid {
 				t.Errorf("after the loser: lock %+v, %v; want the holder's (pid %d)", h, err, holder.cmd.Process.Pid)
 			}
@@ -155,11 +157,12 @@ func raceOutput(t *testing.T, lock string, a, b []string) (pa, pb *ferryProc, co
 	}
 	pa.wait(t)
 	pb.wait(t)
-	return pa, pb, contended
+	return pa, pb
 }
 
-// raceTries bounds the tries a race test makes to see its 40 contended
-// races.
+// raceTries bounds the tries a race test makes to see 40 races in which
+// one writer was refused: with a lock that does not exclude, the test
+// fails here or on a mixed output.
 const raceTries = 120
 
 // checkRace: exactly one of the two won, the loser exited 1 naming the
@@ -187,15 +190,11 @@ func checkRace(t *testing.T, try int, runs ...*ferryProc) int {
 	return winner
 }
 
-// checkSequential checks a try whose writers did not meet at the lock:
-// each exited 0 or 1 (a loser still names the holder, which checkRace
-// checks when it matters), at least one wrote, and the output is exactly
-// one writer's — never a mix. The tree is dir's, or got when dir is "".
+// checkSequential checks a try in which both writers succeeded, one after
+// the other: the output is exactly one writer's — never a mix. The tree is
+// dir's, or got when dir is "".
 func checkSequential(t *testing.T, try int, dir string, want []map[string]string, a, b *ferryProc, got ...map[string]string) {
 	t.Helper()
-	if (a.code != 0 && a.code != exitFailure) || (b.code != 0 && b.code != exitFailure) || (a.code != 0 && b.code != 0) {
-		t.Fatalf("try %d (uncontended): exits %d and %d: %s\n%s", try, a.code, b.code, a.stderr.String(), b.stderr.String())
-	}
 	tree := map[string]string{}
 	if dir != "" {
 		tree = treeDigest(t, dir)
@@ -207,7 +206,7 @@ func checkSequential(t *testing.T, try int, dir string, want []map[string]string
 			return
 		}
 	}
-	t.Fatalf("try %d (uncontended): the output holds %v, want exactly one writer's", try, tree)
+	t.Fatalf("try %d (both succeeded): the output holds %v, want exactly one writer's", try, tree)
 }
 
 // lockRaceModel writes a small Qwen3 checkpoint (3.6 MB in two shards and
@@ -287,15 +286,15 @@ func TestGGUFConvertConcurrentWriters(t *testing.T) {
 	races := 0
 	for try := 0; races < 40; try++ {
 		if try == raceTries {
-			t.Fatalf("only %d of %d tries had both writers at the lock at once", races, try)
+			t.Fatalf("only %d of %d tries had a writer refused by the other's lock", races, try)
 		}
 		dir := t.TempDir()
 		out := filepath.Join(dir, "m.gguf")
 		args := func(ot string) []string {
 			return []string{"gguf", "convert", "--jobs", "1", "--outtype", ot, "-o", out, base}
 		}
-		a, b, contended := raceOutput(t, out+".lock", args(types[try%2]), args(types[1-try%2]))
-		if !contended {
+		a, b := raceOutput(t, out+".lock", args(types[try%2]), args(types[1-try%2]))
+		if a.code == 0 && b.code == 0 {
 			checkSequential(t, try, dir, want[:], a, b)
 			continue
 		}
@@ -307,7 +306,7 @@ func TestGGUFConvertConcurrentWriters(t *testing.T) {
 			t.Fatalf("try %d: the output directory holds %v, want only the %s writer's file %v", try, got, types[wt], want[wt])
 		}
 	}
-	t.Logf("40 contended races in %v; wins by outtype %v: %v", time.Since(start).Round(time.Millisecond), types, wins)
+	t.Logf("40 races with a refused writer in %v; wins by outtype %v: %v", time.Since(start).Round(time.Millisecond), types, wins)
 }
 
 // Two `ferry merge --out D` at once (different --dtype): exactly one
@@ -333,15 +332,15 @@ func TestMergeConcurrentWriters(t *testing.T) {
 	races := 0
 	for try := 0; races < 40; try++ {
 		if try == raceTries {
-			t.Fatalf("only %d of %d tries had both writers at the lock at once", races, try)
+			t.Fatalf("only %d of %d tries had a writer refused by the other's lock", races, try)
 		}
 		parent := t.TempDir()
 		out := filepath.Join(parent, "merged")
 		args := func(dt string) []string {
 			return []string{"merge", "--base", base, "--adapter", adapter, "--dtype", dt, "--jobs", "1", "--out", out}
 		}
-		a, b, contended := raceOutput(t, out+".lock", args(dtypes[try%2]), args(dtypes[1-try%2]))
-		if !contended {
+		a, b := raceOutput(t, out+".lock", args(dtypes[try%2]), args(dtypes[1-try%2]))
+		if a.code == 0 && b.code == 0 {
 			got := treeDigest(t, out)
 			delete(got, merge.JournalName)
 			checkSequential(t, try, "", want[:], a, b, got)
@@ -359,7 +358,7 @@ func TestMergeConcurrentWriters(t *testing.T) {
 			t.Fatalf("try %d: beside the output: %v, want only it", try, ents)
 		}
 	}
-	t.Logf("40 contended races in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("40 races with a refused writer in %v", time.Since(start).Round(time.Millisecond))
 }
 
 // The output lock's life: --lock-wait waits for the holder and then
