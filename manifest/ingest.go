@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -208,17 +209,7 @@ func (s *Store) Adopt(p string) (Digest, int64, error) {
 
 // HashFile hashes the file at p.
 func HashFile(p string) (Digest, int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, fmt.Errorf("%s: %w", p, err)
-	}
-	return NewDigest(h.Sum(nil)), n, nil
+	return hashFileProgress(context.Background(), p, nil)
 }
 
 // checkRelPath accepts a clean, relative, slash-separated path that stays

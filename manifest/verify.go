@@ -2,10 +2,7 @@ package manifest
 
 import (
 	"context"
-	"crypto/sha256"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashing"
 )
 
 // Problem is one thing `store verify` found wrong.
@@ -207,32 +205,11 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 }
 
 func hashFileProgress(ctx context.Context, p string, progress func(int64)) (Digest, int64, error) {
-	f, err := os.Open(p)
+	d, n, err := hashing.File(ctx, p, progress)
 	if err != nil {
 		return "", 0, err
 	}
-	defer f.Close()
-	h := sha256.New()
-	buf := make([]byte, 1<<20)
-	var n int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return "", 0, err
-		}
-		k, err := f.Read(buf)
-		h.Write(buf[:k])
-		n += int64(k)
-		if progress != nil && k > 0 {
-			progress(int64(k))
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			return "", 0, fmt.Errorf("%s: %w", p, err)
-		}
-	}
-	return NewDigest(h.Sum(nil)), n, nil
+	return NewDigest(d[:]), n, nil
 }
 
 // GCReport is the result of GC.

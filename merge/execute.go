@@ -1,13 +1,9 @@
 package merge
 
 import (
-	"bufio"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"math"
 	"os"
@@ -17,6 +13,7 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -101,7 +98,7 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	res := &Result{OutDir: outDir}
 
 	for _, a := range p.AuxFiles {
-		d, err := copyFileAtomic(filepath.Join(p.BaseDir, a), filepath.Join(outDir, a), nil)
+		d, err := copyFile(ctx, filepath.Join(p.BaseDir, a), filepath.Join(outDir, a), nil)
 		if err != nil {
 			return nil, err
 		}
@@ -118,7 +115,7 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 			sz, _ := tensor.ByteSize(t.DType, t.Shape)
 			total += sz
 		}
-		if d, ok := e.finished(sp); ok {
+		if d, ok := e.finished(ctx, sp); ok {
 			e.advance(sp.Size)
 			res.Files = append(res.Files, d)
 			res.Resumed = append(res.Resumed, sp.Name)
@@ -128,7 +125,7 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 		if sp.Rewrite {
 			d, err = e.rewriteShard(ctx, sp)
 		} else {
-			d, err = copyFileAtomic(filepath.Join(p.BaseDir, sp.Name), filepath.Join(outDir, sp.Name), e.advance)
+			d, err = copyFile(ctx, filepath.Join(p.BaseDir, sp.Name), filepath.Join(outDir, sp.Name), e.advance)
 		}
 		if err != nil {
 			return nil, err
@@ -143,7 +140,7 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 		if err := safetensors.WriteIndex(outDir, weightMap, total, p.IndexMeta); err != nil {
 			return nil, err
 		}
-		d, err := digestFile(filepath.Join(outDir, safetensors.IndexName))
+		d, err := digestFile(ctx, filepath.Join(outDir, safetensors.IndexName))
 		if err != nil {
 			return nil, err
 		}
@@ -241,148 +238,33 @@ func (e *executor) advance(n int64) {
 }
 
 // finished reports a shard an earlier run completed, re-hashing the file.
-func (e *executor) finished(sp ShardPlan) (FileDigest, bool) {
+func (e *executor) finished(ctx context.Context, sp ShardPlan) (FileDigest, bool) {
 	want, ok := e.j.Files[sp.Name]
 	if !ok {
 		return FileDigest{}, false
 	}
-	got, err := digestFile(filepath.Join(e.out, sp.Name))
+	got, err := digestFile(ctx, filepath.Join(e.out, sp.Name))
 	if err != nil || got != want {
 		return FileDigest{}, false
 	}
 	return got, true
 }
 
-// hashingFile is an atomic output file whose bytes are hashed as written.
-// The hash runs on its own goroutine, so hashing overlaps the writes.
-type hashingFile struct {
-	af *fsutil.AtomicFile
-	bw *bufio.Writer
-	ah *asyncHash
-	n  int64
-}
-
-func createHashing(path string) (*hashingFile, error) {
-	af, err := fsutil.CreateAtomic(path)
-	if err != nil {
-		return nil, err
-	}
-	ah := newAsyncHash()
-	return &hashingFile{af: af, ah: ah, bw: bufio.NewWriterSize(io.MultiWriter(af, ah), 1<<20)}, nil
-}
-
-func (f *hashingFile) Write(p []byte) (int, error) {
-	n, err := f.bw.Write(p)
-	f.n += int64(n)
-	return n, err
-}
-
-func (f *hashingFile) abort() {
-	f.ah.sum()
-	f.af.Abort()
-}
-
-func (f *hashingFile) commit(name string) (FileDigest, error) {
-	if err := f.bw.Flush(); err != nil {
-		f.abort()
-		return FileDigest{}, err
-	}
-	sum := f.ah.sum()
-	if err := f.af.Commit(); err != nil {
-		return FileDigest{}, err
-	}
-	return FileDigest{Name: name, Size: f.n, SHA256: hex.EncodeToString(sum)}, nil
-}
-
-// asyncHash feeds copies of what is written to a sha256 on another
-// goroutine (at most a few 1 MiB buffers in flight).
-type asyncHash struct {
-	h    hash.Hash
-	ch   chan []byte
-	free chan []byte
-	done chan struct{}
-	res  []byte
-}
-
-func newAsyncHash() *asyncHash {
-	a := &asyncHash{h: sha256.New(), ch: make(chan []byte, 4), free: make(chan []byte, 6), done: make(chan struct{})}
-	go func() {
-		for b := range a.ch {
-			a.h.Write(b)
-			select {
-			case a.free <- b:
-			default:
-			}
-		}
-		a.res = a.h.Sum(nil)
-		close(a.done)
-	}()
-	return a
-}
-
-func (a *asyncHash) Write(p []byte) (int, error) {
-	var b []byte
-	select {
-	case b = <-a.free:
-	default:
-	}
-	a.ch <- append(b[:0], p...)
-	return len(p), nil
-}
-
-// sum ends the stream and returns the digest; it may be called once.
-func (a *asyncHash) sum() []byte {
-	close(a.ch)
-	<-a.done
-	return a.res
-}
-
-// copyFileAtomic copies src to dst through a temp file, hashing it.
-func copyFileAtomic(src, dst string, advance func(int64)) (FileDigest, error) {
-	in, err := os.Open(src)
+// copyFile copies src to dst atomically, hashing it as it is written.
+func copyFile(ctx context.Context, src, dst string, advance func(int64)) (FileDigest, error) {
+	d, n, err := fsutil.CopyAtomic(ctx, dst, src, advance)
 	if err != nil {
 		return FileDigest{}, err
 	}
-	defer in.Close()
-	f, err := createHashing(dst)
-	if err != nil {
-		return FileDigest{}, err
-	}
-	buf := make([]byte, 1<<20)
-	for {
-		n, rerr := in.Read(buf)
-		if n > 0 {
-			if _, err := f.Write(buf[:n]); err != nil {
-				f.abort()
-				return FileDigest{}, err
-			}
-			if advance != nil {
-				advance(int64(n))
-			}
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			f.abort()
-			return FileDigest{}, rerr
-		}
-	}
-	return f.commit(filepath.Base(dst))
+	return FileDigest{Name: filepath.Base(dst), Size: n, SHA256: d.Hex()}, nil
 }
 
-func digestFile(path string) (FileDigest, error) {
-	fh, err := os.Open(path)
+func digestFile(ctx context.Context, path string) (FileDigest, error) {
+	d, n, err := hashing.File(ctx, path, nil)
 	if err != nil {
 		return FileDigest{}, err
 	}
-	defer fh.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, fh)
-	if err != nil {
-		return FileDigest{}, err
-	}
-	return FileDigest{Name: filepath.Base(path), Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+	return FileDigest{Name: filepath.Base(path), Size: n, SHA256: d.Hex()}, nil
 }
 
 // rewriteShard writes one shard holding adapted tensors: same tensors in the
@@ -399,20 +281,13 @@ func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan) (FileDigest, 
 	for i, t := range sp.Tensors {
 		specs[i] = safetensors.TensorSpec{Name: t.Name, DType: t.DType, Shape: t.Shape}
 	}
-	hdr, _, err := safetensors.EncodeHeader(sh.Metadata, specs)
-	if err != nil {
-		return FileDigest{}, fmt.Errorf("%s: %w", sp.Name, err)
-	}
-	f, err := createHashing(filepath.Join(e.out, sp.Name))
+	f, err := safetensors.Create(filepath.Join(e.out, sp.Name), sh.Metadata, specs)
 	if err != nil {
 		return FileDigest{}, err
 	}
 	fail := func(err error) (FileDigest, error) {
-		f.abort()
+		f.Abort()
 		return FileDigest{}, err
-	}
-	if _, err := f.Write(hdr); err != nil {
-		return fail(err)
 	}
 	e.advance(sh.DataOffset())
 	for _, t := range sp.Tensors {
@@ -441,7 +316,11 @@ func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan) (FileDigest, 
 			return fail(fmt.Errorf("tensor %q: unknown op %q", t.Name, t.Op))
 		}
 	}
-	return f.commit(sp.Name)
+	if err := f.Close(); err != nil {
+		return FileDigest{}, err
+	}
+	d, n := f.Sum()
+	return FileDigest{Name: sp.Name, Size: n, SHA256: d.Hex()}, nil
 }
 
 func copySection(w io.Writer, r *io.SectionReader, advance func(int64), buf []byte) error {

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -135,9 +136,10 @@ func EncodeHeader(metadata map[string]string, specs []TensorSpec) ([]byte, []Ten
 // Writer writes one safetensors file: the header first, then tensor bodies
 // streamed in declared order. The file appears under its final name only
 // when Close succeeds; Abort (or a crash) leaves nothing under that name.
-// Errors are sticky.
+// The bytes are hashed as they are written (Sum). Errors are sticky.
 type Writer struct {
 	af      *fsutil.AtomicFile
+	hw      *hashing.Writer
 	bw      *bufio.Writer
 	tensors []TensorInfo
 	cur     int   // index of the next tensor not fully written
@@ -156,7 +158,8 @@ func Create(path string, metadata map[string]string, specs []TensorSpec) (*Write
 	if err != nil {
 		return nil, err
 	}
-	w := &Writer{af: af, bw: bufio.NewWriterSize(af, 1<<20), tensors: infos, last: -1}
+	hw := hashing.NewWriter(af)
+	w := &Writer{af: af, hw: hw, bw: bufio.NewWriterSize(hw, 1<<20), tensors: infos, last: -1}
 	for i, t := range infos {
 		if t.Size() != 0 {
 			w.last = i
@@ -274,6 +277,10 @@ func (w *Writer) Close() error {
 	w.err = fmt.Errorf("%s: writer closed", w.af.Target())
 	return w.af.Commit()
 }
+
+// Sum is the sha256 and size of the file; after a successful Close, those
+// of the committed file.
+func (w *Writer) Sum() (hashing.Digest, int64) { return w.hw.Sum(), w.hw.Size() }
 
 // Abort discards the file.
 func (w *Writer) Abort() {

@@ -1,0 +1,112 @@
+package hashing
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+)
+
+// Hex is the digest in lower-case hex.
+func (d Digest) Hex() string { return hex.EncodeToString(d[:]) }
+
+// Writer passes writes through to an underlying writer and hashes exactly
+// the bytes it accepted, so the digest always names what the destination
+// holds. Its state can be saved at a unit boundary (State) and a Writer
+// resumed from it (Resume), so a restarted write continues the digest
+// without reading the bytes before the boundary again.
+type Writer struct {
+	w io.Writer
+	h hash.Hash
+	n int64
+}
+
+// NewWriter hashes what is written through it to w; w may be nil to hash
+// only.
+func NewWriter(w io.Writer) *Writer {
+	if w == nil {
+		w = io.Discard
+	}
+	return &Writer{w: w, h: sha256.New()}
+}
+
+// ErrBadState reports a saved state that does not restore.
+var ErrBadState = errors.New("hashing: bad saved state")
+
+// Resume continues a write whose State was saved: the next byte written to
+// w is byte Size() of the stream.
+func Resume(w io.Writer, state []byte) (*Writer, error) {
+	if len(state) < 8 {
+		return nil, ErrBadState
+	}
+	hw := NewWriter(w)
+	hw.n = int64(binary.LittleEndian.Uint64(state))
+	if hw.n < 0 {
+		return nil, ErrBadState
+	}
+	if err := hw.h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state[8:]); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadState, err)
+	}
+	return hw, nil
+}
+
+func (w *Writer) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	w.h.Write(p[:n])
+	w.n += int64(n)
+	return n, err
+}
+
+// Size is the number of bytes hashed.
+func (w *Writer) Size() int64 { return w.n }
+
+// Sum is the digest of everything hashed so far.
+func (w *Writer) Sum() Digest {
+	var d Digest
+	w.h.Sum(d[:0])
+	return d
+}
+
+// State is the byte count and the marshaled sha256 state (crypto/sha256
+// implements encoding.BinaryMarshaler), for Resume.
+func (w *Writer) State() []byte {
+	st, err := w.h.(encoding.BinaryMarshaler).MarshalBinary()
+	if err != nil {
+		panic(err) // crypto/sha256 always marshals
+	}
+	return append(binary.LittleEndian.AppendUint64(nil, uint64(w.n)), st...)
+}
+
+// File hashes the file at path in ChunkSize reads, reporting each chunk's
+// byte count to progress (if not nil) and stopping when ctx is done.
+func File(ctx context.Context, path string, progress func(n int64)) (Digest, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Digest{}, 0, err
+	}
+	defer f.Close()
+	w := NewWriter(nil)
+	buf := make([]byte, ChunkSize)
+	for {
+		if err := ctx.Err(); err != nil {
+			return Digest{}, 0, err
+		}
+		k, err := f.Read(buf)
+		w.Write(buf[:k])
+		if progress != nil && k > 0 {
+			progress(int64(k))
+		}
+		if err == io.EOF {
+			return w.Sum(), w.Size(), nil
+		}
+		if err != nil {
+			return Digest{}, 0, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+}
