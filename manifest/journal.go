@@ -1,22 +1,17 @@
 package manifest
 
 import (
-	"bufio"
-	"bytes"
-	"crypto/sha256"
-	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-)
 
-// maxJournalSize bounds a journal file before it is read into memory.
-const maxJournalSize = 256 << 20
+	"github.com/ferry-llm/ferry/internal/hashing"
+	"github.com/ferry-llm/ferry/internal/journal"
+)
 
 // Unit is one finished unit of a journaled output.
 type Unit struct {
@@ -24,24 +19,11 @@ type Unit struct {
 	End  int64  `json:"end"` // offset just past the unit's last byte
 }
 
-// journalLine is one line of a journal file. The first line carries Ref;
-// unit lines carry Unit, End and State; the last line of a committed output
-// carries Commit, Size and Stamp.
-type journalLine struct {
-	Ref    string `json:"ref,omitempty"`
-	Unit   string `json:"unit,omitempty"`
-	End    int64  `json:"end,omitempty"`
-	State  []byte `json:"state,omitempty"` // marshaled sha256 state at End
-	Commit Digest `json:"commit,omitempty"`
-	Size   int64  `json:"size,omitempty"`
-	Stamp  *Stamp `json:"stamp,omitempty"`
-}
-
 // Journal writes one big output file in units so that a killed run resumes
 // where it stopped. The data goes to <store>/ingest/<key>/<ref>/data; after
-// each unit the data is fsynced and a journal line records the unit's end
-// offset and the marshaled sha256 state (crypto/sha256 implements
-// encoding.BinaryMarshaler), then the journal is fsynced. Reopening the same
+// each unit the data is fsynced and a line of the internal/journal journal
+// (its ref the output path) records the unit's end offset and the sha256
+// state there (hashing.Writer), then the journal is fsynced. Reopening the same
 // key and ref truncates the data to the last finished unit and restores the
 // hash, so finished units are neither rewritten nor re-read, and the final
 // digest is that of an uninterrupted write.
@@ -53,9 +35,9 @@ type Journal struct {
 	s     *Store
 	ref   string
 	dir   string
-	jf    *os.File
+	log   *journal.Log
 	data  *os.File
-	h     hash.Hash
+	h     *hashing.Writer // over data
 	off   int64
 	units []Unit
 	// committed output, if the journal was already committed
@@ -76,85 +58,49 @@ func (s *Store) OpenJournal(key, ref string) (*Journal, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	j := &Journal{s: s, ref: ref, dir: dir, h: sha256.New()}
-	jf, err := os.OpenFile(filepath.Join(dir, "journal"), os.O_RDWR|os.O_CREATE, 0o644)
+	log, entries, fresh, err := journal.Open(filepath.Join(dir, "journal"), ref)
 	if err != nil {
 		return nil, err
 	}
-	j.jf = jf
-	if err := j.load(); err != nil {
-		jf.Close()
+	j := &Journal{s: s, ref: ref, dir: dir, log: log}
+	if err := j.load(entries, fresh); err != nil {
+		log.Close()
 		return nil, err
 	}
 	return j, nil
 }
 
-func (j *Journal) load() error {
-	fi, err := j.jf.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.Size() > maxJournalSize {
+func (j *Journal) load(entries []journal.Entry, fresh bool) error {
+	if fresh {
 		return j.reset()
 	}
-	raw, err := io.ReadAll(io.LimitReader(j.jf, maxJournalSize))
-	if err != nil {
-		return err
-	}
-	var lines []journalLine
-	good := 0 // bytes of complete, parseable lines
-	for len(raw[good:]) > 0 {
-		i := bytes.IndexByte(raw[good:], '\n')
-		if i < 0 {
-			break // torn last line
-		}
-		var l journalLine
-		if json.Unmarshal(raw[good:good+i], &l) != nil {
-			break
-		}
-		lines = append(lines, l)
-		good += i + 1
-	}
-	if len(lines) == 0 || lines[0].Ref != j.ref {
-		return j.reset()
-	}
-	var last *journalLine
-	for i := 1; i < len(lines); i++ {
-		l := lines[i]
+	var last *journal.Entry
+	for i, e := range entries {
 		switch {
-		case l.Commit != "":
-			if l.Commit.Validate() != nil || l.Stamp == nil {
+		case e.Commit != "":
+			var st Stamp
+			d := Digest(e.Commit)
+			if d.Validate() != nil || json.Unmarshal(e.Stamp, &st) != nil {
 				return j.reset()
 			}
-			st, err := StatStamp(j.s.BlobPath(l.Commit))
-			if err != nil || st != *l.Stamp || st.Size != l.Size {
+			cur, err := StatStamp(j.s.BlobPath(d))
+			if err != nil || cur != st || cur.Size != e.Size {
 				return j.reset() // the blob went away or changed: start over
 			}
-			j.commit = &Output{Path: j.ref, Digest: l.Commit, Size: l.Size}
-			j.off = l.Size
+			j.commit = &Output{Path: j.ref, Digest: d, Size: e.Size}
+			j.off = e.Size
 			// The process that committed may have died before the
 			// manifest recorded the blob's stamp.
-			j.s.setStamp(l.Commit, st)
+			j.s.setStamp(d, cur)
 			return nil
-		case l.Unit != "":
-			if l.End < j.off || len(l.State) == 0 {
+		case e.Unit != "":
+			if e.End < j.off || len(e.State) == 0 {
 				return j.reset()
 			}
-			j.units = append(j.units, Unit{Name: l.Unit, End: l.End})
-			j.off = l.End
-			last = &lines[i]
+			j.units = append(j.units, Unit{Name: e.Unit, End: e.End})
+			j.off = e.End
+			last = &entries[i]
 		default:
-			return j.reset()
-		}
-	}
-	if err := j.jf.Truncate(int64(good)); err != nil {
-		return err
-	}
-	if _, err := j.jf.Seek(int64(good), io.SeekStart); err != nil {
-		return err
-	}
-	if last != nil {
-		if err := j.h.(encoding.BinaryUnmarshaler).UnmarshalBinary(last.State); err != nil {
 			return j.reset()
 		}
 	}
@@ -163,11 +109,11 @@ func (j *Journal) load() error {
 		// A crash between Commit's rename and its journal line leaves no
 		// data file but the blob: the hash state of the last unit names it.
 		if _, err := os.Stat(dataPath); errors.Is(err, fs.ErrNotExist) {
-			h := sha256.New()
-			if h.(encoding.BinaryUnmarshaler).UnmarshalBinary(last.State) == nil {
-				d := NewDigest(h.Sum(nil))
+			if h, err := hashing.Resume(nil, last.State, last.End); err == nil {
+				sum := h.Sum()
+				d := NewDigest(sum[:])
 				if st, err := StatStamp(j.s.BlobPath(d)); err == nil && st.Size == j.off {
-					if err := j.appendLine(journalLine{Commit: d, Size: j.off, Stamp: &st}); err != nil {
+					if err := j.appendCommit(d, j.off, st); err != nil {
 						return err
 					}
 					j.commit = &Output{Path: j.ref, Digest: d, Size: j.off}
@@ -200,6 +146,14 @@ func (j *Journal) load() error {
 		return err
 	}
 	j.data = data
+	j.h = hashing.NewWriter(data)
+	if last != nil {
+		if j.h, err = hashing.Resume(data, last.State, last.End); err != nil {
+			data.Close()
+			j.data = nil
+			return j.reset()
+		}
+	}
 	return nil
 }
 
@@ -210,17 +164,10 @@ func (j *Journal) reset() error {
 		j.data = nil
 	}
 	j.units, j.off, j.commit = nil, 0, nil
-	j.h = sha256.New()
 	if err := os.Remove(filepath.Join(j.dir, "data")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	if err := j.jf.Truncate(0); err != nil {
-		return err
-	}
-	if _, err := j.jf.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	if err := j.appendLine(journalLine{Ref: j.ref}); err != nil {
+	if err := j.log.Reset(j.ref); err != nil {
 		return err
 	}
 	data, err := os.OpenFile(filepath.Join(j.dir, "data"), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
@@ -228,21 +175,16 @@ func (j *Journal) reset() error {
 		return err
 	}
 	j.data = data
+	j.h = hashing.NewWriter(data)
 	return nil
 }
 
-func (j *Journal) appendLine(l journalLine) error {
-	b, err := json.Marshal(l)
+func (j *Journal) appendCommit(d Digest, size int64, st Stamp) error {
+	raw, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
-	w := bufio.NewWriter(j.jf)
-	w.Write(b)
-	w.WriteByte('\n')
-	if err := w.Flush(); err != nil {
-		return err
-	}
-	return j.jf.Sync()
+	return j.log.Append(journal.Entry{Commit: string(d), Size: size, Stamp: raw})
 }
 
 // Units lists the finished units in order. A stage skips as many leading
@@ -270,8 +212,7 @@ func (j *Journal) Write(p []byte) (int, error) {
 		j.err = ErrWriterClosed
 		return 0, j.err
 	}
-	n, err := j.data.Write(p)
-	j.h.Write(p[:n])
+	n, err := j.h.Write(p)
 	j.off += int64(n)
 	if err != nil {
 		j.err = err
@@ -293,12 +234,7 @@ func (j *Journal) EndUnit(name string) error {
 		j.err = err
 		return err
 	}
-	st, err := j.h.(encoding.BinaryMarshaler).MarshalBinary()
-	if err != nil {
-		j.err = err
-		return err
-	}
-	if err := j.appendLine(journalLine{Unit: name, End: j.off, State: st}); err != nil {
+	if err := j.log.Append(journal.Entry{Unit: name, End: j.off, State: j.h.State()}); err != nil {
 		j.err = err
 		return err
 	}
@@ -326,7 +262,8 @@ func (j *Journal) Commit(size int64) (Output, error) {
 		return Output{}, err
 	}
 	j.data = nil
-	d := NewDigest(j.h.Sum(nil))
+	sum := j.h.Sum()
+	d := NewDigest(sum[:])
 	if err := j.s.place(filepath.Join(j.dir, "data"), d, j.off); err != nil {
 		return Output{}, err
 	}
@@ -334,7 +271,7 @@ func (j *Journal) Commit(size int64) (Output, error) {
 	if err != nil {
 		return Output{}, err
 	}
-	if err := j.appendLine(journalLine{Commit: d, Size: j.off, Stamp: &st}); err != nil {
+	if err := j.appendCommit(d, j.off, st); err != nil {
 		return Output{}, err
 	}
 	j.commit = &Output{Path: j.ref, Digest: d, Size: j.off}
@@ -349,11 +286,8 @@ func (j *Journal) Close() error {
 		err = j.data.Close()
 		j.data = nil
 	}
-	if j.jf != nil {
-		if e := j.jf.Close(); err == nil {
-			err = e
-		}
-		j.jf = nil
+	if e := j.log.Close(); err == nil {
+		err = e
 	}
 	return err
 }

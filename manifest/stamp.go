@@ -2,29 +2,18 @@ package manifest
 
 import (
 	"io/fs"
-	"os"
+
+	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
-// Stamp is the cheap identity of a file on disk: size, modification time and
-// inode. A blob whose stamp still matches the one recorded when it was
-// committed (or last verified) is taken as intact without re-reading it;
-// `--verify` re-hashes instead.
-type Stamp struct {
-	Size    int64  `json:"size"`
-	MtimeNs int64  `json:"mtime_ns"`
-	Inode   uint64 `json:"inode,omitempty"`
-}
+// Stamp is the cheap identity of a file on disk (fsutil.Stamp). A blob whose
+// stamp still matches the one recorded when it was committed (or last
+// verified) is taken as intact without re-reading it; `--verify` re-hashes
+// instead.
+type Stamp = fsutil.Stamp
 
 // StampOf builds the stamp of fi.
-func StampOf(fi fs.FileInfo) Stamp {
-	return Stamp{Size: fi.Size(), MtimeNs: fi.ModTime().UnixNano(), Inode: inodeOf(fi)}
-}
+func StampOf(fi fs.FileInfo) Stamp { return fsutil.StampOf(fi) }
 
 // StatStamp stats path (following symlinks) and returns its stamp.
-func StatStamp(path string) (Stamp, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return Stamp{}, err
-	}
-	return StampOf(fi), nil
-}
+func StatStamp(path string) (Stamp, error) { return fsutil.StatStamp(path) }

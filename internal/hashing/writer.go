@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -39,20 +38,17 @@ func NewWriter(w io.Writer) *Writer {
 // ErrBadState reports a saved state that does not restore.
 var ErrBadState = errors.New("hashing: bad saved state")
 
-// Resume continues a write whose State was saved: the next byte written to
-// w is byte Size() of the stream.
-func Resume(w io.Writer, state []byte) (*Writer, error) {
-	if len(state) < 8 {
+// Resume continues a write whose State was saved after size bytes: the
+// next byte written to w is byte size of the stream.
+func Resume(w io.Writer, state []byte, size int64) (*Writer, error) {
+	if size < 0 {
 		return nil, ErrBadState
 	}
 	hw := NewWriter(w)
-	hw.n = int64(binary.LittleEndian.Uint64(state))
-	if hw.n < 0 {
-		return nil, ErrBadState
-	}
-	if err := hw.h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state[8:]); err != nil {
+	if err := hw.h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadState, err)
 	}
+	hw.n = size
 	return hw, nil
 }
 
@@ -73,14 +69,14 @@ func (w *Writer) Sum() Digest {
 	return d
 }
 
-// State is the byte count and the marshaled sha256 state (crypto/sha256
-// implements encoding.BinaryMarshaler), for Resume.
+// State is the marshaled sha256 state (crypto/sha256 implements
+// encoding.BinaryMarshaler), for Resume with Size.
 func (w *Writer) State() []byte {
 	st, err := w.h.(encoding.BinaryMarshaler).MarshalBinary()
 	if err != nil {
 		panic(err) // crypto/sha256 always marshals
 	}
-	return append(binary.LittleEndian.AppendUint64(nil, uint64(w.n)), st...)
+	return st
 }
 
 // File hashes the file at path in ChunkSize reads, reporting each chunk's

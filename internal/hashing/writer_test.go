@@ -59,7 +59,7 @@ func TestWriter(t *testing.T) {
 			w := NewWriter(dst)
 			_, err := w.Write(data[:tc.cut])
 			if err == nil {
-				w, err = Resume(dst, w.State())
+				w, err = Resume(dst, w.State(), w.Size())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -76,7 +76,7 @@ func TestWriter(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Resume(nil, []byte("short")); !errors.Is(err, ErrBadState) {
+	if _, err := Resume(nil, []byte("short"), 5); !errors.Is(err, ErrBadState) {
 		t.Errorf("bad state: %v", err)
 	}
 }
