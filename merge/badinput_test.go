@@ -158,7 +158,8 @@ func TestAllowUnused(t *testing.T) {
 }
 
 // TestOutputDirRules: a foreign non-empty directory, a plain file and the inputs
-// themselves are refused; a journal of a different plan too.
+// themselves are refused; a finished merge's directory (which keeps no
+// journal) and a journal of a different plan too.
 func TestOutputDirRules(t *testing.T) {
 	dir := t.TempDir()
 	base := "testdata/reference/qwen3/base"
@@ -185,20 +186,22 @@ func TestOutputDirRules(t *testing.T) {
 	if _, err := Execute(t.Context(), p, out, ExecOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	assertOnlyArtifact(t, out)
 	q, err := Inventory(base, "testdata/reference/qwen3/adapters/dora", PlanOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer q.Close()
+	// Without a journal, a finished output is like any non-empty directory:
+	// neither another plan nor this one writes over it.
+	for _, pl := range []*Plan{q, p} {
+		if _, err := Execute(t.Context(), pl, out, ExecOptions{}); !errors.Is(err, ErrOutputExists) {
+			t.Errorf("merge into a finished dir: %v, want ErrOutputExists", err)
+		}
+	}
+	// An interrupted merge's journal of another plan is refused.
+	os.WriteFile(filepath.Join(out, JournalName), []byte(`{"ref":"another plan"}`+"\n"), 0o644)
 	if _, err := Execute(t.Context(), q, out, ExecOptions{}); !errors.Is(err, ErrJournal) {
-		t.Errorf("other plan into a finished dir: %v, want ErrJournal", err)
-	}
-	// The same plan again: everything verified and kept.
-	res, err := Execute(t.Context(), p, out, ExecOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Written) != 0 || len(res.Resumed) != len(p.Shards) {
-		t.Errorf("re-run wrote %v, resumed %v", res.Written, res.Resumed)
+		t.Errorf("other plan's journal: %v, want ErrJournal", err)
 	}
 }

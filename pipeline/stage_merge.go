@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -83,6 +84,17 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	work, err := env.WorkDir()
 	if err != nil {
 		return nil, err
+	}
+	// A work dir holding files but no merge journal is a run killed after
+	// its merge finished (the journal goes last), before the record: that
+	// merge is not resumable, so it starts afresh.
+	if _, err := os.Stat(filepath.Join(work, merge.JournalName)); err != nil {
+		if err := os.RemoveAll(work); err != nil {
+			return nil, err
+		}
+		if work, err = env.WorkDir(); err != nil {
+			return nil, err
+		}
 	}
 	env.Progress.SetTotal(plan.TotalBytes)
 	var last int64

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/merge"
 
 	. "github.com/ferry-llm/ferry/pipeline" // an external test package: pipelinetest imports pipeline
@@ -86,6 +87,59 @@ func TestMergeStageAllowNonFiniteParam(t *testing.T) {
 		}
 		if string(got) != tc.params {
 			t.Errorf("%s: key params %s, want %s", tc.yaml, got, tc.params)
+		}
+	}
+}
+
+// nop is a Progress that counts nothing.
+type nop struct{}
+
+func (nop) SetTotal(int64) {}
+func (nop) Add(int64)      {}
+
+// A run killed after its merge finished (the merge's journal is gone) but
+// before the record leaves a work dir of complete files and no journal:
+// the stage starts that merge afresh instead of refusing the directory,
+// and its outputs are the merge's.
+func TestMergeStageAfterFinishedMerge(t *testing.T) {
+	models, err := filepath.Abs("../testdata/models/qwen35-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, adapter := filepath.Join(models, "base"), filepath.Join(models, "adapter-dora")
+	store, err := manifest.Open(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &Env{Stage: "merged", Key: "0123456789abcdef", Store: store, Progress: nop{}, Jobs: 2,
+		Inputs: []Input{{Stage: "base", Dir: base}, {Stage: "adapter", Dir: adapter}}}
+	work, err := env.WorkDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := merge.Inventory(base, adapter, merge.PlanOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := merge.Execute(t.Context(), plan, work, merge.ExecOptions{Jobs: 2})
+	plan.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := Parse("m.yaml", "/p", []byte("name: m\nstages:\n  - name: base\n    import: { path: b }\n  - name: adapter\n    import: { path: a }\n  - name: merged\n    merge: { base: base, adapter: adapter }\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := spec.Lookup("merged").Stage.Run(t.Context(), env)
+	if err != nil {
+		t.Fatalf("stage over a finished merge's work dir: %v", err)
+	}
+	if len(res.Outputs) != len(direct.Files) {
+		t.Fatalf("%d outputs, merge wrote %d files", len(res.Outputs), len(direct.Files))
+	}
+	for i, f := range direct.Files {
+		if o := res.Outputs[i]; o.Path != f.Name || o.Digest.Hex() != f.SHA256 {
+			t.Errorf("output %s %s, merge wrote %s %s", o.Path, o.Digest.Short(), f.Name, f.SHA256)
 		}
 	}
 }

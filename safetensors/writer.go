@@ -134,13 +134,17 @@ func EncodeHeader(metadata map[string]string, specs []TensorSpec) ([]byte, []Ten
 }
 
 // Writer writes one safetensors file: the header first, then tensor bodies
-// streamed in declared order. The file appears under its final name only
-// when Close succeeds; Abort (or a crash) leaves nothing under that name.
-// The bytes are hashed as they are written (Sum). Errors are sticky.
+// streamed in declared order. Made by Create, the file appears under its
+// final name only when Close succeeds; Abort (or a crash) leaves nothing
+// under that name, and the bytes are hashed as they are written (Sum).
+// Made by NewWriter or ResumeWriter, it writes to a stream the caller owns
+// (a resumable partial file) and only checks the layout. Errors are sticky.
 type Writer struct {
-	af      *fsutil.AtomicFile
-	hw      *hashing.Writer
-	bw      *bufio.Writer
+	name    string             // the file, for messages
+	dst     io.Writer          // where header and bodies go
+	af      *fsutil.AtomicFile // Create only
+	hw      *hashing.Writer    // Create only
+	bw      *bufio.Writer      // Create only
 	tensors []TensorInfo
 	cur     int   // index of the next tensor not fully written
 	inCur   int64 // bytes of it written so far
@@ -159,18 +163,69 @@ func Create(path string, metadata map[string]string, specs []TensorSpec) (*Write
 		return nil, err
 	}
 	hw := hashing.NewWriter(af)
-	w := &Writer{af: af, hw: hw, bw: bufio.NewWriterSize(hw, 1<<20), tensors: infos, last: -1}
-	for i, t := range infos {
-		if t.Size() != 0 {
-			w.last = i
-		}
-	}
+	bw := bufio.NewWriterSize(hw, 1<<20)
+	w := newWriter(path, bw, infos)
+	w.af, w.hw, w.bw = af, hw, bw
 	if _, err := w.bw.Write(hdr); err != nil {
 		af.Abort()
 		return nil, err
 	}
 	return w, nil
 }
+
+// NewWriter writes the header of the given tensors to dst and returns a
+// Writer for their bodies; name is the file, for messages.
+func NewWriter(dst io.Writer, name string, metadata map[string]string, specs []TensorSpec) (*Writer, error) {
+	return ResumeWriter(dst, name, metadata, specs, 0)
+}
+
+// ResumeWriter continues a file of which written bytes (counted from the
+// file's first byte) are already in dst: from the header, or from inside
+// the bodies, where the Writer then expects the rest of the tensor that
+// byte falls in. Position says where that is. written 0 writes the header.
+func ResumeWriter(dst io.Writer, name string, metadata map[string]string, specs []TensorSpec, written int64) (*Writer, error) {
+	hdr, infos, err := EncodeHeader(metadata, specs)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	w := newWriter(name, dst, infos)
+	if written == 0 {
+		if _, err := dst.Write(hdr); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		return w, nil
+	}
+	pos := written - int64(len(hdr))
+	var total int64
+	if len(infos) > 0 {
+		total = infos[len(infos)-1].End
+	}
+	if pos < 0 || pos > total {
+		return nil, fmt.Errorf("%s: %w: resuming at byte %d, outside the bodies (%d header bytes, %d body bytes)", name, ErrWriteSize, written, len(hdr), total)
+	}
+	for w.cur < len(w.tensors) && w.tensors[w.cur].End <= pos && (w.tensors[w.cur].Size() > 0 || w.tensors[w.cur].End < pos) {
+		w.cur++
+	}
+	if w.cur < len(w.tensors) {
+		w.inCur = pos - w.tensors[w.cur].Begin
+	}
+	return w, nil
+}
+
+func newWriter(name string, dst io.Writer, infos []TensorInfo) *Writer {
+	w := &Writer{name: name, dst: dst, tensors: infos, last: -1}
+	for i, t := range infos {
+		if t.Size() != 0 {
+			w.last = i
+		}
+	}
+	return w
+}
+
+// Position is the next tensor to write (its index in the declared order;
+// len(Tensors()) when every byte is written) and how many of its bytes
+// are already written.
+func (w *Writer) Position() (int, int64) { return w.cur, w.inCur }
 
 // Tensors returns the planned layout.
 func (w *Writer) Tensors() []TensorInfo { return w.tensors }
@@ -189,7 +244,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 			w.inCur = 0
 		}
 		if w.cur >= len(w.tensors) {
-			w.err = fmt.Errorf("%s: %w: %d bytes past the last tensor", w.af.Target(), ErrWriteSize, len(p))
+			w.err = fmt.Errorf("%s: %w: %d bytes past the last tensor", w.name, ErrWriteSize, len(p))
 			return written, w.err
 		}
 		room := w.tensors[w.cur].Size() - w.inCur
@@ -197,7 +252,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 		if int64(len(chunk)) > room {
 			chunk = chunk[:room]
 		}
-		n, err := w.bw.Write(chunk)
+		n, err := w.dst.Write(chunk)
 		written += n
 		w.inCur += int64(n)
 		if err != nil {
@@ -239,7 +294,7 @@ func (w *Writer) WriteTensor(name string, r io.Reader) error {
 		}
 	}
 	if w.inCur != 0 || w.Next() != name {
-		w.err = fmt.Errorf("%s: tensor %q: %w (next is %q)", w.af.Target(), name, ErrWriteOrder, w.Next())
+		w.err = fmt.Errorf("%s: tensor %q: %w (next is %q)", w.name, name, ErrWriteOrder, w.Next())
 		return w.err
 	}
 	size := w.tensors[w.cur].Size()
@@ -250,44 +305,50 @@ func (w *Writer) WriteTensor(name string, r io.Reader) error {
 	n, err := io.CopyN(w, r, size)
 	if err != nil {
 		if w.err == nil {
-			w.err = fmt.Errorf("%s: tensor %q: copied %d of %d bytes: %w", w.af.Target(), name, n, size, err)
+			w.err = fmt.Errorf("%s: tensor %q: copied %d of %d bytes: %w", w.name, name, n, size, err)
 		}
 		return w.err
 	}
 	return nil
 }
 
-// Close checks that every declared byte was written, then flushes, fsyncs
-// and renames the file into place.
+// Close checks that every declared byte was written; made by Create, it
+// then flushes, fsyncs and renames the file into place.
 func (w *Writer) Close() error {
 	if w.err != nil {
-		w.af.Abort()
+		w.Abort()
 		return w.err
 	}
 	if !w.Done() {
-		w.err = fmt.Errorf("%s: %w: tensor %q incomplete (%d of %d bytes)", w.af.Target(), ErrWriteSize, w.tensors[w.cur].Name, w.inCur, w.tensors[w.cur].Size())
-		w.af.Abort()
+		w.err = fmt.Errorf("%s: %w: tensor %q incomplete (%d of %d bytes)", w.name, ErrWriteSize, w.tensors[w.cur].Name, w.inCur, w.tensors[w.cur].Size())
+		w.Abort()
 		return w.err
+	}
+	w.err = fmt.Errorf("%s: writer closed", w.name)
+	if w.af == nil {
+		return nil
 	}
 	if err := w.bw.Flush(); err != nil {
 		w.err = err
 		w.af.Abort()
 		return err
 	}
-	w.err = fmt.Errorf("%s: writer closed", w.af.Target())
 	return w.af.Commit()
 }
 
-// Sum is the sha256 and size of the file; after a successful Close, those
-// of the committed file.
+// Sum is the sha256 and size of a file made by Create; after a successful
+// Close, those of the committed file.
 func (w *Writer) Sum() (hashing.Digest, int64) { return w.hw.Sum(), w.hw.Size() }
 
-// Abort discards the file.
+// Abort discards a file made by Create; a stream's bytes stay with its
+// owner.
 func (w *Writer) Abort() {
 	if w.err == nil {
-		w.err = fmt.Errorf("%s: writer aborted", w.af.Target())
+		w.err = fmt.Errorf("%s: writer aborted", w.name)
 	}
-	w.af.Abort()
+	if w.af != nil {
+		w.af.Abort()
+	}
 }
 
 // appendJSONString quotes s as serde_json does: '"' and '\\' escaped, the

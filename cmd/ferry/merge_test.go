@@ -123,19 +123,32 @@ func TestMergeCLI(t *testing.T) {
 		t.Errorf("ferry inspect does not show the 15-tensor MTP head:\n%.2000s", ins.String())
 	}
 
-	// Again: everything verified and kept.
+	// A finished output holds only the checkpoint's files (no journal, no
+	// temp files), so a re-run into it is refused like any non-empty
+	// directory, naming why, and changes nothing.
+	ents, _ := os.ReadDir(out)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("finished output holds %s", e.Name())
+		}
+	}
+	if s, code := ferryMerge(t, "--base", qwen35Base, "--adapter", qwen35DoRA, "--out", out); code != exitBadInput || !strings.Contains(s, "a finished merge keeps none") {
+		t.Errorf("re-run into the finished output: exit %d\n%s", code, s)
+	}
+
+	// --json into another directory: every shard written.
 	// (stdout alone: the plan's warnings go to stderr.)
 	app = newApp()
 	var stdout, stderr bytes.Buffer
 	app.Writer, app.ErrWriter = &stdout, &stderr
-	err = app.Run([]string{"ferry", "merge", "--base", qwen35Base, "--adapter", qwen35DoRA, "--out", out, "--json"})
+	err = app.Run([]string{"ferry", "merge", "--base", qwen35Base, "--adapter", qwen35DoRA, "--out", filepath.Join(dir, "again"), "--json"})
 	var res struct {
 		Resumed  []string `json:"resumed"`
 		Written  []string `json:"written"`
 		Warnings []string `json:"warnings"`
 	}
-	if err != nil || json.Unmarshal(stdout.Bytes(), &res) != nil || len(res.Resumed) != 7 || len(res.Written) != 0 {
-		t.Fatalf("re-run: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	if err != nil || json.Unmarshal(stdout.Bytes(), &res) != nil || len(res.Resumed) != 0 || len(res.Written) != 7 {
+		t.Fatalf("--json run: %v\n%s\n%s", err, stdout.String(), stderr.String())
 	}
 	// The adapter has no weights for the MTP layer its config targets:
 	// said on stderr and in the JSON.
