@@ -22,10 +22,10 @@ import (
 // (default: the from stage's name), so the output does not depend on where
 // views live.
 //
-// Resume: the converter keeps <file>.partial in the stage's work dir; the
-// stage records finished tensors in a done list, appended only after the
-// partial file has been fsynced, so a killed run rewrites only tensors that
-// were not durable.
+// Resume: convert.Run, which `ferry gguf convert` calls too, keeps
+// <file>.partial and <file>.journal in the stage's work dir; the journal
+// records finished tensors only after the partial file has been fsynced, so
+// a killed run rewrites only tensors that were not durable.
 type ggufStage struct {
 	From      string `json:"from"`
 	OutType   string `json:"outtype"`
@@ -102,41 +102,17 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	out := filepath.Join(work, name)
 	env.Progress.SetTotal(plan.InputBytes)
 
-	dl, err := convert.OpenJournal(filepath.Join(work, "tensors.done"), out, convert.Stamp(ck, plan))
-	if err != nil {
-		return nil, err
-	}
-	defer dl.Close()
-	if dl.Complete(out) {
-		// A run killed after the conversion finished: the file is whole.
-		d, n, err := env.Store.Adopt(out)
-		if err != nil {
-			return nil, err
-		}
-		env.Progress.Add(plan.InputBytes)
-		return &Result{Outputs: []manifest.Output{{Path: name, Digest: d, Size: n}}}, nil
-	}
-	var sum []byte
-	err = convert.Write(ctx, plan, out, convert.WriteOptions{
-		Jobs:       env.Jobs,
-		Resume:     true,
-		Verify:     dl.Has,
-		Progress:   env.Progress.Add,
-		TensorDone: dl.Done,
-		Digest:     func(s []byte) { sum = s },
+	// The journal lives beside the output in the work dir, which the
+	// runner keeps across killed runs and removes after the commit.
+	res, err := convert.Run(ctx, ck, plan, out, convert.RunOptions{
+		Jobs: env.Jobs, Progress: env.Progress.Add, Digest: true,
+		Journal: filepath.Join(work, name+".journal"),
 	})
 	if err != nil {
-		if ferr := dl.Flush(); ferr != nil {
-			env.Log.Warn("gguf: could not save the done list", "err", ferr)
-		}
-		return nil, err
-	}
-	// convert.Write fsynced and renamed the file; say so durably.
-	if err := dl.MarkComplete(out); err != nil {
 		return nil, err
 	}
 	// Hashed while it was written: adopt it without reading it again.
-	d, n, err := env.Store.AdoptKnown(out, manifest.NewDigest(sum), plan.Layout.Size)
+	d, n, err := env.Store.AdoptKnown(out, manifest.NewDigest(res.Digest[:]), res.Size)
 	if err != nil {
 		return nil, err
 	}

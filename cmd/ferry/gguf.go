@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/safetensors"
 )
@@ -135,42 +133,26 @@ func runGGUFConvert(c *cli.Context) error {
 
 	start := time.Now()
 	var nf nonFiniteCounts
-	jpath := out + ".journal"
-	j, err := convert.OpenJournal(jpath, out, convert.Stamp(ck, plan))
-	if err != nil {
-		return err
-	}
-	defer j.Close()
 	pg := newProgress(c, false)
 	bar := pg.New("converting", plan.InputBytes, "task", "gguf convert")
-	err = convert.Write(c.Context, plan, out, convert.WriteOptions{
-		Jobs: jobs, Progress: bar.Add, Resume: true,
-		Verify: func(i int, name string, r *io.SectionReader) bool {
-			if j.Has(i, name, r) {
-				res.Resumed++
-				return true
-			}
-			return false
-		},
-		TensorDone: j.Done,
-		NonFinite:  nf.add,
-	})
+	rr, err := convert.Run(c.Context, ck, plan, out, convert.RunOptions{Jobs: jobs, Progress: bar.Add, NonFinite: nf.add})
 	bar.Close()
 	pg.Close()
 	if err != nil {
-		if ferr := j.Flush(); ferr != nil {
-			if ierr := interruptedResume(c.Context, err, "%s was not written, and recording the last finished tensors in %s failed (%v), so a resume starts from the ones recorded before", out, jpath, ferr); ierr != nil {
-				return ierr
-			}
-		} else if ierr := interruptedResume(c.Context, err, "%s was not written: %d of %d tensors are durable in %s", out, j.Durable(), len(plan.Tensors), gguf.PartialPath(out)); ierr != nil {
+		what := out + " was not written"
+		switch {
+		case rr == nil || rr.Partial == "":
+		case rr.JournalErr != nil:
+			what += fmt.Sprintf(", and recording the last finished tensors in %s failed (%v), so a resume starts from the ones recorded before", rr.Journal, rr.JournalErr)
+		default:
+			what += fmt.Sprintf(": %d of %d tensors are durable in %s", rr.Durable, len(plan.Tensors), rr.Partial)
+		}
+		if ierr := interruptedResume(c.Context, err, "%s", what); ierr != nil {
 			return ierr
 		}
 		return err
 	}
-	j.Close()
-	if err := os.Remove(jpath); err != nil {
-		return err
-	}
+	res.Resumed = rr.Resumed
 	res.Seconds = time.Since(start).Seconds()
 	res.NonFinite = nf.sorted()
 	nf.warn(c.App.ErrWriter, "gguf convert", "in the checkpoint; converted as they are")

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -142,24 +143,16 @@ func interruptConvert(t *testing.T, dir, out string, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := convert.OpenJournal(out+".journal", out, convert.Stamp(ck, p))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	var done atomic.Int32
-	err = convert.Write(ctx, p, out, convert.WriteOptions{Jobs: 1, Resume: true, Verify: j.Has, TensorDone: func(i int, name string) {
-		j.Done(i, name)
+	_, err = convert.Run(ctx, ck, p, out, convert.RunOptions{Jobs: 1, TensorDone: func(int, string) {
 		if done.Add(1) == int32(n) {
 			cancel()
 		}
 	}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted write: %v", err)
-	}
-	if err := j.Flush(); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -428,5 +421,31 @@ func TestGGUFConvertWarnsUnknownPre(t *testing.T) {
 	}
 	if !strings.Contains(r.stderr, "gguf convert: warning: "+tokPath+": unknown pre-tokenizer") {
 		t.Errorf("stderr %q", r.stderr)
+	}
+}
+
+// A conversion that fails for want of space leaves nothing: no partial
+// file, no journal, no lock. The file-size limit (ulimit -f) fails the
+// same step a full disk does, reserving FILE.partial, with EFBIG instead
+// of ENOSPC; the journal is smaller than the limit, as it was on the full
+// disk where a 71-byte journal was left beside nothing.
+func TestGGUFConvertNoSpaceLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.gguf")
+	cmd := exec.Command("sh", "-c", `ulimit -f 64 && exec "$0" "$@"`, os.Args[0], "gguf", "convert", "--out", out, bundledBase)
+	cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("convert over the size limit: %v (want exit 1): %s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "file too large") {
+		t.Errorf("stderr does not say why: %s", stderr.String())
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		t.Errorf("the failed conversion left %s", e.Name())
 	}
 }

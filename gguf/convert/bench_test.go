@@ -39,21 +39,15 @@ func init() {
 		var p *Plan
 		if p, err = NewPlan(ck, Options{OutType: OutF16}); err == nil {
 			// As `ferry gguf convert` runs it: resumable, with a journal.
-			var j *Journal
-			if j, err = OpenJournal(out+".journal", out, Stamp(ck, p)); err == nil {
-				var mu sync.Mutex
-				var last time.Time
-				err = Write(context.Background(), p, out, WriteOptions{Resume: true, Verify: j.Has, TensorDone: func(i int, name string) {
-					j.Done(i, name)
-					mu.Lock()
-					last = time.Now()
-					mu.Unlock()
-				}})
-				j.Close()
-				if err == nil {
-					err = os.WriteFile(out+".times", []byte(fmt.Sprint(time.Since(last).Seconds())), 0o644)
-				}
-				os.Remove(out + ".journal")
+			var mu sync.Mutex
+			var last time.Time
+			_, err = Run(context.Background(), ck, p, out, RunOptions{TensorDone: func(int, string) {
+				mu.Lock()
+				last = time.Now()
+				mu.Unlock()
+			}})
+			if err == nil {
+				err = os.WriteFile(out+".times", []byte(fmt.Sprint(time.Since(last).Seconds())), 0o644)
 			}
 		}
 	}
