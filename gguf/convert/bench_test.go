@@ -137,9 +137,10 @@ func runChild(b *testing.B, env string, name string, args ...string) (time.Durat
 // BenchmarkConvertQwen35F16 converts a ≥ 2 GB Qwen3.5-shaped BF16
 // checkpoint to GGUF F16 in a child process (all cores) and, in the same
 // run, copies the same shard bytes with cp, then with cp + fsync (the
-// converter fsyncs its output before the rename). Reported: MB/s of input,
-// peak RSS of the converter process, the time ratios to both copies
-// (x-cp, x-cp+fsync), and x-cp-written: the converter's time until its last
+// converter fsyncs its output before the rename), then with `cat shards >
+// file` (one output file, plain read/write). Reported: MB/s of input,
+// peak RSS of the converter process, the time ratios to the copies
+// (x-cp, x-cp+fsync, x-cat), and x-cp-written: the converter's time until its last
 // byte is in the page cache, before the final fsync waits for the disk,
 // over cp's (which never waits for the disk): the like-for-like ratio.
 func BenchmarkConvertQwen35F16(b *testing.B) {
@@ -162,7 +163,7 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 	runChild(b, "", "cat", shards...)
 	b.SetBytes(in)
 	b.ResetTimer()
-	var conv, convTail, cp, cpSync time.Duration
+	var conv, convTail, cp, cpSync, cat time.Duration
 	var rss int64
 	for i := 0; i < b.N; i++ {
 		dst := filepath.Join(work, "cp")
@@ -179,6 +180,12 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 		d2, _ := runChild(b, "", "sync", synced...)
 		cpSync += d1 + d2
 		os.RemoveAll(dst)
+		// cat > file: every shard's bytes into one output file, as the
+		// converter writes one GGUF (cp may clone or copy_file_range).
+		catOut := filepath.Join(work, "cat.out")
+		d, _ = runChild(b, "", "sh", append([]string{"-c", `out="$1"; shift; cat "$@" > "$out"`, "sh", catOut}, shards...)...)
+		cat += d
+		os.Remove(catOut)
 
 		out := filepath.Join(work, "out.gguf")
 		d, r := runChild(b, "FERRY_CONVERT_CHILD="+dir+":"+out, os.Args[0], "-test.run=^$")
@@ -204,12 +211,15 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 	b.ReportMetric(conv.Seconds()/cp.Seconds(), "x-cp")
 	b.ReportMetric(written.Seconds()/cp.Seconds(), "x-cp-written")
 	b.ReportMetric(conv.Seconds()/cpSync.Seconds(), "x-cp+fsync")
+	b.ReportMetric(conv.Seconds()/cat.Seconds(), "x-cat")
+	b.ReportMetric(written.Seconds()/cat.Seconds(), "x-cat-written")
+	b.ReportMetric(cat.Seconds()/n, "cat-s")
 	b.ReportMetric(cp.Seconds()/n, "cp-s")
 	b.ReportMetric(cpSync.Seconds()/n, "cp+fsync-s")
 	b.ReportMetric(conv.Seconds()/n, "convert-s")
 	b.ReportMetric(written.Seconds()/n, "written-s")
-	b.Logf("input %d bytes; convert %.2fs (last byte written at %.2fs, then fsync+rename), cp %.2fs, cp+fsync %.2fs, peak RSS %.0f MiB",
-		in, conv.Seconds()/n, written.Seconds()/n, cp.Seconds()/n, cpSync.Seconds()/n, float64(rss)/(1<<20))
+	b.Logf("input %d bytes; convert %.2fs (last byte written at %.2fs, then fsync+rename), cp %.2fs, cp+fsync %.2fs, cat > file %.2fs, peak RSS %.0f MiB",
+		in, conv.Seconds()/n, written.Seconds()/n, cp.Seconds()/n, cpSync.Seconds()/n, cat.Seconds()/n, float64(rss)/(1<<20))
 }
 
 // BenchmarkConvertSmall is the in-process conversion of the bundled
