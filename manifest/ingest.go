@@ -2,10 +2,8 @@ package manifest
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path"
@@ -14,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashing"
 )
 
 // Sentinel errors of the ingest writer.
@@ -34,8 +33,7 @@ const blobMode = 0o444
 type Writer struct {
 	s   *Store
 	f   *os.File
-	h   hash.Hash
-	n   int64
+	hw  *hashing.Writer // hashes what f accepted (hash only: Ingest hashes on its own goroutine)
 	err error
 }
 
@@ -45,7 +43,7 @@ func (s *Store) NewWriter() (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", s.Root, err)
 	}
-	return &Writer{s: s, f: f, h: sha256.New()}, nil
+	return &Writer{s: s, f: f, hw: hashing.NewWriter(nil)}, nil
 }
 
 // Write appends p to the blob.
@@ -54,8 +52,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 		return 0, w.err
 	}
 	n, err := w.f.Write(p)
-	w.h.Write(p[:n])
-	w.n += int64(n)
+	w.hw.Write(p[:n])
 	if err != nil {
 		w.err = err
 	}
@@ -63,7 +60,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 }
 
 // Size is the number of bytes written so far.
-func (w *Writer) Size() int64 { return w.n }
+func (w *Writer) Size() int64 { return w.hw.Size() }
 
 // Commit finishes the blob. size < 0 skips the length check; an empty
 // expected skips the digest check. A blob that already exists with that
@@ -73,10 +70,11 @@ func (w *Writer) Commit(size int64, expected Digest) (Digest, int64, error) {
 		w.Abort()
 		return "", 0, w.err
 	}
-	d := NewDigest(w.h.Sum(nil))
-	if size >= 0 && w.n != size {
+	sum, n := w.hw.Sum(), w.hw.Size()
+	d := NewDigest(sum[:])
+	if size >= 0 && n != size {
 		w.Abort()
-		return "", 0, fmt.Errorf("%w: wrote %d bytes, expected %d", ErrSizeMismatch, w.n, size)
+		return "", 0, fmt.Errorf("%w: wrote %d bytes, expected %d", ErrSizeMismatch, n, size)
 	}
 	if expected != "" && expected != d {
 		w.Abort()
@@ -93,11 +91,11 @@ func (w *Writer) Commit(size int64, expected Digest) (Digest, int64, error) {
 		os.Remove(tmp)
 		return "", 0, err
 	}
-	if err := w.s.place(tmp, d, w.n); err != nil {
+	if err := w.s.place(tmp, d, n); err != nil {
 		os.Remove(tmp)
 		return "", 0, err
 	}
-	return d, w.n, nil
+	return d, n, nil
 }
 
 // Abort drops the temp file. Safe after Commit.
@@ -160,7 +158,7 @@ func (s *Store) Ingest(r io.Reader, size int64) (Digest, int64, error) {
 	go func() {
 		defer close(hashed)
 		for b := range toHash {
-			w.h.Write(b)
+			w.hw.Write(b)
 			free <- b[:cap(b)]
 		}
 	}()
@@ -169,8 +167,7 @@ func (s *Store) Ingest(r io.Reader, size int64) (Digest, int64, error) {
 		buf := <-free
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
-			k, werr := w.f.Write(buf[:n])
-			w.n += int64(k)
+			_, werr := w.f.Write(buf[:n])
 			if werr != nil {
 				cerr = werr
 				free <- buf
