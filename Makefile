@@ -18,7 +18,7 @@ FUZZ_TARGETS := \
 	./gguf:FuzzReader:150000 \
 	./merge:FuzzAdapterConfig:200000 \
 	./manifest:FuzzManifest:300000 \
-	./manifest:FuzzJournal:5000 \
+	./manifest:FuzzJournal:1500 \
 	./pipeline:FuzzSpec:100000 \
 	./verify:FuzzGGUF:150000 \
 	./verify:FuzzConfig:30000 \
