@@ -392,6 +392,10 @@ func Parse(r io.ReaderAt, size int64, path string) (*File, error) {
 		if len(name) >= MaxNameLen {
 			return nil, h.errAt(at, "", name, ErrTensorName, "%d bytes, the limit is %d", len(name), MaxNameLen-1)
 		}
+		if name == "" {
+			// No tensor can be looked up, or written, under an empty name.
+			return nil, h.errAt(at, "", name, ErrTensorName, "empty")
+		}
 		if _, dup := f.tIndex[name]; dup {
 			return nil, h.errAt(at, "", name, ErrDuplicateTensor, "")
 		}

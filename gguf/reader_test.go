@@ -219,6 +219,7 @@ func TestParseBadInput(t *testing.T) {
 		{"dimension over int64", new(builder).head(1, 0).tensor("t", []uint64{1 << 63, 1}, quant.F32, 0).pad(64).Bytes(), ErrDims, 37},
 		{"byte size overflow", new(builder).head(1, 0).tensor("t", []uint64{1 << 62}, quant.F32, 0).pad(64).Bytes(), ErrDims, 33},
 		{"name too long", new(builder).head(1, 0).tensor(string(bytes.Repeat([]byte("x"), 64)), []uint64{4}, quant.F32, 0).pad(64).Bytes(), ErrTensorName, 24},
+		{"name empty", new(builder).head(1, 0).tensor("", []uint64{4}, quant.F32, 0).pad(64).Bytes(), ErrTensorName, 24},
 		{"duplicate tensor", new(builder).head(2, 0).tensor("t", []uint64{8}, quant.F32, 0).tensor("t", []uint64{8}, quant.F32, 32).pad(128).Bytes(), ErrDuplicateTensor, 57},
 		{"first offset not zero", new(builder).head(1, 0).tensor("t", []uint64{8}, quant.F32, 32).pad(128).Bytes(), ErrOffset, 49},
 		{"offset not contiguous", new(builder).head(2, 0).tensor("a", []uint64{8}, quant.F32, 0).tensor("b", []uint64{8}, quant.F32, 64).pad(128).Bytes(), ErrOffset, 82},
