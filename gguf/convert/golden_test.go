@@ -1,92 +1,35 @@
 package convert
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/internal/ggufcheck"
+	"github.com/ferry-llm/ferry/gguf/internal/goldenfile"
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
 var update = flag.Bool("update", false, "regenerate testdata/golden/*.json from ../../../shared/reference (see testdata/PROVENANCE.md)")
 
-// goldenFile is a GGUF file reduced to what the tests compare: every KV
-// (key, value type, value) in order, every tensor (name, type, dims,
-// offset, sha256 of its bytes) in order, and the whole file's sha256.
-type goldenFile struct {
-	Source  string         `json:"source"`
-	Size    int64          `json:"size"`
-	SHA256  string         `json:"sha256"`
-	KVs     []goldenKV     `json:"kvs"`
-	Tensors []goldenTensor `json:"tensors"`
-}
-
-type goldenKV struct {
-	Key   string          `json:"key"`
-	Type  string          `json:"type"`
-	Value json.RawMessage `json:"value"`
-}
-
-type goldenTensor struct {
-	Name   string   `json:"name"`
-	Type   string   `json:"type"`
-	Dims   []uint64 `json:"dims"`
-	Offset uint64   `json:"offset"`
-	SHA256 string   `json:"sha256"`
-}
-
-func kvJSON(kv gguf.KV) json.RawMessage {
-	v := kv.Value
-	if a, ok := v.(gguf.Array); ok {
-		v = map[string]any{"elem": a.Elem.String(), "values": a.Values}
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
+// The golden dumps: gguf/internal/goldenfile.
+type (
+	goldenFile   = goldenfile.File
+	goldenKV     = goldenfile.KV
+	goldenTensor = goldenfile.Tensor
+)
 
 func dumpGGUF(t testing.TB, path, source string) *goldenFile {
 	t.Helper()
-	f, err := gguf.Open(path)
+	g, err := goldenfile.Dump(path, source)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	g := &goldenFile{Source: source, Size: f.Size}
-	for _, kv := range f.KVs {
-		g.KVs = append(g.KVs, goldenKV{kv.Key, kv.Type.String(), kvJSON(kv)})
-	}
-	for _, ti := range f.Tensors {
-		h := sha256.New()
-		if _, err := io.Copy(h, f.Section(ti)); err != nil {
-			t.Fatal(err)
-		}
-		g.Tensors = append(g.Tensors, goldenTensor{ti.Name, ti.Type.String(), ti.Dims, ti.Offset, hex.EncodeToString(h.Sum(nil))})
-	}
-	fh, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, fh); err != nil {
-		t.Fatal(err)
-	}
-	g.SHA256 = hex.EncodeToString(h.Sum(nil))
 	return g
 }
 
@@ -102,12 +45,7 @@ func loadGolden(t *testing.T, name string) *goldenFile {
 	path := filepath.Join("testdata", "golden", name+".json")
 	if *update {
 		src := filepath.Join("..", "..", "..", "shared", "reference", goldens[name])
-		g := dumpGGUF(t, src, "../shared/reference/"+goldens[name])
-		b, _ := json.MarshalIndent(g, "", " ")
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		if err := goldenfile.Save(path, dumpGGUF(t, src, "../shared/reference/"+goldens[name])); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -117,22 +55,11 @@ func loadGolden(t *testing.T, name string) *goldenFile {
 // loadGoldenPath reads a golden dump, its KV values compacted.
 func loadGoldenPath(t *testing.T, path string) *goldenFile {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	g, err := goldenfile.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var g goldenFile
-	if err := json.Unmarshal(b, &g); err != nil {
-		t.Fatal(err)
-	}
-	for i := range g.KVs { // MarshalIndent indented the raw values
-		var c bytes.Buffer
-		if err := json.Compact(&c, g.KVs[i].Value); err != nil {
-			t.Fatal(err)
-		}
-		g.KVs[i].Value = c.Bytes()
-	}
-	return &g
+	return g
 }
 
 // intended lists the KV differences from a golden file that ferry makes on
