@@ -26,8 +26,10 @@ var ErrVerifyFailed = errkind.New(errkind.VerifyFailed, "verification failed")
 //	verify_mtp: { from: [f16, quants, mlx4], require: true, deep: false }
 //
 // require makes an absent head a failure; deep reads the head's tensor
-// bytes. The stage's output is the report (mtp-report.json); a failed check
-// fails the stage (exit 3) and leaves no record, so it runs again next time.
+// bytes. The stage's output is the report (mtp-report.json: a
+// verify.Summary, the layout `ferry verify mtp --json` prints, its results
+// in artifact order); a failed check fails the stage (exit 3) and leaves no
+// record, so it runs again next time.
 type verifyMTPStage struct {
 	From    []string `json:"from"`
 	Require bool     `json:"require"`
@@ -53,15 +55,9 @@ func newVerifyMTP(p *Params) (Stage, error) {
 
 func (s *verifyMTPStage) Params() any { return s }
 
-type mtpResult struct {
-	Artifact string `json:"artifact"` // stage, or stage/file.gguf
-	Pass     bool   `json:"pass"`
-	*verify.Report
-}
-
 func (s *verifyMTPStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	opts := verify.Options{Deep: s.Deep, Require: s.Require}
-	var results []mtpResult
+	var results []verify.Result
 	var failed []string
 	for _, name := range s.From {
 		in := env.Input(name)
@@ -81,25 +77,24 @@ func (s *verifyMTPStage) Run(ctx context.Context, env *Env) (*Result, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			rep, err := verify.MTP(t[1], opts)
+			// Named by artifact: the report must not depend on where views live.
+			r, err := verify.Check(t[0], t[1], opts)
 			if err != nil {
 				return nil, fmt.Errorf("verify_mtp %s: %w", t[0], err)
 			}
-			rep.Path = t[0] // the report must not depend on where views live
-			r := mtpResult{Artifact: t[0], Pass: rep.Pass(s.Require), Report: rep}
 			results = append(results, r)
-			env.Log.Info("mtp check", "artifact", t[0], "verdict", rep.Verdict, "pass", r.Pass)
+			env.Log.Info("mtp check", "artifact", t[0], "verdict", r.Verdict, "pass", r.Pass)
 			if !r.Pass {
-				failed = append(failed, fmt.Sprintf("%s: %s (%s)", t[0], rep.Verdict, rep.Message))
+				failed = append(failed, fmt.Sprintf("%s: %s (%s)", t[0], r.Verdict, r.Message))
 			}
 		}
 	}
-	sort.SliceStable(results, func(i, j int) bool { return results[i].Artifact < results[j].Artifact })
+	sort.SliceStable(results, func(i, j int) bool { return results[i].Path < results[j].Path })
 	if len(failed) > 0 {
 		return nil, fmt.Errorf("%w: MTP head: %s", ErrVerifyFailed, strings.Join(failed, "; "))
 	}
 	var buf bytes.Buffer
-	if err := jsonout.Write(&buf, results); err != nil {
+	if err := jsonout.Write(&buf, verify.Summarize(opts, results)); err != nil {
 		return nil, err
 	}
 	d, n, err := env.Store.Ingest(&buf, int64(buf.Len()))

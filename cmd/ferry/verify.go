@@ -53,60 +53,38 @@ func verifyMTPCommand() *cli.Command {
 	}
 }
 
-// mtpResult is one path's outcome: a report or an error.
-type mtpResult struct {
-	*verify.Report
-	Path  string `json:"path"`
-	Pass  bool   `json:"pass"`
-	Error string `json:"error,omitempty"`
-}
-
 func runVerifyMTP(c *cli.Context) error {
 	if c.NArg() == 0 {
 		return usageErrorf("'ferry verify mtp' needs at least one PATH (a GGUF file, a safetensors or MLX directory)")
 	}
 	opts := verify.Options{Deep: c.Bool("deep"), Require: c.Bool("require"), FollowLinks: c.Bool("follow-links")}
-	var results []mtpResult
+	var results []verify.Result
 	var firstErr error
-	failed := 0
 	for _, p := range c.Args().Slice() {
-		rep, err := verify.MTP(p, opts)
-		if err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
-			results = append(results, mtpResult{Path: p, Error: err.Error()})
-			continue
+		r, err := verify.Check(p, p, opts)
+		if err != nil && firstErr == nil {
+			firstErr = err
 		}
-		pass := rep.Pass(opts.Require)
-		if !pass {
-			failed++
-		}
-		results = append(results, mtpResult{Report: rep, Path: p, Pass: pass})
+		results = append(results, r)
 	}
-	out := c.App.Writer
+	sum := verify.Summarize(opts, results)
 	if c.Bool("json") {
-		if err := printJSON(c, struct {
-			Pass    bool        `json:"pass"`
-			Require bool        `json:"require"`
-			Deep    bool        `json:"deep"`
-			Results []mtpResult `json:"results"`
-		}{firstErr == nil && failed == 0, opts.Require, opts.Deep, results}); err != nil {
+		if err := printJSON(c, sum); err != nil {
 			return err
 		}
 	} else {
-		writeMTPTable(out, results, opts)
+		writeMTPTable(c.App.Writer, results, opts)
 	}
 	if firstErr != nil {
 		return firstErr
 	}
-	if failed > 0 {
+	if failed := len(sum.Failed()); failed > 0 {
 		return verifyFailed(fmt.Errorf("MTP verification failed for %d of %d path(s)", failed, len(results)))
 	}
 	return nil
 }
 
-func writeMTPTable(out io.Writer, results []mtpResult, opts verify.Options) {
+func writeMTPTable(out io.Writer, results []verify.Result, opts verify.Options) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PATH\tFORMAT\tHEAD\tPROMISED\tFOUND\tTENSORS\tVERDICT")
 	for _, r := range results {
