@@ -2,8 +2,6 @@ package manifest
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +11,8 @@ import (
 	"path/filepath"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashing"
+	"github.com/ferry-llm/ferry/internal/journal"
 )
 
 // Blobs that are not copies.
@@ -110,14 +110,6 @@ func (s *Store) DropInPlace(d Digest, src string) error {
 	return nil
 }
 
-// hashState is the resume state of HashResumable.
-type hashState struct {
-	Ref   string `json:"ref"`
-	Stamp Stamp  `json:"stamp"` // of the file whose content is hashed
-	End   int64  `json:"end"`
-	State []byte `json:"state"` // marshaled sha256 state at End
-}
-
 // refDir is the resume directory of output ref of the stage run with key.
 func (s *Store) refDir(key, ref string) (string, error) {
 	if err := checkRelPath(ref); err != nil {
@@ -127,12 +119,25 @@ func (s *Store) refDir(key, ref string) (string, error) {
 	return dir, os.MkdirAll(dir, 0o755)
 }
 
+// hashRef is the journal ref of HashResumable: the output and the stamp of
+// the file whose content is hashed, so a file that changed starts over.
+func hashRef(ref string, st Stamp) string {
+	b, _ := json.Marshal(st) // a struct of numbers always marshals
+	return "hash " + ref + " " + string(b)
+}
+
+// hashUnit names the unit lines of HashResumable's journal.
+const hashUnit = "hash"
+
 // HashResumable hashes the file at p, whose content is that of a file with
 // stamp st (p itself, or a clone of it), for output ref of the stage run
-// with key. After every unit bytes it saves the sha256 state (crypto/sha256
-// implements encoding.BinaryMarshaler) in the stage's ingest directory, so
-// a killed run continues from the last unit boundary instead of byte 0; the
-// state is bound to ref and st, so a file that changed starts over. It
+// with key. After every unit bytes it records the sha256 state
+// (hashing.Writer.State) in the ref's journal (internal/journal, in the
+// stage's ingest directory, as OpenJournal's), so a killed run continues
+// from the last unit boundary instead of byte 0; the journal's ref names ref
+// and st, so a file that changed starts over. The lines are not fsynced:
+// they only save work (a crash may lose the last few; see
+// journal.AppendNoSync). A file of one unit or less keeps no journal. It
 // fails if the file ends early or its stamp changes while it is read.
 // progress, if not nil, gets the bytes hashed (those of earlier runs
 // first).
@@ -147,16 +152,26 @@ func (s *Store) HashResumable(ctx context.Context, key, ref, p string, st Stamp,
 	if err != nil {
 		return "", err
 	}
-	statePath := filepath.Join(dir, "hash")
-	h := sha256.New()
-	var off int64
-	if b, err := os.ReadFile(statePath); err == nil {
-		var hs hashState
-		if json.Unmarshal(b, &hs) == nil && hs.Ref == ref && hs.Stamp == st && hs.End >= 0 && hs.End <= st.Size &&
-			h.(encoding.BinaryUnmarshaler).UnmarshalBinary(hs.State) == nil {
-			off = hs.End
-		} else {
-			h = sha256.New()
+	h := hashing.NewWriter(nil)
+	var log *journal.Log
+	if st.Size > unit {
+		jref := hashRef(ref, st)
+		var entries []journal.Entry
+		if log, entries, _, err = journal.Open(filepath.Join(dir, "journal"), jref); err != nil {
+			return "", err
+		}
+		defer log.Close()
+		if len(entries) > 0 {
+			last := entries[len(entries)-1]
+			r, err := hashing.Resume(nil, last.State, last.End)
+			if last.Unit != hashUnit || last.End <= 0 || last.End > st.Size || err != nil {
+				// Not a journal this function wrote: start over.
+				if err := log.Reset(jref); err != nil {
+					return "", err
+				}
+			} else {
+				h = r
+			}
 		}
 	}
 	f, err := os.Open(p)
@@ -164,6 +179,7 @@ func (s *Store) HashResumable(ctx context.Context, key, ref, p string, st Stamp,
 		return "", err
 	}
 	defer f.Close()
+	off := h.Size()
 	progress(off)
 	// The next chunks are read while one is hashed (a cold file reads at
 	// disk speed, which is about sha256's); chunks end at unit boundaries.
@@ -217,18 +233,10 @@ func (s *Store) HashResumable(ctx context.Context, key, ref, p string, st Stamp,
 			return "", c.err
 		}
 		free <- c.b[:cap(c.b)]
-		if off%unit != 0 || off == st.Size {
+		if log == nil || off%unit != 0 || off == st.Size {
 			continue // mid-unit, or done: nothing left to resume
 		}
-		state, err := h.(encoding.BinaryMarshaler).MarshalBinary()
-		if err != nil {
-			return "", err
-		}
-		b, err := json.Marshal(hashState{Ref: ref, Stamp: st, End: off, State: state})
-		if err != nil {
-			return "", err
-		}
-		if err := saveState(statePath, b); err != nil {
+		if err := log.AppendNoSync(journal.Entry{Unit: hashUnit, End: off, State: h.State()}); err != nil {
 			return "", err
 		}
 	}
@@ -242,20 +250,8 @@ func (s *Store) HashResumable(ctx context.Context, key, ref, p string, st Stamp,
 	if fi.Size() != st.Size {
 		return "", fmt.Errorf("%s: changed while it was being read (%d bytes, was %d)", p, fi.Size(), st.Size)
 	}
-	return NewDigest(h.Sum(nil)), nil
-}
-
-// saveState replaces the resume state at p by b: written under a temp name
-// and renamed, so a kill leaves the old state or the new one, never a torn
-// one. It is not fsynced: the state only saves work (a state lost with the
-// page cache in a crash means hashing again from an earlier offset, or from
-// byte 0), and fsyncing it after every unit would cost more than the unit.
-func saveState(p string, b []byte) error {
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	sum := h.Sum()
+	return NewDigest(sum[:]), nil
 }
 
 // IngestClone makes the file src (of stamp st) a blob by cloning it into the
@@ -269,7 +265,7 @@ func (s *Store) IngestClone(ctx context.Context, key, ref, src string, st Stamp,
 		return "", err
 	}
 	// A clone left by a killed run is made again (it costs nothing); the
-	// hash state is bound to the source's stamp, so it still applies.
+	// hash journal is bound to the source's stamp, so it still applies.
 	c := filepath.Join(dir, "clone")
 	if err := os.Remove(c); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", err

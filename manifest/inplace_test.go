@@ -3,7 +3,9 @@ package manifest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,8 @@ import (
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashing"
+	"github.com/ferry-llm/ferry/internal/journal"
 )
 
 // inPlace hashes the file at p and references it as a blob.
@@ -134,22 +138,10 @@ func TestHashResumable(t *testing.T) {
 	}
 	st, _ := StatStamp(src)
 	const unit = 64 << 10
-	ctx, cancel := context.WithCancel(context.Background())
-	var done int64
-	_, err := s.HashResumable(ctx, "k", "w.bin", src, st, unit, func(n int64) {
-		if done += n; done >= 5*unit+100 {
-			cancel()
-		}
-	})
-	if !errors.Is(err, context.Canceled) {
+	if err := hashUntil(s, src, st, unit, 5*unit+100); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: %v", err)
 	}
-	var first int64 = -1
-	d, err := s.HashResumable(context.Background(), "k", "w.bin", src, st, unit, func(n int64) {
-		if first < 0 {
-			first = n
-		}
-	})
+	d, first, err := hashFrom(s, src, st, unit)
 	if err != nil || d != DigestOf(content) {
 		t.Fatalf("resumed: %s %v", d, err)
 	}
@@ -161,24 +153,8 @@ func TestHashResumable(t *testing.T) {
 	// The same ref with another stamp (the file changed) starts at 0.
 	other := st
 	other.MtimeNs++
-	cancelAt := func(at int64) (context.Context, func(int64)) {
-		ctx, cancel := context.WithCancel(context.Background())
-		var n int64
-		return ctx, func(k int64) {
-			if n += k; n >= at {
-				cancel()
-			}
-		}
-	}
-	ctx, prog := cancelAt(3*unit + 1)
-	s.HashResumable(ctx, "k", "w.bin", src, st, unit, prog)
-	first = -1
-	s.HashResumable(context.Background(), "k", "w.bin", src, other, unit, func(n int64) {
-		if first < 0 {
-			first = n
-		}
-	})
-	if first != 0 {
+	hashUntil(s, src, st, unit, 3*unit+1)
+	if _, first, _ = hashFrom(s, src, other, unit); first != 0 {
 		t.Errorf("a changed stamp resumed from byte %d", first)
 	}
 	// A file that ends early is refused.
@@ -186,6 +162,146 @@ func TestHashResumable(t *testing.T) {
 	short.Size += 10
 	if _, err := s.HashResumable(context.Background(), "k", "w.bin", src, short, unit, nil); err == nil || !strings.Contains(err.Error(), "changed while it was being read") {
 		t.Errorf("short file: %v", err)
+	}
+}
+
+// HashResumable keeps its resume state in the one journal
+// (internal/journal): a ref naming the output and the file's stamp, then a
+// unit line per unit with its end and the sha256 state there. A resume
+// trusts the last unit line only when it is one it wrote (a torn tail is
+// dropped); a stale ref or a state that does not restore starts over, and
+// every run ends with the file's digest. A file of one unit keeps no
+// journal.
+func TestHashResumableJournal(t *testing.T) {
+	content := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
+	const unit = 64 << 10
+	unitLine := func(end int64, state []byte) journal.Entry {
+		return journal.Entry{Unit: hashUnit, End: end, State: state}
+	}
+	for _, tc := range []struct {
+		name   string
+		stamp  func(Stamp) Stamp                 // the stamp the resuming run gives
+		tamper func(t *testing.T, p, ref string) // on the journal left by a cancelled run
+		from   int64                             // where the resuming run starts
+	}{
+		{"as left", nil, nil, 6 * unit},
+		{"torn last line", nil, func(t *testing.T, p, _ string) {
+			f, _ := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+			f.WriteString(`{"unit":"hash","end":4194`)
+			f.Close()
+		}, 6 * unit},
+		{"file changed: stale ref", func(st Stamp) Stamp { st.MtimeNs++; return st }, nil, 0},
+		{"state that does not restore", nil, func(t *testing.T, p, ref string) {
+			appendLines(t, p, ref, unitLine(7*unit, []byte("not a sha256 state")))
+		}, 0},
+		{"end past the file", nil, func(t *testing.T, p, ref string) {
+			h := hashing.NewWriter(nil)
+			h.Write(content[:unit])
+			appendLines(t, p, ref, unitLine(int64(len(content))+unit, h.State()))
+		}, 0},
+		{"a line it did not write", nil, func(t *testing.T, p, ref string) {
+			appendLines(t, p, ref, journal.Entry{Commit: "sha256:00", Size: 1})
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openTemp(t)
+			src := filepath.Join(t.TempDir(), "w.bin")
+			if err := os.WriteFile(src, content, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			st, _ := StatStamp(src)
+			if err := hashUntil(s, src, st, unit, 5*unit+100); !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled: %v", err)
+			}
+			dir, _ := s.refDir("k", "w.bin")
+			jp := filepath.Join(dir, "journal")
+			// The state is an internal/journal journal for this file and
+			// stamp, its last unit at the end of the sixth (the one
+			// cancelled inside), holding the hash of the bytes before it.
+			ref := hashRef("w.bin", st)
+			if got, err := journal.Ref(jp); err != nil || got != ref {
+				t.Fatalf("journal ref %q %v, want %q", got, err, ref)
+			}
+			l, entries, _, err := journal.Open(jp, ref)
+			if err != nil || len(entries) == 0 {
+				t.Fatalf("journal: %v %v", entries, err)
+			}
+			l.Close()
+			last := entries[len(entries)-1]
+			h, err := hashing.Resume(nil, last.State, last.End)
+			if err != nil || last.Unit != hashUnit || last.End != 6*unit || h.Sum() != sha256.Sum256(content[:last.End]) {
+				t.Fatalf("last unit %q at %d (%v): not the state of the first six units", last.Unit, last.End, err)
+			}
+			if tc.tamper != nil {
+				tc.tamper(t, jp, ref)
+			}
+			resumed := st
+			if tc.stamp != nil {
+				resumed = tc.stamp(st)
+			}
+			d, first, err := hashFrom(s, src, resumed, unit)
+			if err != nil || d != DigestOf(content) {
+				t.Fatalf("resumed: %s %v", d, err)
+			}
+			if first != tc.from {
+				t.Errorf("resumed from byte %d, want %d", first, tc.from)
+			}
+			if got, _ := journal.Ref(jp); got != hashRef("w.bin", resumed) {
+				t.Errorf("journal ref after the resume %q, want %q", got, hashRef("w.bin", resumed))
+			}
+		})
+	}
+	t.Run("one unit keeps no journal", func(t *testing.T) {
+		s := openTemp(t)
+		src := filepath.Join(t.TempDir(), "w.bin")
+		os.WriteFile(src, content[:unit], 0o644)
+		st, _ := StatStamp(src)
+		if d, err := s.HashResumable(context.Background(), "k", "w.bin", src, st, unit, nil); err != nil || d != DigestOf(content[:unit]) {
+			t.Fatalf("%s %v", d, err)
+		}
+		dir, _ := s.refDir("k", "w.bin")
+		if _, err := os.Stat(filepath.Join(dir, "journal")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("a one-unit file left a journal: %v", err)
+		}
+	})
+}
+
+// hashUntil hashes src (output w.bin of stage run k) resumably and cancels
+// the run once at bytes are hashed.
+func hashUntil(s *Store, src string, st Stamp, unit, at int64) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var n int64
+	_, err := s.HashResumable(ctx, "k", "w.bin", src, st, unit, func(k int64) {
+		if n += k; n >= at {
+			cancel()
+		}
+	})
+	return err
+}
+
+// hashFrom hashes src (output w.bin of stage run k) resumably to the end;
+// first is the byte it started from (its first progress report).
+func hashFrom(s *Store, src string, st Stamp, unit int64) (d Digest, first int64, err error) {
+	first = -1
+	d, err = s.HashResumable(context.Background(), "k", "w.bin", src, st, unit, func(n int64) {
+		if first < 0 {
+			first = n
+		}
+	})
+	return d, first, err
+}
+
+// appendLines appends entries to the journal at p, opened for ref.
+func appendLines(t *testing.T, p, ref string, es ...journal.Entry) {
+	t.Helper()
+	l, _, _, err := journal.Open(p, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Append(es...); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -1,14 +1,14 @@
 // Package journal is ferry's one resume journal: an append-only file of
 // JSON lines that says which units of a long write are durable. Every
-// resumable writer keeps one (the store's journaled blobs, merge, gguf
-// convert); what a unit is belongs to the writer.
+// resumable writer keeps one (the store's journaled blobs and resumable
+// hashes, merge, gguf convert); what a unit is belongs to the writer.
 //
 // The first line names what the journal belongs to (Ref: a plan key, a
 // stamp of the inputs and options). A journal opened with another Ref, or
 // one that does not parse, starts over: stale units are never trusted. A
 // torn last line (a crash inside an append) is dropped. Each Append is
 // fsynced before it returns, so a unit is recorded only after the writer
-// made its bytes durable.
+// made its bytes durable; AppendNoSync is for units that only save work.
 package journal
 
 import (
@@ -138,6 +138,24 @@ func (l *Log) Reset(ref string) error {
 
 // Append writes the entries and fsyncs the journal.
 func (l *Log) Append(es ...Entry) error {
+	if err := l.write(es); err != nil {
+		return err
+	}
+	if err := l.f.Sync(); err != nil {
+		return fmt.Errorf("%s: fsync: %w", l.path, err)
+	}
+	return nil
+}
+
+// AppendNoSync writes the entries without fsyncing them, for units that
+// only save work: a hash of a file that is read, not written, whose bytes
+// are durable without the journal. A killed process loses nothing (the
+// kernel holds the lines); a crash may lose the last lines, or tear one,
+// and the writer then resumes from an earlier unit. Fsyncing every unit
+// would cost about as much as hashing it on a loaded machine.
+func (l *Log) AppendNoSync(es ...Entry) error { return l.write(es) }
+
+func (l *Log) write(es []Entry) error {
 	var b bytes.Buffer
 	for _, e := range es {
 		line, err := json.Marshal(e)
@@ -151,9 +169,6 @@ func (l *Log) Append(es ...Entry) error {
 	w.Write(b.Bytes())
 	if err := w.Flush(); err != nil {
 		return fmt.Errorf("%s: %w", l.path, err)
-	}
-	if err := l.f.Sync(); err != nil {
-		return fmt.Errorf("%s: fsync: %w", l.path, err)
 	}
 	return nil
 }
