@@ -1,6 +1,9 @@
 package quant
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+)
 
 // FileType is llama.cpp's llama_ftype (include/llama.h; gguf-py
 // LlamaFileType), the value of general.file_type: which type most of a
@@ -86,4 +89,71 @@ func FileTypeOf(t Type) (FileType, bool) {
 		}
 	}
 	return 0, false
+}
+
+// unsupportedFileTypes are the llama_ftype values llama-quantize makes
+// and ferry does not, by llama-quantize's name (include/llama.h and
+// tools/quantize/quantize.cpp QUANT_OPTIONS at 34af94c).
+var unsupportedFileTypes = map[FileType]string{
+	19: "IQ2_XXS", 20: "IQ2_XS", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S",
+	27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 36: "TQ1_0", 37: "TQ2_0",
+	38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
+}
+
+// fileTypeAliases are llama-quantize's short names for the medium mixes.
+var fileTypeAliases = map[string]FileType{"Q3_K": FileQ3_K_M, "Q4_K": FileQ4_K_M, "Q5_K": FileQ5_K_M}
+
+// LookupFileType parses a type argument of llama-quantize: a name such as
+// Q4_K_M, in any ASCII case, an alias (Q3_K, Q4_K and Q5_K are the _M
+// mixes), or a llama_ftype number in decimal. It returns an error wrapping
+// ErrUnsupportedFileType for a type llama-quantize makes and ferry does
+// not (the IQ, TQ and FP4 mixes, and COPY), and a plain error for a name
+// llama-quantize does not know either. Unlike llama-quantize, which reads
+// a number with std::stoi, a number with anything after its digits is
+// refused.
+func LookupFileType(s string) (FileType, error) {
+	up := asciiUpper(s)
+	if f, ok := fileTypeAliases[up]; ok {
+		return f, nil
+	}
+	for f, t := range fileTable {
+		if t.name == up {
+			return f, nil
+		}
+	}
+	for f, name := range unsupportedFileTypes {
+		if name == up {
+			return f, fmt.Errorf("%s: %w", name, ErrUnsupportedFileType)
+		}
+	}
+	if up == "COPY" {
+		return 0, fmt.Errorf("COPY: %w", ErrUnsupportedFileType)
+	}
+	if n, err := strconv.ParseUint(s, 10, 32); err == nil {
+		f := FileType(n)
+		if f.Known() {
+			return f, nil
+		}
+		if name, ok := unsupportedFileTypes[f]; ok {
+			return f, fmt.Errorf("%s: %w", name, ErrUnsupportedFileType)
+		}
+	}
+	return 0, fmt.Errorf("unknown file type %q", s)
+}
+
+// ParseFileType is LookupFileType for the file types Mix makes: false for
+// anything else.
+func ParseFileType(s string) (FileType, bool) {
+	f, err := LookupFileType(s)
+	return f, err == nil
+}
+
+func asciiUpper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'a' <= c && c <= 'z' {
+			b[i] = c - ('a' - 'A')
+		}
+	}
+	return string(b)
 }

@@ -1,12 +1,15 @@
 // Package quant holds what ferry knows about ggml's tensor types: the type
 // codes and their block traits (elements and bytes per block, where the
 // float fields sit in a block), the llama_ftype enum written as
-// general.file_type, the encoders from float32 rows into ggml blocks, and
-// Policy, the per-tensor type choice a writer asks for and never makes.
+// general.file_type, the encoders from float32 rows into ggml blocks,
+// Policy, the per-tensor type choice a writer asks for and never makes, and
+// Mix, llama-quantize's choice of every tensor's type in a file of a given
+// type (Q4_K_M …), with LoaderLess, the llama.cpp loader's tensor order.
 //
 // It is the one table of ggml types: the GGUF reader and writer size
 // tensors with it, gguf/convert encodes with it, verify decodes scales with
-// it. It knows no file format and no model family.
+// it. It knows no file format, and of model families only the arch names
+// llama-quantize's rules test (mix.go).
 //
 // Sources: enum ggml_type and type_traits in ggml/include/ggml.h and
 // ggml/src/ggml.c, block layouts in ggml/src/ggml-common.h, and
