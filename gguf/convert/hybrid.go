@@ -190,7 +190,12 @@ func (h *hybrid) modify(m *model, v *vtensor, bid int) ([]*vtensor, error) {
 			return nil, err
 		}
 	case strings.HasSuffix(name, "norm.weight") && !strings.HasSuffix(name, "linear_attn.norm.weight"):
-		v = v.withOp(opAddOne)
+		// As for A_log: an F16 weight gets its +1 in float16.
+		op := opAddOne
+		if len(v.srcs) == 1 && v.srcs[0].DType == tensor.F16 {
+			op = opAddOneF16
+		}
+		v = v.withOp(op)
 	}
 	if strings.Contains(v.Name, "in_proj_qkvz.weight") {
 		return h.splitQKVZ(v, bid)

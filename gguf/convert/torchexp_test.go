@@ -395,3 +395,53 @@ func setTensor(t *testing.T, dir, name string, dt tensor.DType, v []float32) {
 		t.Fatal(err)
 	}
 }
+
+// TestNormPlusOneF16: the converter widens every dtype but float16 to
+// float32 before modify_tensors (conversion/base.py prepare_tensors), so
+// the Qwen3.5 RMSNorm weights of an F16 checkpoint get their +1 as torch's
+// half add: the float32 sum rounded to float16. A BF16 or F32 checkpoint's
+// sum stays float32.
+func TestNormPlusOneF16(t *testing.T) {
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16, tensor.F32} {
+		t.Run(string(dt), func(t *testing.T) {
+			dir := t.TempDir()
+			m, err := (testmodel.Qwen35Options{Common: testmodel.Common{DType: dt}}).Write(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := cfgInt(m, "hidden_size")
+			// Half values whose last two bits do not survive the +1: in
+			// [0.25, 0.5) a half has 2^-12 steps, in [1, 2) 2^-10.
+			in := make([]float32, n)
+			for i := range in {
+				in[i] = tensor.F16ToFloat32(0x3400 + uint16(i*37%1024))
+			}
+			setTensor(t, dir, m.Prefix+"layers.0.input_layernorm.weight", dt, in)
+			b := make([]byte, n*dt.Bits()/8)
+			if err := tensor.FromF32(dt, b, in); err != nil {
+				t.Fatal(err)
+			}
+			if err := tensor.ToF32(dt, in, b); err != nil { // the values as stored
+				t.Fatal(err)
+			}
+			gg, _ := convertDir(t, dir, Options{OutType: OutF16}, WriteOptions{})
+			got := values(t, openGGUF(t, gg), "blk.0.attn_norm.weight")
+			rounded := 0
+			for i, x := range in {
+				want := x + 1
+				if dt == tensor.F16 {
+					want = tensor.F16ToFloat32(tensor.Float32ToF16(want))
+				}
+				if want != x+1 {
+					rounded++
+				}
+				if math.Float32bits(got[i]) != math.Float32bits(want) {
+					t.Errorf("attn_norm[%d] = %g, want %g (input %g)", i, got[i], want, x)
+				}
+			}
+			if dt == tensor.F16 && rounded == 0 {
+				t.Fatal("no input whose +1 rounds in float16: the test checks nothing")
+			}
+		})
+	}
+}

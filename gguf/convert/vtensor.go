@@ -23,6 +23,7 @@ const (
 	opAddOne    elemOp = iota + 1 // x + 1 (Qwen3-Next / Qwen3.5 RMSNorm weights)
 	opNegExp                      // -exp(x) in float32 (A_log → ssm_a), torch's float32 exp
 	opNegExpF16                   // -exp(x) of an F16 A_log: torch's float16 exp
+	opAddOneF16                   // x + 1 of an F16 norm weight, rounded to float16 as torch's half add
 )
 
 func (o elemOp) String() string {
@@ -33,6 +34,8 @@ func (o elemOp) String() string {
 		return "-exp"
 	case opNegExpF16:
 		return "-exp (f16)"
+	case opAddOneF16:
+		return "+1 (f16)"
 	}
 	return "?"
 }

@@ -438,6 +438,11 @@ func transformEncode(t *TensorPlan, b *buffers, u unit) error {
 			for k := range f32 {
 				f32[k] = f32[k] + 1
 			}
+		case opAddOneF16:
+			// torch adds in float32 and rounds the sum to half (RNE).
+			for k := range f32 {
+				f32[k] = tensor.F16ToFloat32(tensor.Float32ToF16(f32[k] + 1))
+			}
 		case opNegExp:
 			for k := range f32 {
 				f32[k] = -torchExpF32(f32[k])
