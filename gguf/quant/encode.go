@@ -19,6 +19,10 @@ var encoders = map[Type]func(dst []byte, src []float32){
 	F16:  tensor.F32ToF16,
 	BF16: tensor.F32ToBF16,
 	Q8_0: quantizeQ8_0,
+	Q4_0: q4_0.encode,
+	Q4_1: q4_1.encode,
+	Q5_0: q5_0.encode,
+	Q5_1: q5_1.encode,
 }
 
 // CanEncode reports whether Encode handles t.
@@ -31,15 +35,25 @@ func Encode(t Type, dst []byte, src []float32) error {
 	if !ok {
 		return fmt.Errorf("%w for %s", ErrNoEncoder, t)
 	}
-	bs := t.BlockSize()
-	if int64(len(src))%bs != 0 {
-		return fmt.Errorf("%s: %d values are not a whole number of %d-value blocks", t, len(src), bs)
-	}
-	if need := int64(len(src)) / bs * t.TypeSize(); int64(len(dst)) < need {
-		return fmt.Errorf("%s: %d values need %d bytes, have %d", t, len(src), need, len(dst))
+	if _, err := blockBytes(t, len(src), len(dst)); err != nil {
+		return err
 	}
 	enc(dst, src)
 	return nil
+}
+
+// blockBytes is the size of n values of t, checking that they are whole
+// blocks and that a buffer of have bytes holds them.
+func blockBytes(t Type, n, have int) (int, error) {
+	bs := t.BlockSize()
+	if int64(n)%bs != 0 {
+		return 0, fmt.Errorf("%s: %d values are not a whole number of %d-value blocks", t, n, bs)
+	}
+	need := int64(n) / bs * t.TypeSize()
+	if int64(have) < need {
+		return 0, fmt.Errorf("%s: %d values need %d bytes, have %d", t, n, need, have)
+	}
+	return int(need), nil
 }
 
 // quantizeQ8_0 is quantize_row_q8_0_ref (and gguf-py's bit-exact Q8_0):
@@ -48,25 +62,27 @@ func Encode(t Type, dst []byte, src []float32) error {
 // Every product is rounded to float32 on its own (the explicit float32
 // conversions keep the compiler from fusing into an FMA on arm64), so the
 // bytes are the same on every platform.
+//
+// The maximum is C's MAX(amax, |x|), which takes a NaN and drops it again
+// at the next value, and the float-to-int8 store is x86-64's (cByte), so
+// a block whose largest magnitude is subnormal (an infinite id) gets
+// llama-quantize's bytes on arm64 too.
 func quantizeQ8_0(dst []byte, src []float32) {
 	for bi := 0; bi*32 < len(src); bi++ {
 		x := src[bi*32 : bi*32+32]
 		out := dst[bi*34 : bi*34+34]
 		var amax float32
 		for _, v := range x {
-			if a := float32(math.Abs(float64(v))); a > amax {
+			if a := abs32(v); !(amax > a) {
 				amax = a
 			}
 		}
 		d := amax / 127
-		var id float32
-		if d != 0 {
-			id = 1 / d
-		}
+		id := inverse(d)
 		binary.LittleEndian.PutUint16(out, tensor.Float32ToF16(d))
 		for k, v := range x {
 			q := float32(v * id)
-			out[2+k] = byte(int8(math.Round(float64(q))))
+			out[2+k] = cByte(float32(math.Round(float64(q))))
 		}
 	}
 }

@@ -3,6 +3,7 @@ package quant
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"testing"
 )
 
@@ -140,9 +141,34 @@ func TestEncodeRefuses(t *testing.T) {
 	if err := Encode(Q8_0, make([]byte, 33), make([]float32, 32)); err == nil {
 		t.Error("a short Q8_0 destination accepted")
 	}
-	for _, ty := range []Type{F32, F16, BF16, Q8_0} {
+	for _, ty := range []Type{F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1} {
 		if !ty.CanEncode() {
 			t.Errorf("%s: no encoder", ty)
 		}
+	}
+}
+
+func TestDecodeRefuses(t *testing.T) {
+	if err := Decode(IQ2_XS, make([]float32, 256), make([]byte, 74)); !errors.Is(err, ErrNoDecoder) {
+		t.Errorf("IQ2_XS: %v", err)
+	}
+	if err := Decode(Q4_K, make([]float32, 255), make([]byte, 144)); err == nil {
+		t.Error("a partial Q4_K block decoded")
+	}
+	if err := Decode(Q4_0, make([]float32, 64), make([]byte, 35)); err == nil {
+		t.Error("a short Q4_0 source accepted")
+	}
+	// Every type ferry writes can be read back (the quality report,
+	// re-quantizing a quantized input).
+	for ty := range encoders {
+		if !ty.CanDecode() {
+			t.Errorf("%s: an encoder and no decoder", ty)
+		}
+	}
+	// F32 decodes to itself, bit for bit (NaN payloads too).
+	src := []byte{0x01, 0x00, 0xc0, 0x7f, 0x00, 0x00, 0x80, 0xbf}
+	got := make([]float32, 2)
+	if err := Decode(F32, got, src); err != nil || math.Float32bits(got[0]) != 0x7fc00001 || got[1] != -1 {
+		t.Errorf("F32: %#x %v %v", math.Float32bits(got[0]), got[1], err)
 	}
 }
