@@ -31,7 +31,7 @@ FUZZFLAGS ?= -fuzzminimizetime 0
 # Benchmarks: package:regexp. BENCHTIME=1x keeps the heavy ones to one pass.
 BENCHTIME ?= 1x
 
-.PHONY: all build test vet unit fuzz-smoke fuzz cross bench demo clean
+.PHONY: all build test vet unit fuzz-smoke fuzz cross qemu bench demo clean
 
 all: build
 
@@ -64,7 +64,29 @@ cross:
 	GOOS=darwin GOARCH=arm64 $(GO) build $(CROSSFLAGS) ./...
 	GOOS=linux GOARCH=arm64 $(GO) build $(CROSSFLAGS) ./...
 
-test: vet unit fuzz-smoke cross
+# The quantizer's tests (reference vectors, goldens) built for linux/arm64
+# with full optimisation and run under qemu-user: there Go may fuse x*y+z
+# into one FMA and float-to-int conversions saturate, so bytes that match
+# on amd64 prove nothing about arm64. Each package's test binary runs in
+# its own directory, as go test runs it. Without qemu-aarch64 this fails
+# when CI=true (.ci/run installs Debian's qemu-user) and says loudly that
+# it skips otherwise.
+QEMU      ?= qemu-aarch64
+QEMU_PKGS := ./gguf/quant
+qemu:
+	@if ! command -v $(QEMU) >/dev/null; then \
+		if [ "$$CI" = true ]; then echo "qemu: $(QEMU) not found (Debian: apt-get install qemu-user)" >&2; exit 1; fi; \
+		echo "qemu: $(QEMU) not found: SKIPPING the linux/arm64 tests of $(QEMU_PKGS) (Debian: apt-get install qemu-user)" >&2; \
+		exit 0; \
+	fi; \
+	set -e; mkdir -p bin/qemu; for p in $(QEMU_PKGS); do \
+		bin=$(CURDIR)/bin/qemu/$$(echo $${p#./} | tr / _).test; \
+		GOOS=linux GOARCH=arm64 $(GO) test -c -o $$bin $$p; \
+		echo "qemu: $$p tests on linux/arm64"; \
+		(cd $$p && $(QEMU) $$bin -test.count=1 -test.timeout=5m); \
+	done
+
+test: vet unit fuzz-smoke cross qemu
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 60m ./...
