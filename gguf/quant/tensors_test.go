@@ -1,0 +1,104 @@
+package quant_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/internal/goldenfile"
+	"github.com/ferry-llm/ferry/gguf/quant"
+)
+
+// TestGoldenTensors re-makes, from the kept F16 inputs, every tensor that
+// llama-quantize wrote in another type in the golden outputs of those
+// inputs, with Decode (the input's type) and Encode (the output's type),
+// and compares the sha256 of its bytes with the dump's. It checks the
+// block encoders on real weights whatever type rules chose the types.
+// Types without an encoder are counted and listed, not checked.
+func TestGoldenTensors(t *testing.T) {
+	checked, missing := map[quant.Type]int{}, map[quant.Type]int{}
+	for _, model := range []string{"qwen3", "qwen35"} {
+		t.Run(model, func(t *testing.T) {
+			in, err := gguf.Open(filepath.Join("testdata", model+"-base-F16.gguf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			dumps, err := filepath.Glob(filepath.Join("testdata", "golden", model+"-base-*.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			legacy, err := filepath.Glob(filepath.Join("testdata", "golden", "families", model+"-Q*.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sums := map[string]string{} // name/type → our sha256
+			for _, path := range append(dumps, legacy...) {
+				g, err := goldenfile.Load(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, gt := range g.Tensors {
+					out, ok := quant.ParseType(gt.Type)
+					if !ok {
+						t.Fatalf("%s: %s: type %s", path, gt.Name, gt.Type)
+					}
+					ti, ok := in.Tensor(gt.Name)
+					if !ok {
+						t.Fatalf("%s: tensor %s is not in the input", path, gt.Name)
+					}
+					if ti.Type == out {
+						continue // copied, not quantized
+					}
+					if !out.CanEncode() {
+						missing[out]++
+						continue
+					}
+					key := gt.Name + "/" + gt.Type
+					sum, ok := sums[key]
+					if !ok {
+						sum = requantize(t, in, ti, out)
+						sums[key] = sum
+					}
+					checked[out]++
+					if sum != gt.SHA256 {
+						t.Errorf("%s: %s as %s: sha256 %s, llama-quantize wrote %s", filepath.Base(path), gt.Name, out, sum, gt.SHA256)
+					}
+				}
+			}
+			t.Logf("%d distinct encodings", len(sums))
+		})
+	}
+	t.Logf("tensors checked per type: %v; no encoder yet: %v", checked, missing)
+	for _, ty := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1} {
+		if checked[ty] == 0 {
+			t.Errorf("no %s tensor checked", ty)
+		}
+	}
+}
+
+// requantize is the sha256 of tensor ti of in decoded and encoded as out.
+func requantize(t *testing.T, in *gguf.File, ti gguf.TensorInfo, out quant.Type) string {
+	t.Helper()
+	raw, err := io.ReadAll(in.Section(ti))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := make([]float32, ti.NumElements())
+	if err := quant.Decode(ti.Type, vals, raw); err != nil {
+		t.Fatalf("%s: %v", ti.Name, err)
+	}
+	n, ok := out.RowSize(ti.NumElements())
+	if !ok {
+		t.Fatalf("%s: %d values are not whole %s blocks", ti.Name, ti.NumElements(), out)
+	}
+	dst := make([]byte, n)
+	if err := quant.Encode(out, dst, vals); err != nil {
+		t.Fatalf("%s: %v", ti.Name, err)
+	}
+	sum := sha256.Sum256(dst)
+	return hex.EncodeToString(sum[:])
+}
