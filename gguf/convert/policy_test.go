@@ -89,10 +89,10 @@ func TestPolicyOption(t *testing.T) {
 	}{
 		{"no encoder", func(t quant.Tensor, want quant.Type) quant.Type {
 			if len(t.Dims) == 2 {
-				return quant.Q4_K
+				return quant.IQ2_XXS
 			}
 			return quant.F32
-		}, "cannot encode Q4_K"},
+		}, "cannot encode IQ2_XXS"},
 		{"rows not whole blocks", func(t quant.Tensor, want quant.Type) quant.Type { return quant.Q8_0 }, "not a whole number of 32-value blocks"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -23,6 +23,11 @@ var encoders = map[Type]func(dst []byte, src []float32){
 	Q4_1: q4_1.encode,
 	Q5_0: q5_0.encode,
 	Q5_1: q5_1.encode,
+	Q2_K: quantizeQ2_K,
+	Q3_K: quantizeQ3_K,
+	Q4_K: quantizeQ4_K,
+	Q5_K: quantizeQ5_K,
+	Q6_K: quantizeQ6_K,
 }
 
 // CanEncode reports whether Encode handles t.

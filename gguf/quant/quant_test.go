@@ -132,8 +132,8 @@ func TestQ8_0(t *testing.T) {
 }
 
 func TestEncodeRefuses(t *testing.T) {
-	if err := Encode(Q4_K, make([]byte, 144), make([]float32, 256)); !errors.Is(err, ErrNoEncoder) {
-		t.Errorf("Q4_K: %v", err)
+	if err := Encode(IQ2_XXS, make([]byte, 66), make([]float32, 256)); !errors.Is(err, ErrNoEncoder) {
+		t.Errorf("IQ2_XXS: %v", err)
 	}
 	if err := Encode(Q8_0, make([]byte, 34), make([]float32, 31)); err == nil {
 		t.Error("a partial Q8_0 block encoded")
@@ -141,7 +141,13 @@ func TestEncodeRefuses(t *testing.T) {
 	if err := Encode(Q8_0, make([]byte, 33), make([]float32, 32)); err == nil {
 		t.Error("a short Q8_0 destination accepted")
 	}
-	for _, ty := range []Type{F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1} {
+	if err := Encode(Q4_K, make([]byte, 144), make([]float32, 255)); err == nil {
+		t.Error("a partial Q4_K block encoded")
+	}
+	if err := Encode(Q6_K, make([]byte, 209), make([]float32, 256)); err == nil {
+		t.Error("a short Q6_K destination accepted")
+	}
+	for _, ty := range []Type{F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K} {
 		if !ty.CanEncode() {
 			t.Errorf("%s: no encoder", ty)
 		}

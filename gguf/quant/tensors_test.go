@@ -73,7 +73,8 @@ func TestGoldenTensors(t *testing.T) {
 		})
 	}
 	t.Logf("tensors checked per type: %v; no encoder yet: %v", checked, missing)
-	for _, ty := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1} {
+	for _, ty := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1,
+		quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K} {
 		if checked[ty] == 0 {
 			t.Errorf("no %s tensor checked", ty)
 		}

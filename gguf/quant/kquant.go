@@ -1,0 +1,534 @@
+package quant
+
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// The K-quant encoders are ggml's reference paths without an importance
+// matrix, quantize_row_qN_K_ref in ggml/src/ggml-quants.c at llama.cpp
+// 34af94c (../shared/notes/llamacpp.md §2): what llama-quantize runs for
+// Q2_K…Q6_K when no imatrix is given. They are bit-exact with it on every
+// platform:
+//
+//   - all arithmetic is float32, in the reference's order of operations,
+//     every sum accumulated sequentially in index order;
+//   - every product that feeds an addition or a comparison is wrapped in an
+//     explicit float32(...) conversion: the Go spec lets a compiler fuse
+//     x*y+z into one FMA (arm64 does) unless a conversion rounds the
+//     product first, and the reference (ggml-base, built without -march on
+//     x86-64) never fuses;
+//   - rounding to an integer is nearestInt, the reference's float trick,
+//     and the integer stores wrap exactly as the C assignments do;
+//   - d and dmin are rounded to half (RNE) and read back before the final
+//     quants are computed, as the reference does.
+//
+// Each encoder is a pure function of (dst, src) with its scratch on the
+// stack, so a caller may run many at once on disjoint blocks.
+
+// groupMaxEps is GROUP_MAX_EPS: a group whose largest magnitude is below it
+// is all zero.
+const groupMaxEps float32 = 1e-15
+
+// nearestInt is the reference's nearest_int: add 1.5·2^23 in float32 and
+// read the low mantissa bits, which rounds half to even for |f| ≤ 4194303.
+// Outside that range (the reference only asserts it, and builds without
+// asserts) the result is whatever the same bits give, reproduced here too.
+// Callers pass an already rounded float32: wrap a product argument in
+// float32(...) so the addition cannot fuse with it.
+func nearestInt(f float32) int32 {
+	v := f + 12582912
+	return int32(math.Float32bits(v)&0x007fffff) - 0x00400000
+}
+
+func sqrt32(f float32) float32 { return float32(math.Sqrt(float64(f))) }
+
+func clamp32(l, lo, hi int32) int32 { return max(lo, min(hi, l)) }
+
+// toHalf rounds f to IEEE half (GGML_FP32_TO_FP16: RNE, subnormals,
+// overflow to Inf) and returns both the bits and the value read back from
+// them.
+func toHalf(f float32) (uint16, float32) {
+	h := tensor.Float32ToF16(f)
+	return h, tensor.F16ToFloat32(h)
+}
+
+// makeQKX2 is make_qkx2_quants: the scale and minimum (returned negated,
+// as the_min) of an asymmetric nmax-level quantization of x under weights
+// w, searching nstep+1 candidate scales around the min-max one. L receives
+// the levels; laux is scratch of len(x).
+func makeQKX2(x, w []float32, L, laux []uint8, nmax int32, rmin, rdelta float32, nstep int, useMad bool) (scale, theMin float32) {
+	n := len(x)
+	w = w[:n]
+	L = L[:n]
+	laux = laux[:n]
+	lo, hi := x[0], x[0]
+	sumW := w[0]
+	sumX := float32(sumW * x[0])
+	for i := 1; i < n; i++ {
+		if x[i] < lo {
+			lo = x[i]
+		}
+		if x[i] > hi {
+			hi = x[i]
+		}
+		sumW += w[i]
+		sumX += float32(w[i] * x[i])
+	}
+	if lo > 0 {
+		lo = 0
+	}
+	if hi == lo {
+		clear(L)
+		return 0, -lo
+	}
+	fmax := float32(nmax)
+	iscale := fmax / (hi - lo)
+	scale = 1 / iscale
+	var best float32
+	for i, v := range x {
+		l := uint8(clamp32(nearestInt(float32(iscale*(v-lo))), 0, nmax))
+		L[i] = l
+		diff := float32(scale*float32(l)) + lo - v
+		if useMad {
+			diff = abs32(diff)
+		} else {
+			diff = float32(diff * diff)
+		}
+		best += float32(w[i] * diff)
+	}
+	for is := 0; is <= nstep; is++ {
+		iscale = (rmin + float32(rdelta*float32(is)) + fmax) / (hi - lo)
+		var sumL, sumL2, sumXL float32
+		for i, v := range x {
+			l := uint8(clamp32(nearestInt(float32(iscale*(v-lo))), 0, nmax))
+			laux[i] = l
+			wl := float32(w[i] * float32(l))
+			sumL += wl
+			sumL2 += float32(wl * float32(l))
+			sumXL += float32(wl * v)
+		}
+		D := float32(sumW*sumL2) - float32(sumL*sumL)
+		if D > 0 {
+			thisScale := (float32(sumW*sumXL) - float32(sumX*sumL)) / D
+			thisMin := (float32(sumL2*sumX) - float32(sumL*sumXL)) / D
+			if thisMin > 0 {
+				thisMin = 0
+				thisScale = sumXL / sumL2
+			}
+			var cur float32
+			for i, v := range x {
+				diff := float32(thisScale*float32(laux[i])) + thisMin - v
+				if useMad {
+					diff = abs32(diff)
+				} else {
+					diff = float32(diff * diff)
+				}
+				cur += float32(w[i] * diff)
+			}
+			if cur < best {
+				copy(L, laux)
+				best = cur
+				scale = thisScale
+				lo = thisMin
+			}
+		}
+	}
+	return scale, -lo
+}
+
+// symSums rounds iscale·x to levels l in [-nmax, nmax-1] and returns the
+// weighted sums Σ w·x·l and Σ w·l·l with w = x², as make_qx_quants and
+// make_q3_quants accumulate them. When L is not nil it receives l+bias.
+func symSums(x []float32, L []int8, iscale float32, nmax, bias int32) (sumLX, sumL2 float32) {
+	for i, v := range x {
+		l := clamp32(nearestInt(float32(iscale*v)), -nmax, nmax-1)
+		if L != nil {
+			L[i] = int8(l + bias)
+		}
+		w := float32(v * v)
+		fl := float32(l)
+		sumLX += float32(float32(w*v) * fl)
+		sumL2 += float32(float32(w*fl) * fl)
+	}
+	return sumLX, sumL2
+}
+
+// makeQX is make_qx_quants with rmse_type 1 and no importance weights
+// (weights x²): the scale of a symmetric quantization of x into
+// [-nmax, nmax-1], trying 18 scales around nmax/max|x|. L receives the
+// levels plus nmax.
+func makeQX(x []float32, L []int8, nmax int32) float32 {
+	L = L[:len(x)]
+	xmax, amax := signedMax(x)
+	if amax < groupMaxEps {
+		clear(L)
+		return 0
+	}
+	sumLX, sumL2 := symSums(x, L, float32(-nmax)/xmax, nmax, nmax)
+	var scale float32
+	if sumL2 != 0 {
+		scale = sumLX / sumL2
+	}
+	best := float32(scale * sumLX)
+	fmax := float32(nmax)
+	for is := int32(-9); is <= 9; is++ {
+		if is == 0 {
+			continue
+		}
+		iscale := -(fmax + float32(0.1*float32(is))) / xmax
+		sumLX, sumL2 = symSums(x, nil, iscale, nmax, 0)
+		if sumL2 > 0 && float32(sumLX*sumLX) > float32(best*sumL2) {
+			symSums(x, L, iscale, nmax, nmax)
+			scale = sumLX / sumL2
+			best = float32(scale * sumLX)
+		}
+	}
+	return scale
+}
+
+// makeQ3 is make_q3_quants with do_rmse: a symmetric quantization of x into
+// [-nmax, nmax-1] (weights x²), refined one level at a time for up to five
+// passes. L receives the levels plus nmax.
+func makeQ3(x []float32, L []int8, nmax int32) float32 {
+	L = L[:len(x)]
+	xmax, amax := signedMax(x)
+	if amax < groupMaxEps {
+		clear(L)
+		return 0
+	}
+	sumLX, sumL2 := symSums(x, L, float32(-nmax)/xmax, nmax, 0)
+	for range 5 {
+		changed := false
+		for i, v := range x {
+			w := float32(v * v)
+			fli := float32(L[i])
+			slx := sumLX - float32(float32(w*v)*fli)
+			if slx > 0 {
+				sl2 := sumL2 - float32(float32(w*fli)*fli)
+				nl := clamp32(nearestInt(float32(v*sl2)/slx), -nmax, nmax-1)
+				if nl != int32(L[i]) {
+					fnl := float32(nl)
+					slx += float32(float32(w*v) * fnl)
+					sl2 += float32(float32(w*fnl) * fnl)
+					if sl2 > 0 && float32(float32(slx*slx)*sumL2) > float32(float32(sumLX*sumLX)*sl2) {
+						L[i] = int8(nl)
+						sumLX, sumL2 = slx, sl2
+						changed = true
+					}
+				}
+			}
+		}
+		if !changed {
+			break
+		}
+	}
+	for i := range L {
+		L[i] += int8(nmax)
+	}
+	if sumL2 > 0 {
+		return sumLX / sumL2
+	}
+	return 0
+}
+
+// pack2 stores 256 two-bit levels as Q2_K and Q3_K do: in each 128-value
+// half, byte l holds levels l, l+32, l+64 and l+96 from the low bits up.
+func pack2(qs []byte, L *[QK_K]uint8) {
+	qs = qs[:64]
+	for h := 0; h < 2; h++ {
+		for l := 0; l < 32; l++ {
+			j := 128*h + l
+			qs[32*h+l] = L[j] | L[j+32]<<2 | L[j+64]<<4 | L[j+96]<<6
+		}
+	}
+}
+
+// quantizeQ2_K is quantize_row_q2_K_ref: 84-byte blocks of scales[16] (low
+// nibble scale, high nibble min), qs[64], d and dmin as half.
+func quantizeQ2_K(dst []byte, src []float32) {
+	var (
+		L              [QK_K]uint8
+		laux           [16]uint8
+		w              [16]float32
+		scales, minima [16]float32
+	)
+	for bi := 0; bi*QK_K < len(src); bi++ {
+		x := src[bi*QK_K : bi*QK_K+QK_K]
+		y := dst[bi*84 : bi*84+84]
+		var maxScale, maxMin float32
+		for j := range 16 {
+			xs := x[16*j : 16*j+16]
+			for l, v := range xs {
+				w[l] = abs32(v)
+			}
+			scales[j], minima[j] = makeQKX2(xs, w[:], L[16*j:16*j+16], laux[:], 3, -0.5, 0.1, 15, true)
+			if scales[j] > maxScale {
+				maxScale = scales[j]
+			}
+			if minima[j] > maxMin {
+				maxMin = minima[j]
+			}
+		}
+		sc := y[:16]
+		var dh, mh uint16
+		if maxScale > 0 {
+			iscale := 15 / maxScale
+			for j := range 16 {
+				sc[j] = byte(nearestInt(float32(iscale * scales[j])))
+			}
+			dh, _ = toHalf(maxScale / 15)
+		} else {
+			clear(sc)
+		}
+		if maxMin > 0 {
+			iscale := 15 / maxMin
+			for j := range 16 {
+				sc[j] |= byte(nearestInt(float32(iscale*minima[j])) << 4)
+			}
+			mh, _ = toHalf(maxMin / 15)
+		}
+		binary.LittleEndian.PutUint16(y[80:], dh)
+		binary.LittleEndian.PutUint16(y[82:], mh)
+		df, mf := tensor.F16ToFloat32(dh), tensor.F16ToFloat32(mh)
+		for j := range 16 {
+			d := df * float32(sc[j]&0xF)
+			if d == 0 {
+				continue
+			}
+			dm := float32(mf * float32(sc[j]>>4))
+			for i, v := range x[16*j : 16*j+16] {
+				L[16*j+i] = uint8(clamp32(nearestInt((v+dm)/d), 0, 3))
+			}
+		}
+		pack2(y[16:80], &L)
+	}
+}
+
+// quantizeQ3_K is quantize_row_q3_K_ref: 110-byte blocks of hmask[32] (the
+// third bit of each level), qs[64] (the low two), scales[12] (16 six-bit
+// scales biased by 32) and d as half.
+func quantizeQ3_K(dst []byte, src []float32) {
+	var (
+		L      [QK_K]int8
+		scales [16]float32
+		low    [QK_K]uint8
+	)
+	for bi := 0; bi*QK_K < len(src); bi++ {
+		x := src[bi*QK_K : bi*QK_K+QK_K]
+		y := dst[bi*110 : bi*110+110]
+		for j := range 16 {
+			scales[j] = makeQ3(x[16*j:16*j+16], L[16*j:16*j+16], 4)
+		}
+		maxScale, _ := signedMax(scales[:])
+		sc := y[96:108]
+		clear(sc)
+		var dh uint16
+		if maxScale != 0 {
+			iscale := -32 / maxScale
+			for j := range 16 {
+				l := int8(nearestInt(float32(iscale * scales[j])))
+				l = max(-32, min(31, l)) + 32
+				if j < 8 {
+					sc[j] = byte(l & 0xF)
+				} else {
+					sc[j-8] |= byte(l&0xF) << 4
+				}
+				l >>= 4
+				sc[j%4+8] |= byte(l << (2 * (j / 4)))
+			}
+			dh, _ = toHalf(1 / iscale)
+		}
+		binary.LittleEndian.PutUint16(y[108:], dh)
+		df := tensor.F16ToFloat32(dh)
+		for j := range 16 {
+			d := df * float32(q3Scale(sc, j)-32)
+			if d == 0 {
+				continue
+			}
+			for i, v := range x[16*j : 16*j+16] {
+				L[16*j+i] = int8(clamp32(nearestInt(v/d), -4, 3) + 4)
+			}
+		}
+		hm := y[:32]
+		clear(hm)
+		for j, l := range L {
+			if l > 3 {
+				hm[j%32] |= 1 << (j / 32)
+				l -= 4
+			}
+			low[j] = uint8(l)
+		}
+		pack2(y[32:96], &low)
+	}
+}
+
+// kScales packs eight 6-bit scales and minimums into the 12 bytes of Q4_K
+// and Q5_K, as quantize_row_q4_K_ref does (get_scale_min_k4 unpacks them).
+func kScales(q []byte, ls, lm *[8]uint8) {
+	q = q[:12]
+	for j := range 8 {
+		if j < 4 {
+			q[j] = ls[j]
+			q[j+4] = lm[j]
+		} else {
+			q[j+4] = ls[j]&0xF | (lm[j]&0xF)<<4
+			q[j-4] |= (ls[j] >> 4) << 6
+			q[j] |= (lm[j] >> 4) << 6
+		}
+	}
+}
+
+// quantizeK45 is the common body of quantize_row_q4_K_ref and
+// quantize_row_q5_K_ref: 8 sub-blocks of 32 values, each quantized
+// asymmetrically to nmax+1 levels with weights av_x + |x|, then scales and
+// minimums to 6 bits. It writes d, dmin and the scales into the block's
+// first 16 bytes and returns the levels in L.
+func quantizeK45(y []byte, x []float32, L *[QK_K]uint8, nmax int32, rmin float32, nstep int) {
+	var (
+		w              [32]float32
+		lx             [32]uint8
+		scales, minima [8]float32
+	)
+	var maxScale, maxMin float32
+	for j := range 8 {
+		xs := x[32*j : 32*j+32]
+		var sumX2 float32
+		for _, v := range xs {
+			sumX2 += float32(v * v)
+		}
+		avX := sqrt32(sumX2 / 32)
+		for l, v := range xs {
+			w[l] = avX + abs32(v)
+		}
+		scales[j], minima[j] = makeQKX2(xs, w[:], L[32*j:32*j+32], lx[:], nmax, rmin, 0.1, nstep, false)
+		if scales[j] > maxScale {
+			maxScale = scales[j]
+		}
+		if minima[j] > maxMin {
+			maxMin = minima[j]
+		}
+	}
+	var invScale, invMin float32
+	if maxScale > 0 {
+		invScale = 63 / maxScale
+	}
+	if maxMin > 0 {
+		invMin = 63 / maxMin
+	}
+	var ls, lm [8]uint8
+	for j := range 8 {
+		ls[j] = min(63, uint8(nearestInt(float32(invScale*scales[j]))))
+		lm[j] = min(63, uint8(nearestInt(float32(invMin*minima[j]))))
+	}
+	kScales(y[4:16], &ls, &lm)
+	dh, df := toHalf(maxScale / 63)
+	mh, mf := toHalf(maxMin / 63)
+	binary.LittleEndian.PutUint16(y[0:], dh)
+	binary.LittleEndian.PutUint16(y[2:], mh)
+	for j := range 8 {
+		s, m := scaleMinK4(j, y[4:16])
+		d := df * float32(s)
+		if d == 0 {
+			continue
+		}
+		dm := float32(mf * float32(m))
+		for i, v := range x[32*j : 32*j+32] {
+			L[32*j+i] = uint8(clamp32(nearestInt((v+dm)/d), 0, nmax))
+		}
+	}
+}
+
+// quantizeQ4_K is quantize_row_q4_K_ref: 144-byte blocks of d and dmin as
+// half, scales[12], qs[128] (levels l and l+32 of each 64 in one byte).
+func quantizeQ4_K(dst []byte, src []float32) {
+	var L [QK_K]uint8
+	for bi := 0; bi*QK_K < len(src); bi++ {
+		x := src[bi*QK_K : bi*QK_K+QK_K]
+		y := dst[bi*144 : bi*144+144]
+		quantizeK45(y, x, &L, 15, -1, 20)
+		qs := y[16:144]
+		for c := 0; c < 4; c++ {
+			for l := 0; l < 32; l++ {
+				qs[32*c+l] = L[64*c+l] | L[64*c+32+l]<<4
+			}
+		}
+	}
+}
+
+// quantizeQ5_K is quantize_row_q5_K_ref: 176-byte blocks of d and dmin as
+// half, scales[12], qh[32] (the fifth bits), qs[128] (the low four).
+func quantizeQ5_K(dst []byte, src []float32) {
+	var L [QK_K]uint8
+	for bi := 0; bi*QK_K < len(src); bi++ {
+		x := src[bi*QK_K : bi*QK_K+QK_K]
+		y := dst[bi*176 : bi*176+176]
+		quantizeK45(y, x, &L, 31, -0.5, 15)
+		qh, qs := y[16:48], y[48:176]
+		clear(qh)
+		for c := 0; c < 4; c++ {
+			for j := 0; j < 32; j++ {
+				l1, l2 := L[64*c+j], L[64*c+32+j]
+				if l1 > 15 {
+					l1 -= 16
+					qh[j] |= 1 << (2 * c)
+				}
+				if l2 > 15 {
+					l2 -= 16
+					qh[j] |= 2 << (2 * c)
+				}
+				qs[32*c+j] = l1 | l2<<4
+			}
+		}
+	}
+}
+
+// quantizeQ6_K is quantize_row_q6_K_ref: 210-byte blocks of ql[128] (low
+// four bits of each level), qh[64] (high two), scales int8[16] and d as
+// half.
+func quantizeQ6_K(dst []byte, src []float32) {
+	var (
+		L      [QK_K]int8
+		scales [16]float32
+	)
+	for bi := 0; bi*QK_K < len(src); bi++ {
+		x := src[bi*QK_K : bi*QK_K+QK_K]
+		y := dst[bi*210 : bi*210+210]
+		for j := range 16 {
+			scales[j] = makeQX(x[16*j:16*j+16], L[16*j:16*j+16], 32)
+		}
+		maxScale, maxAbs := signedMax(scales[:])
+		if maxAbs < groupMaxEps {
+			clear(y)
+			continue
+		}
+		iscale := -128 / maxScale
+		dh, df := toHalf(1 / iscale)
+		binary.LittleEndian.PutUint16(y[208:], dh)
+		sc := y[192:208]
+		for j := range 16 {
+			sc[j] = byte(int8(min(127, nearestInt(float32(iscale*scales[j])))))
+		}
+		for j := range 16 {
+			d := df * float32(int8(sc[j]))
+			if d == 0 {
+				continue
+			}
+			for i, v := range x[16*j : 16*j+16] {
+				L[16*j+i] = int8(clamp32(nearestInt(v/d), -32, 31) + 32)
+			}
+		}
+		ql, qh := y[:128], y[128:192]
+		for h := 0; h < 2; h++ {
+			for l := 0; l < 32; l++ {
+				j := 128*h + l
+				q1, q2, q3, q4 := uint8(L[j]), uint8(L[j+32]), uint8(L[j+64]), uint8(L[j+96])
+				ql[64*h+l] = q1&0xF | (q3&0xF)<<4
+				ql[64*h+32+l] = q2&0xF | (q4&0xF)<<4
+				qh[32*h+l] = q1>>4 | (q2>>4)<<2 | (q3>>4)<<4 | (q4>>4)<<6
+			}
+		}
+	}
+}
