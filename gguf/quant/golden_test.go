@@ -17,6 +17,22 @@ import (
 
 var update = flag.Bool("update", false, "regenerate testdata/golden/*.json from ../../../shared/reference (see testdata/PROVENANCE.md)")
 
+// updateDump, with -update, rewrites the dump at path from the reference
+// file rel (relative to ../shared/reference).
+func updateDump(t *testing.T, path, rel string) {
+	t.Helper()
+	if !*update {
+		return
+	}
+	g, err := goldenfile.Dump(filepath.Join("..", "..", "..", "shared", "reference", rel), "../shared/reference/"+filepath.ToSlash(rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := goldenfile.Save(path, g); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Goldens lists the llama-quantize outputs (llama.cpp 34af94c, no
 // imatrix) kept as dumps in testdata/golden, by name: the model, then the
 // reference file under ../shared/reference/MODEL/gguf/. Each was made from
@@ -37,16 +53,7 @@ func TestGoldenData(t *testing.T) {
 	for model, names := range Goldens {
 		for _, name := range names {
 			path := filepath.Join("testdata", "golden", model+"-"+name+".json")
-			if *update {
-				rel := filepath.Join(model, "gguf", name+".gguf")
-				g, err := goldenfile.Dump(filepath.Join("..", "..", "..", "shared", "reference", rel), "../shared/reference/"+filepath.ToSlash(rel))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := goldenfile.Save(path, g); err != nil {
-					t.Fatal(err)
-				}
-			}
+			updateDump(t, path, filepath.Join(model, "gguf", name+".gguf"))
 			g, err := goldenfile.Load(path)
 			if err != nil {
 				t.Fatal(err)
