@@ -16,6 +16,8 @@ FUZZ_TARGETS := \
 	./safetensors:FuzzHeader:300000 \
 	./safetensors:FuzzIndex:300000 \
 	./gguf:FuzzReader:150000 \
+	./gguf/imatrix:FuzzGGUF:80000 \
+	./gguf/imatrix:FuzzLegacy:120000 \
 	./merge:FuzzAdapterConfig:200000 \
 	./manifest:FuzzManifest:300000 \
 	./manifest:FuzzJournal:1500 \
