@@ -344,7 +344,7 @@ func fallback(s Source, t Type) (Type, error) {
 	case IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS:
 		r = IQ4_NL
 	default:
-		return 0, fmt.Errorf("row of %d is not a whole number of %s blocks and llama-quantize defines no fallback for %s", ncols, t, t)
+		return 0, fmt.Errorf("row of %d is not a whole number of %s blocks, and no tensor type fallback is defined for type %s", ncols, t, t)
 	}
 	if ncols%uint64(r.BlockSize()) != 0 {
 		r = F16

@@ -3,6 +3,7 @@ package quant_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf/internal/goldenfile"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
 // goldenKV is a lookup over a dump's KVs for quant.ModelFromKV, the values
@@ -53,10 +55,84 @@ func mustType(t *testing.T, s string) quant.Type {
 	return ty
 }
 
-// TestMixGolden: for every llama-quantize output kept in testdata/golden,
-// Mix on the F16 input's tensors, taken in LoaderLess order, gives the
-// output's tensor table: the same names in the same order, the same dims,
-// the same types, and general.file_type is the file type asked for.
+// goldenSources reads a dump's tensors as Mix's input, in LoaderLess
+// order, and its model.
+func goldenSources(t *testing.T, path string) (quant.Model, []quant.Source) {
+	t.Helper()
+	in, err := goldenfile.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := quant.ModelFromKV(goldenKV(t, in))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	src := make([]quant.Source, len(in.Tensors))
+	for i, ti := range in.Tensors {
+		src[i] = quant.Source{Name: ti.Name, Dims: ti.Dims, Type: mustType(t, ti.Type)}
+	}
+	slices.SortFunc(src, func(a, b quant.Source) int {
+		if quant.LoaderLess(a.Name, b.Name) {
+			return -1
+		}
+		return 1
+	})
+	return m, src
+}
+
+// mixCase is one llama-quantize run: its input dump, its file type and
+// options, and either its output dump or its refusal.
+type mixCase struct {
+	name, in, out, refused string
+	ftype                  string
+	opts                   quant.MixOptions
+}
+
+// checkMixCase: Mix on the input's tensors, in LoaderLess order, gives
+// the output's tensor table (the same names in the same order, the same
+// dims and types, and general.file_type is the file type asked for), or
+// refuses where llama-quantize refused, naming the same type.
+func checkMixCase(t *testing.T, c mixCase) {
+	m, src := goldenSources(t, c.in)
+	f, ok := quant.ParseFileType(c.ftype)
+	if !ok {
+		t.Fatalf("file type %q", c.ftype)
+	}
+	types, err := quant.Mix(f, m, src, c.opts)
+	if c.refused != "" {
+		// "failed to quantize: no tensor type fallback is defined for type q8_0"
+		typ := c.refused[strings.LastIndexByte(c.refused, ' ')+1:]
+		if err == nil || !strings.Contains(err.Error(), "no tensor type fallback is defined for type "+mustType(t, typ).String()) {
+			t.Errorf("llama-quantize refused (%s); Mix: %v", c.refused, err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := goldenfile.Load(c.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ft, _ := goldenKV(t, out)("general.file_type"); ft != uint32(f) {
+		t.Errorf("general.file_type %v, want %d", ft, f)
+	}
+	var got, want []string
+	for i, s := range src {
+		got = append(got, fmt.Sprintf("%s %s %v", s.Name, types[i], ggmlDims(s.Dims)))
+	}
+	for _, ti := range out.Tensors {
+		want = append(want, fmt.Sprintf("%s %s %v", ti.Name, ti.Type, ti.Dims))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("tensor table differs from llama-quantize's:\n%s", lineDiff(want, got))
+	}
+}
+
+// TestMixGolden checks Mix against every llama-quantize run kept in
+// testdata/golden: the reference set's (with the --pure, --output-tensor-type,
+// --token-embedding-type and --tensor-type variants), and golden/families
+// (fallbacks, MoE, MTP, more layers, and the runs llama-quantize refused).
 func TestMixGolden(t *testing.T) {
 	q8 := quant.Q8_0
 	variants := map[string]quant.MixOptions{
@@ -65,31 +141,14 @@ func TestMixGolden(t *testing.T) {
 		"-out_q8_0-embd_q8_0":      {OutputType: &q8, TokenEmbdType: &q8},
 		"-attnv_q8_0-ffndown_q5_k": {TensorTypes: []quant.TensorType{{Pattern: "attn_v", Type: quant.Q8_0}, {Pattern: "ffn_down", Type: quant.Q5_K}}},
 	}
-	n := 0
+	dir := filepath.Join("testdata", "golden")
+	var cases []mixCase
 	for model, names := range Goldens {
-		in, err := goldenfile.Load(filepath.Join("testdata", "golden", model+"-base-F16.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := quant.ModelFromKV(goldenKV(t, in))
-		if err != nil {
-			t.Fatal(err)
-		}
-		src := make([]quant.Source, len(in.Tensors))
-		for i, ti := range in.Tensors {
-			src[i] = quant.Source{Name: ti.Name, Dims: ti.Dims, Type: mustType(t, ti.Type)}
-		}
-		slices.SortFunc(src, func(a, b quant.Source) int {
-			if quant.LoaderLess(a.Name, b.Name) {
-				return -1
-			}
-			return 1
-		})
 		for _, name := range names {
 			if name == "base-F16" {
 				continue
 			}
-			ftName, variant, _ := strings.Cut(strings.TrimPrefix(name, "base-"), "-")
+			ftype, variant, _ := strings.Cut(strings.TrimPrefix(name, "base-"), "-")
 			if variant != "" {
 				variant = "-" + variant
 			}
@@ -97,40 +156,48 @@ func TestMixGolden(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s: no options known for variant %q", name, variant)
 			}
-			t.Run(model+"/"+name, func(t *testing.T) {
-				n++
-				f, ok := quant.ParseFileType(ftName)
-				if !ok {
-					t.Fatalf("file type %q", ftName)
-				}
-				out, err := goldenfile.Load(filepath.Join("testdata", "golden", model+"-"+name+".json"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				ft, _ := goldenKV(t, out)("general.file_type")
-				if ft != uint32(f) {
-					t.Errorf("general.file_type %v, want %d", ft, f)
-				}
-				types, err := quant.Mix(f, m, src, opts)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var got, want []string
-				for i, s := range src {
-					got = append(got, fmt.Sprintf("%s %s %v", s.Name, types[i], s.Dims))
-				}
-				for _, ti := range out.Tensors {
-					want = append(want, fmt.Sprintf("%s %s %v", ti.Name, ti.Type, ti.Dims))
-				}
-				if !slices.Equal(got, want) {
-					t.Errorf("tensor table differs from llama-quantize's:\n%s", lineDiff(want, got))
-				}
-			})
+			cases = append(cases, mixCase{name: model + "/" + name, in: filepath.Join(dir, model+"-base-F16.json"),
+				out: filepath.Join(dir, model+"-"+name+".json"), ftype: ftype, opts: opts})
+		}
+		for _, typ := range LegacyTypes {
+			cases = append(cases, mixCase{name: model + "/" + typ, in: filepath.Join(dir, model+"-base-F16.json"),
+				out: filepath.Join(dir, "families", model+"-"+typ+".json"), ftype: typ})
 		}
 	}
-	if n == 0 {
-		t.Fatal("no golden checked")
+	b, err := os.ReadFile(filepath.Join(dir, "families", "refused.json"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	var refused map[string]string
+	if err := json.Unmarshal(b, &refused); err != nil {
+		t.Fatal(err)
+	}
+	for model := range testmodel.QuantizerFamilies {
+		for _, typ := range FamilyTypes {
+			cases = append(cases, mixCase{name: "families/" + model + "-" + typ, in: filepath.Join(dir, "families", model+"-F16.json"),
+				out: filepath.Join(dir, "families", model+"-"+typ+".json"), refused: refused[model+"-"+typ], ftype: typ})
+		}
+	}
+	nRefused := 0
+	for _, c := range cases {
+		if c.refused != "" {
+			nRefused++
+		}
+		t.Run(c.name, func(t *testing.T) { checkMixCase(t, c) })
+	}
+	if len(cases) < 150 || nRefused != len(refused) {
+		t.Errorf("%d runs checked, %d of them refusals (of %d)", len(cases), nRefused, len(refused))
+	}
+}
+
+// ggmlDims is the dims llama-quantize writes: ggml_n_dims of them, so
+// trailing 1s are dropped (a [64, 1] ffn_gate_inp_shexp comes out [64]).
+func ggmlDims(d []uint64) []uint64 {
+	n := len(d)
+	for n > 1 && d[n-1] == 1 {
+		n--
+	}
+	return d[:n]
 }
 
 // lineDiff lists the lines that differ, position by position.

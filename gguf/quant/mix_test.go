@@ -318,7 +318,7 @@ func TestMixRefuses(t *testing.T) {
 		{"twice", FileQ4_K_M, m, q("blk.0.attn_q.weight", "blk.0.attn_q.weight"), MixOptions{}, nil, "not in loader order"},
 		{"moe layer unreadable", FileQ4_K_M, moe, q("ffn_down_exps.weight"), MixOptions{}, nil, "cannot read the layer"},
 		{"moe layer too big", FileQ4_K_M, moe, q("blk.2.ffn_up_exps.weight"), MixOptions{}, nil, "layer 2 is not in [0, 2)"},
-		{"no fallback for Q8_0", FileQ8_0, m, []Source{{Name: "blk.0.attn_q.weight", Dims: []uint64{48, 8}}}, MixOptions{}, nil, "no fallback for Q8_0"},
+		{"no fallback for Q8_0", FileQ8_0, m, []Source{{Name: "blk.0.attn_q.weight", Dims: []uint64{48, 8}}}, MixOptions{}, nil, "no tensor type fallback is defined for type Q8_0"},
 		{"bad pattern", FileQ4_K_M, m, nil, MixOptions{TensorTypes: []TensorType{{Pattern: "attn_(v", Type: Q8_0}}}, nil, "attn_(v"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
