@@ -9,13 +9,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"strconv"
-	"sync"
-	"time"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/hashing"
-	"github.com/ferry-llm/ferry/internal/journal"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -68,7 +64,7 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 	if jpath == "" {
 		jpath = out + ".journal"
 	}
-	j, err := openTensorJournal(jpath, out, Stamp(ck, p))
+	j, err := gguf.OpenTensorJournal(jpath, out, Stamp(ck, p))
 	if err != nil {
 		return nil, err
 	}
@@ -80,14 +76,14 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 	err = Write(ctx, p, out, WriteOptions{
 		Jobs: o.Jobs, Progress: o.Progress, Resume: true,
 		Verify: func(i int, name string, _ *io.SectionReader) bool {
-			if j.has(i, name) {
+			if j.Has(i, name) {
 				res.Resumed++
 				return true
 			}
 			return false
 		},
 		TensorDone: func(i int, name string) {
-			j.done(i, name)
+			j.Done(i, name)
 			if o.TensorDone != nil {
 				o.TensorDone(i, name)
 			}
@@ -96,17 +92,17 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 		NonFinite: o.NonFinite,
 	})
 	if err != nil {
-		res.JournalErr = j.flush()
-		j.close()
-		res.Partial, res.Journal, res.Durable = gguf.PartialPath(out), jpath, j.durable()
+		res.JournalErr = j.Flush()
+		j.Close()
+		res.Partial, res.Journal, res.Durable = gguf.PartialPath(out), jpath, j.Durable()
 		if _, serr := os.Stat(res.Partial); errors.Is(serr, fs.ErrNotExist) {
 			// Nothing to resume: leave nothing.
 			res.Partial, res.Journal, res.Durable = "", "", 0
-			j.remove()
+			j.Remove()
 		}
 		return res, err
 	}
-	if err := j.remove(); err != nil {
+	if err := j.Remove(); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -126,139 +122,4 @@ func Stamp(ck *safetensors.Checkpoint, p *Plan) string {
 		fmt.Fprintf(h, "\x00%s\x00%d\x00%d", s.Path, s.Size, mt)
 	}
 	return hex.EncodeToString(h.Sum(nil))
-}
-
-// tensorJournal records which tensors of out.partial are durable: tensors
-// reported done stay pending until the partial file has been fsynced (at
-// most once a second, and at flush), then are appended to the journal
-// ("I NAME" units). Tensors are written out of file order by parallel
-// workers, so a unit is a tensor, not a prefix with a hash state.
-type tensorJournal struct {
-	mu       sync.Mutex
-	log      *journal.Log
-	partial  string
-	durableM map[string]bool
-	pending  []string
-	last     time.Time
-	flushing bool // a background flush is running
-
-	flushMu sync.Mutex     // one flush at a time
-	bg      sync.WaitGroup // background flushes, waited for by close
-}
-
-func openTensorJournal(path, out, stamp string) (*tensorJournal, error) {
-	log, entries, _, err := journal.Open(path, stamp)
-	if err != nil {
-		return nil, err
-	}
-	j := &tensorJournal{log: log, partial: gguf.PartialPath(out), durableM: map[string]bool{}, last: time.Now()}
-	if _, err := os.Stat(j.partial); errors.Is(err, fs.ErrNotExist) {
-		// Units of a partial file that is gone mean nothing.
-		if len(entries) > 0 {
-			if err := log.Reset(stamp); err != nil {
-				log.Close()
-				return nil, err
-			}
-		}
-		return j, nil
-	}
-	for _, e := range entries {
-		if e.Unit != "" {
-			j.durableM[e.Unit] = true
-		}
-	}
-	return j, nil
-}
-
-func unitName(i int, name string) string { return strconv.Itoa(i) + " " + name }
-
-func (j *tensorJournal) has(i int, name string) bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.durableM[unitName(i, name)]
-}
-
-// done notes that tensor i is written, not yet durable. About once a
-// second it starts a flush in the background, so the workers calling it
-// never wait for the disk.
-func (j *tensorJournal) done(i int, name string) {
-	j.mu.Lock()
-	j.pending = append(j.pending, unitName(i, name))
-	due := !j.flushing && time.Since(j.last) > time.Second
-	if due {
-		j.flushing = true
-		j.bg.Add(1)
-	}
-	j.mu.Unlock()
-	if due {
-		go func() {
-			defer j.bg.Done()
-			j.flush() // an error leaves the tensors pending for the next flush
-			j.mu.Lock()
-			j.flushing = false
-			j.mu.Unlock()
-		}()
-	}
-}
-
-// flush fsyncs the partial file, then records the tensors reported done
-// before it started.
-func (j *tensorJournal) flush() error {
-	j.flushMu.Lock()
-	defer j.flushMu.Unlock()
-	j.mu.Lock()
-	units := j.pending
-	j.pending = nil
-	j.last = time.Now()
-	j.mu.Unlock()
-	if len(units) == 0 {
-		return nil
-	}
-	err := j.record(units)
-	j.mu.Lock()
-	if err != nil {
-		j.pending = append(units, j.pending...)
-	} else {
-		for _, u := range units {
-			j.durableM[u] = true
-		}
-	}
-	j.mu.Unlock()
-	return err
-}
-
-func (j *tensorJournal) record(units []string) error {
-	pf, err := os.Open(j.partial)
-	if err != nil {
-		return err
-	}
-	err = pf.Sync()
-	pf.Close()
-	if err != nil {
-		return err
-	}
-	es := make([]journal.Entry, len(units))
-	for k, u := range units {
-		es[k] = journal.Entry{Unit: u}
-	}
-	return j.log.Append(es...)
-}
-
-// durable is how many tensors the journal holds as durable.
-func (j *tensorJournal) durable() int {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return len(j.durableM)
-}
-
-// close waits for a background flush and keeps the journal.
-func (j *tensorJournal) close() error {
-	j.bg.Wait()
-	return j.log.Close()
-}
-
-// remove waits for a background flush and deletes the journal.
-func (j *tensorJournal) remove() error {
-	j.bg.Wait()
-	return j.log.Remove()
 }

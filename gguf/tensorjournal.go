@@ -1,0 +1,154 @@
+package gguf
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/journal"
+)
+
+// TensorJournal is the resume journal (internal/journal) of a GGUF file
+// written by tensor: gguf convert's and quantize's. It records which
+// tensors of out.partial are durable: tensors
+// reported done stay pending until the partial file has been fsynced (at
+// most once a second, and at flush), then are appended to the journal
+// ("I NAME" units). Tensors are written out of file order by parallel
+// workers, so a unit is a tensor, not a prefix with a hash state.
+type TensorJournal struct {
+	mu       sync.Mutex
+	log      *journal.Log
+	partial  string
+	durableM map[string]bool
+	pending  []string
+	last     time.Time
+	flushing bool // a background flush is running
+
+	flushMu sync.Mutex     // one flush at a time
+	bg      sync.WaitGroup // background flushes, waited for by close
+}
+
+// OpenTensorJournal opens (or starts) the journal at path for the file out,
+// written as PartialPath(out); stamp identifies the write (its plan and
+// inputs), and a journal of another stamp, or of a partial file that is
+// gone, starts over.
+func OpenTensorJournal(path, out, stamp string) (*TensorJournal, error) {
+	log, entries, _, err := journal.Open(path, stamp)
+	if err != nil {
+		return nil, err
+	}
+	j := &TensorJournal{log: log, partial: PartialPath(out), durableM: map[string]bool{}, last: time.Now()}
+	if _, err := os.Stat(j.partial); errors.Is(err, fs.ErrNotExist) {
+		// Units of a partial file that is gone mean nothing.
+		if len(entries) > 0 {
+			if err := log.Reset(stamp); err != nil {
+				log.Close()
+				return nil, err
+			}
+		}
+		return j, nil
+	}
+	for _, e := range entries {
+		if e.Unit != "" {
+			j.durableM[e.Unit] = true
+		}
+	}
+	return j, nil
+}
+
+func unitName(i int, name string) string { return strconv.Itoa(i) + " " + name }
+
+// Has reports whether tensor i (named name) is durable in the partial file.
+func (j *TensorJournal) Has(i int, name string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.durableM[unitName(i, name)]
+}
+
+// Done notes that tensor i is written, not yet durable. About once a
+// second it starts a flush in the background, so the workers calling it
+// never wait for the disk.
+func (j *TensorJournal) Done(i int, name string) {
+	j.mu.Lock()
+	j.pending = append(j.pending, unitName(i, name))
+	due := !j.flushing && time.Since(j.last) > time.Second
+	if due {
+		j.flushing = true
+		j.bg.Add(1)
+	}
+	j.mu.Unlock()
+	if due {
+		go func() {
+			defer j.bg.Done()
+			j.Flush() // an error leaves the tensors pending for the next flush
+			j.mu.Lock()
+			j.flushing = false
+			j.mu.Unlock()
+		}()
+	}
+}
+
+// Flush fsyncs the partial file, then records the tensors reported done
+// before it started.
+func (j *TensorJournal) Flush() error {
+	j.flushMu.Lock()
+	defer j.flushMu.Unlock()
+	j.mu.Lock()
+	units := j.pending
+	j.pending = nil
+	j.last = time.Now()
+	j.mu.Unlock()
+	if len(units) == 0 {
+		return nil
+	}
+	err := j.record(units)
+	j.mu.Lock()
+	if err != nil {
+		j.pending = append(units, j.pending...)
+	} else {
+		for _, u := range units {
+			j.durableM[u] = true
+		}
+	}
+	j.mu.Unlock()
+	return err
+}
+
+func (j *TensorJournal) record(units []string) error {
+	pf, err := os.Open(j.partial)
+	if err != nil {
+		return err
+	}
+	err = pf.Sync()
+	pf.Close()
+	if err != nil {
+		return err
+	}
+	es := make([]journal.Entry, len(units))
+	for k, u := range units {
+		es[k] = journal.Entry{Unit: u}
+	}
+	return j.log.Append(es...)
+}
+
+// Durable is how many tensors the journal holds as durable.
+func (j *TensorJournal) Durable() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.durableM)
+}
+
+// Close waits for a background flush and keeps the journal.
+func (j *TensorJournal) Close() error {
+	j.bg.Wait()
+	return j.log.Close()
+}
+
+// Remove waits for a background flush and deletes the journal.
+func (j *TensorJournal) Remove() error {
+	j.bg.Wait()
+	return j.log.Remove()
+}
