@@ -326,6 +326,15 @@ type barReporter struct {
 	shown bool // guarded by tb.mu
 }
 
+// Describe names what r is working on now (the tensor a quantizer is on)
+// where r shows a name: a bar on a terminal. Plain lines keep the task's
+// attrs; r of another kind is left alone.
+func Describe(r Reporter, what string) {
+	if b, ok := r.(*barReporter); ok {
+		b.bar.Describe(what)
+	}
+}
+
 func (b *barReporter) SetTotal(n int64) { b.bar.ChangeMax64(n) }
 func (b *barReporter) Add(n int64)      { b.bar.Add64(n) }
 func (b *barReporter) Close() error     { b.tb.remove(b); return nil }
