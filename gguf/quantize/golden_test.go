@@ -1,0 +1,125 @@
+package quantize
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/internal/ggufcheck"
+	"github.com/ferry-llm/ferry/gguf/internal/goldenfile"
+	"github.com/ferry-llm/ferry/gguf/quant"
+)
+
+// quantTestdata is gguf/quant's testdata: the reference F16 inputs and the
+// dumps of llama-quantize's outputs made from them.
+const quantTestdata = "../quant/testdata"
+
+func input(model string) string { return filepath.Join(quantTestdata, model+"-base-F16.gguf") }
+
+func typePtr(t quant.Type) *quant.Type { return &t }
+
+// goldens are the llama-quantize outputs (llama.cpp 34af94c, no imatrix)
+// and the options that made them (gguf/quant/testdata/logs).
+var goldens = []struct {
+	model, name, ftype string
+	opts               Options
+}{
+	{"qwen3", "Q8_0", "Q8_0", Options{}},
+	{"qwen3", "Q6_K", "Q6_K", Options{}},
+	{"qwen3", "Q5_K_M", "Q5_K_M", Options{}},
+	{"qwen3", "Q5_K_S", "Q5_K_S", Options{}},
+	{"qwen3", "Q4_K_M", "Q4_K_M", Options{}},
+	{"qwen3", "Q4_K_S", "Q4_K_S", Options{}},
+	{"qwen3", "Q3_K_L", "Q3_K_L", Options{}},
+	{"qwen3", "Q3_K_M", "Q3_K_M", Options{}},
+	{"qwen3", "Q3_K_S", "Q3_K_S", Options{}},
+	{"qwen3", "Q2_K", "Q2_K", Options{}},
+	{"qwen3", "Q4_K_M-out_q8_0-embd_q8_0", "Q4_K_M", Options{OutputType: typePtr(quant.Q8_0), TokenEmbdType: typePtr(quant.Q8_0)}},
+	{"qwen3", "Q4_K_M-pure", "Q4_K_M", Options{Pure: true}},
+	{"qwen35", "Q6_K", "Q6_K", Options{}},
+	{"qwen35", "Q5_K_M", "Q5_K_M", Options{}},
+	{"qwen35", "Q4_K_M", "Q4_K_M", Options{}},
+	{"qwen35", "Q3_K_M", "Q3_K_M", Options{}},
+	{"qwen35", "Q2_K", "Q2_K", Options{}},
+}
+
+// quantizeFile runs NewPlan and Run on in into out.
+func quantizeFile(t testing.TB, in, out string, o Options, ro RunOptions) *Plan {
+	t.Helper()
+	f, err := gguf.Open(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p, err := NewPlan(f, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(context.Background(), f, p, out, ro); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Every llama-quantize golden: our output is the same file, byte for byte
+// (its whole-file sha256 and size), and gguf-parser-go reads it as ferry's
+// reader does. On a mismatch the first differing KV or tensor is named.
+func TestGolden(t *testing.T) {
+	for _, g := range goldens {
+		t.Run(g.model+"-"+g.name, func(t *testing.T) {
+			want, err := goldenfile.Load(filepath.Join(quantTestdata, "golden", g.model+"-base-"+g.name+".json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ft, err := ParseType(g.ftype)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := g.opts
+			o.FileType = ft
+			out := filepath.Join(t.TempDir(), "out.gguf")
+			quantizeFile(t, input(g.model), out, o, RunOptions{Jobs: 2, ChunkElems: 1 << 14})
+			got, err := goldenfile.Dump(out, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.SHA256 == want.SHA256 && got.Size == want.Size {
+				if err := ggufcheck.Check(out); err != nil {
+					t.Error(err)
+				}
+				return
+			}
+			t.Errorf("sha256 %s (%d bytes), llama-quantize's %s (%d bytes)", got.SHA256, got.Size, want.SHA256, want.Size)
+			diffDump(t, got, want)
+		})
+	}
+}
+
+// diffDump names the first few differences between two dumps.
+func diffDump(t *testing.T, got, want *goldenfile.File) {
+	t.Helper()
+	if len(got.KVs) != len(want.KVs) {
+		t.Errorf("%d KVs, want %d", len(got.KVs), len(want.KVs))
+	}
+	for i := range min(len(got.KVs), len(want.KVs)) {
+		a, b := got.KVs[i], want.KVs[i]
+		if a.Key != b.Key || a.Type != b.Type || string(a.Value) != string(b.Value) {
+			t.Errorf("KV %d: %s %s %.60s, want %s %s %.60s", i, a.Key, a.Type, a.Value, b.Key, b.Type, b.Value)
+			break
+		}
+	}
+	if len(got.Tensors) != len(want.Tensors) {
+		t.Errorf("%d tensors, want %d", len(got.Tensors), len(want.Tensors))
+	}
+	n := 0
+	for i := range min(len(got.Tensors), len(want.Tensors)) {
+		a, b := got.Tensors[i], want.Tensors[i]
+		if a.Name != b.Name || a.Type != b.Type || a.Offset != b.Offset || a.SHA256 != b.SHA256 || len(a.Dims) != len(b.Dims) {
+			t.Errorf("tensor %d: %s %s %v @%d %.12s, want %s %s %v @%d %.12s", i, a.Name, a.Type, a.Dims, a.Offset, a.SHA256, b.Name, b.Type, b.Dims, b.Offset, b.SHA256)
+			if n++; n == 5 {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,306 @@
+// Package quantize quantizes a GGUF file as llama-quantize does (llama.cpp
+// 34af94c, no importance matrix): the same tensor order, types, KVs,
+// alignment and bytes. It owns the whole write lifecycle, like
+// gguf/convert's Run: NewPlan reads the input's header and decides
+// everything before a byte is written (types from quant.Mix, every size and
+// offset, the checks of the input and of the disk), Run streams the tensors
+// in row blocks through N workers into OUT.partial with a resume journal
+// and renames it into place. `ferry quantize` and the pipeline's quantize
+// stage both call them.
+//
+// Facts: ../shared/notes/llamacpp.md §3.7 (the output file), §1 (GGUF), §5
+// (MTP/NextN).
+package quantize
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/inputerr"
+)
+
+// Errors a plan refuses with. Those about the input are wrapped in an
+// *inputerr.Error naming the file and tensor (bad input, exit 2); the
+// others are usage errors.
+var (
+	// ErrFileType: a quantization type llama-quantize would not make
+	// without an importance matrix, or one ferry does not know.
+	ErrFileType = errkind.New(errkind.Usage, "unsupported quantization type")
+	// ErrRequantize: the input holds quantized tensors that would be
+	// quantized again, without AllowRequantize.
+	ErrRequantize = errors.New("tensor is already quantized (pass --allow-requantize to quantize it again, at a loss of quality)")
+	// ErrInputType: a tensor of a type that cannot be decoded (I32, …)
+	// would have to change type.
+	ErrInputType = errors.New("unsupported input tensor type")
+	// ErrMTPMissing: {arch}.nextn_predict_layers promises NextN layers
+	// whose blk.N.nextn.* tensors are not in the file.
+	ErrMTPMissing = errors.New("the header promises NextN (MTP) layers whose tensors are missing")
+)
+
+// Options say what to make.
+type Options struct {
+	FileType quant.FileType
+	// AllowRequantize quantizes tensors that are already quantized
+	// (decoded to f32 first), as llama-quantize --allow-requantize.
+	AllowRequantize bool
+	// OutputType and TokenEmbdType force the type of output.weight and
+	// token_embd.weight (--output-tensor-type, --token-embedding-type).
+	OutputType, TokenEmbdType *quant.Type
+	// LeaveOutput keeps output.weight as it is (--leave-output-tensor).
+	LeaveOutput bool
+	// Pure gives every quantized tensor the default type of FileType
+	// (--pure).
+	Pure bool
+}
+
+// TensorPlan is one output tensor.
+type TensorPlan struct {
+	Name   string
+	Dims   []uint64        // as written: trailing 1s dropped (ggml_n_dims)
+	InType quant.Type      // the input's type
+	Type   quant.Type      // the type written; == InType: copied byte for byte
+	In     gguf.TensorInfo // the input tensor
+	Bytes  int64           // output bytes, without padding
+}
+
+// Copy reports whether the tensor is copied unchanged.
+func (t *TensorPlan) Copy() bool { return t.Type == t.InType }
+
+// Plan is a complete, deterministic quantization plan. It holds no weight
+// data; Run executes it.
+type Plan struct {
+	Input    string // the input file's path
+	Arch     string // general.architecture
+	FileType quant.FileType
+	Options  Options
+	Model    quant.Model
+	KVs      []gguf.KV
+	Tensors  []TensorPlan // in the loader's order (quant.LoaderLess)
+	Layout   *gguf.Layout
+	// InputBytes is the tensor bytes read from the input.
+	InputBytes int64
+	// MTPLayers is {arch}.nextn_predict_layers (0 when none).
+	MTPLayers int
+}
+
+// ParseType is the file type named s (llama-quantize's names and aliases,
+// case-insensitive), refused as ErrFileType when unknown or when it needs
+// an importance matrix.
+func ParseType(s string) (quant.FileType, error) {
+	f, ok := quant.ParseFileType(s)
+	if !ok {
+		return 0, fmt.Errorf("%w %q (want Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S or Q2_K)", ErrFileType, s)
+	}
+	if err := checkFileType(f); err != nil {
+		return 0, err
+	}
+	return f, nil
+}
+
+func checkFileType(f quant.FileType) error {
+	if f == quant.FileQ2_K_S {
+		// llama-quantize refuses these without an importance matrix.
+		return fmt.Errorf("%w: %s needs an importance matrix (--imatrix), which ferry does not support yet", ErrFileType, f)
+	}
+	if !f.Known() {
+		return fmt.Errorf("%w: file type %d", ErrFileType, uint32(f))
+	}
+	return nil
+}
+
+// decodable reports whether a tensor of type t can be read as float32:
+// the float types directly, the quantized ones through quant.Decode.
+func decodable(t quant.Type) bool {
+	switch t {
+	case quant.F32, quant.F16, quant.BF16:
+		return true
+	}
+	return quantized(t)
+}
+
+// quantized reports whether t is a block-quantized type (not a float or
+// integer type).
+func quantized(t quant.Type) bool {
+	switch t {
+	case quant.F32, quant.F16, quant.BF16, quant.F64, quant.I8, quant.I16, quant.I32, quant.I64:
+		return false
+	}
+	return t.Known()
+}
+
+// NewPlan plans the quantization of the opened GGUF file f. Everything that
+// can be known from the header is checked here, before anything is
+// written: the file type, every tensor's input type, the NextN tensors the
+// header promises, the output layout.
+func NewPlan(f *gguf.File, o Options) (*Plan, error) {
+	if err := checkFileType(o.FileType); err != nil {
+		return nil, err
+	}
+	arch := f.Architecture()
+	p := &Plan{Input: f.Path, Arch: arch, FileType: o.FileType, Options: o}
+	p.Model = quant.Model{
+		Arch:      arch,
+		NHead:     kvU32(f, arch+".attention.head_count"),
+		NHeadKV:   kvU32(f, arch+".attention.head_count_kv"),
+		NExpert:   kvU32(f, arch+".expert_count"),
+		NLayerAll: kvU32(f, arch+".block_count"),
+	}
+	p.MTPLayers = int(kvU32(f, arch+".nextn_predict_layers"))
+	if err := checkMTP(f, arch, p.MTPLayers); err != nil {
+		return nil, err
+	}
+
+	order := make([]int, len(f.Tensors))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		na, nb := f.Tensors[a].Name, f.Tensors[b].Name
+		switch {
+		case quant.LoaderLess(na, nb):
+			return -1
+		case quant.LoaderLess(nb, na):
+			return 1
+		}
+		return 0
+	})
+	srcs := make([]quant.Source, len(order))
+	for k, i := range order {
+		t := f.Tensors[i]
+		srcs[k] = quant.Source{Name: t.Name, Dims: slices.Clone(t.Dims), Type: t.Type}
+	}
+	types, err := quant.Mix(o.FileType, p.Model, srcs, quant.MixOptions{
+		OutputType: o.OutputType, TokenEmbdType: o.TokenEmbdType, LeaveOutput: o.LeaveOutput, Pure: o.Pure,
+	})
+	if err != nil {
+		return nil, errkind.Mark(errkind.Usage, fmt.Errorf("%s: %w", f.Path, err))
+	}
+	if len(types) != len(srcs) {
+		return nil, fmt.Errorf("%s: internal error: %d types for %d tensors", f.Path, len(types), len(srcs))
+	}
+	specs := make([]gguf.TensorSpec, len(order))
+	for k, i := range order {
+		in := f.Tensors[i]
+		tp := TensorPlan{Name: in.Name, Dims: nDims(in.Dims), InType: in.Type, Type: types[k], In: in}
+		off := f.DataOffset + int64(in.Offset)
+		if !tp.Copy() {
+			if !decodable(in.Type) {
+				return nil, inputerr.New(f.Path, in.Name, off, ErrInputType, "%s cannot be converted to %s", in.Type, tp.Type)
+			}
+			if quantized(in.Type) && !o.AllowRequantize {
+				return nil, inputerr.New(f.Path, in.Name, off, ErrRequantize, "%s, planned as %s", in.Type, tp.Type)
+			}
+			if !tp.Type.CanEncode() {
+				return nil, fmt.Errorf("%s: tensor %q: %w", f.Path, in.Name, quant.ErrNoEncoder)
+			}
+		}
+		if _, ok := tp.Type.RowSize(ne0(in.Dims)); !ok {
+			return nil, fmt.Errorf("%s: tensor %q: internal error: %s chosen for rows of %d values", f.Path, in.Name, tp.Type, ne0(in.Dims))
+		}
+		p.Tensors = append(p.Tensors, tp)
+		specs[k] = gguf.TensorSpec{Name: tp.Name, Dims: tp.Dims, Type: tp.Type}
+		p.InputBytes += in.Size()
+	}
+	p.KVs = outputKVs(f.KVs, o.FileType)
+	layout, err := gguf.PlanLayout(p.KVs, specs, f.Alignment)
+	if err != nil {
+		return nil, inputerr.Wrap(f.Path, err)
+	}
+	p.Layout = layout
+	for i := range p.Tensors {
+		p.Tensors[i].Bytes = layout.Tensors[i].Size()
+	}
+	return p, nil
+}
+
+// outputKVs is llama-quantize's KV section (§3.7): every input KV in order,
+// split.* dropped, then general.quantization_version = 2 and
+// general.file_type, each removed from its place and appended, so they end
+// the list in that order.
+func outputKVs(in []gguf.KV, f quant.FileType) []gguf.KV {
+	var out []gguf.KV
+	for _, kv := range in {
+		if strings.HasPrefix(kv.Key, "split.") || kv.Key == "general.quantization_version" || kv.Key == "general.file_type" {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out,
+		gguf.KV{Key: "general.quantization_version", Type: gguf.ValueUint32, Value: uint32(2)},
+		gguf.KV{Key: "general.file_type", Type: gguf.ValueUint32, Value: uint32(f)})
+}
+
+// nDims drops trailing dimensions of 1 (keeping at least one), as the C
+// writer's ggml_n_dims does: gguf-py writes a (1, n) array as ne = [n, 1],
+// llama-quantize rewrites it as [n].
+func nDims(d []uint64) []uint64 {
+	n := len(d)
+	for n > 1 && d[n-1] == 1 {
+		n--
+	}
+	return slices.Clone(d[:n])
+}
+
+func ne0(d []uint64) uint64 {
+	if len(d) == 0 {
+		return 1
+	}
+	return d[0]
+}
+
+// kvU32 reads an unsigned metadata value (the first element of an array,
+// as llama.cpp reads a per-layer value for layer 0), or 0.
+func kvU32(f *gguf.File, key string) uint32 {
+	kv, ok := f.KV(key)
+	if !ok {
+		return 0
+	}
+	if a, ok := kv.Value.(gguf.Array); ok && a.Len() > 0 {
+		switch v := a.Values.(type) {
+		case []uint32:
+			return v[0]
+		case []int32:
+			return uint32(max(v[0], 0))
+		}
+		return 0
+	}
+	v, _ := kv.Uint()
+	return uint32(v)
+}
+
+// nextnRequired are the NextN tensors llama.cpp requires of every MTP block
+// (src/models/qwen35.cpp; the others are TENSOR_NOT_REQUIRED).
+var nextnRequired = []string{"eh_proj.weight", "enorm.weight", "hnorm.weight"}
+
+// checkMTP refuses a file whose header promises n NextN layers (the last n
+// of block_count) without their required blk.N.nextn.* tensors:
+// quantizing it would write a file whose MTP head llama.cpp cannot load.
+func checkMTP(f *gguf.File, arch string, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	blocks := int(kvU32(f, arch+".block_count"))
+	key := arch + ".nextn_predict_layers"
+	if n >= blocks {
+		return &inputerr.Error{Path: f.Path, Key: key, Offset: -1, Err: fmt.Errorf("%w: %d NextN layers of %d blocks (%s.block_count counts them)", ErrMTPMissing, n, blocks, arch)}
+	}
+	var missing []string
+	for b := blocks - n; b < blocks; b++ {
+		for _, r := range nextnRequired {
+			name := "blk." + strconv.Itoa(b) + ".nextn." + r
+			if _, ok := f.Tensor(name); !ok {
+				missing = append(missing, name)
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return &inputerr.Error{Path: f.Path, Key: key, Offset: -1, Err: fmt.Errorf("%w: %s = %d but the file has no %s (was the MTP head stripped without updating the header?)", ErrMTPMissing, key, n, strings.Join(missing, ", "))}
+	}
+	return nil
+}

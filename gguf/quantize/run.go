@@ -1,0 +1,299 @@
+package quantize
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// RunOptions tune Run.
+type RunOptions struct {
+	// Jobs is the number of workers (default: the core count). The output
+	// is byte-identical for every value.
+	Jobs int
+	// ChunkElems bounds the values a worker holds at once (default 1Mi,
+	// at least one row): peak memory is about Jobs × ChunkElems × 10 bytes
+	// (the input row block, its float32 values and the encoded block),
+	// whatever the model's size.
+	ChunkElems int64
+	// Progress receives input tensor bytes consumed (resumed tensors
+	// included), from any worker goroutine.
+	Progress func(n int64)
+	// Tensor, if set, is told (from worker goroutines) when a worker
+	// starts on tensor i: a progress bar names it.
+	Tensor func(i int, name string)
+	// TensorDone, if set, is called (from worker goroutines) after tensor
+	// i's bytes are written, before they are durable.
+	TensorDone func(i int, name string)
+	// Journal is the resume journal's path (default out + ".journal").
+	Journal string
+}
+
+// RunResult says what Run did. After a failure it says what is left to
+// resume: Partial (out.partial, "" when nothing was left), the Journal and
+// how many tensors it holds as Durable, and JournalErr if recording the
+// last finished tensors failed.
+type RunResult struct {
+	Resumed int // tensors kept from an interrupted run
+	Size    int64
+
+	Partial    string
+	Journal    string
+	Durable    int
+	JournalErr error
+}
+
+// ErrNoSpace: the output's file system has less free space than the
+// output needs.
+var ErrNoSpace = errors.New("not enough free disk space")
+
+// Run executes p, read from the input f, into out, the whole lifecycle:
+// the free space for out is checked first, then the tensors are written
+// to out.partial in row blocks by RunOptions.Jobs workers, the journal
+// (internal/journal, via gguf.TensorJournal) records each tensor once the
+// partial file is fsynced, and out.partial is fsynced and renamed to out,
+// then the journal removed. The journal's ref is Stamp, so another input
+// or plan starts over. An interrupted or failed run leaves out.partial and
+// the journal for a resume (the same Run writes only the tensors not
+// durable), or nothing when no partial file was made.
+func Run(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions) (*RunResult, error) {
+	if err := checkSpace(out, p.Layout.Size); err != nil {
+		return nil, err
+	}
+	jpath := o.Journal
+	if jpath == "" {
+		jpath = out + ".journal"
+	}
+	j, err := gguf.OpenTensorJournal(jpath, out, Stamp(f, p))
+	if err != nil {
+		return nil, err
+	}
+	res := &RunResult{Size: p.Layout.Size}
+	err = write(ctx, f, p, out, o, j, res)
+	if err != nil {
+		res.JournalErr = j.Flush()
+		j.Close()
+		res.Partial, res.Journal, res.Durable = gguf.PartialPath(out), jpath, j.Durable()
+		if _, serr := os.Stat(res.Partial); errors.Is(serr, fs.ErrNotExist) {
+			res.Partial, res.Journal, res.Durable = "", "", 0
+			os.Remove(jpath)
+		}
+		return res, err
+	}
+	if err := j.Remove(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// Stamp identifies a quantization: the planned header (every KV and
+// tensor info, so the type and options too) and the input's path, size
+// and modification time.
+func Stamp(f *gguf.File, p *Plan) string {
+	h := sha256.New()
+	h.Write(p.Layout.Header)
+	var mt int64
+	if st, err := os.Stat(f.Path); err == nil {
+		mt = st.ModTime().UnixNano()
+	}
+	fmt.Fprintf(h, "\x00%s\x00%d\x00%d", f.Path, f.Size, mt)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// checkSpace refuses, before anything is written, an output its file
+// system has no room for (counting what a partial file of an interrupted
+// run already holds).
+func checkSpace(out string, size int64) error {
+	need := size
+	if st, err := os.Stat(gguf.PartialPath(out)); err == nil && st.Size() == size {
+		need = 0 // a resume reuses it
+	}
+	free, ok, err := fsutil.FreeSpace(filepath.Dir(out))
+	if err != nil || !ok {
+		return nil // unknown here: reserving the file still fails early
+	}
+	if free < need {
+		return fmt.Errorf("%s: %w: the output needs %d bytes, %s has %d free", out, ErrNoSpace, need, filepath.Dir(out), free)
+	}
+	return nil
+}
+
+type unit struct {
+	t      int
+	r0, r1 int64
+}
+
+func write(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions, j *gguf.TensorJournal, res *RunResult) error {
+	jobs := o.Jobs
+	if jobs <= 0 {
+		jobs = runtime.GOMAXPROCS(0)
+	}
+	chunk := o.ChunkElems
+	if chunk <= 0 {
+		chunk = 1 << 20
+	}
+	w, err := gguf.Create(out, p.Layout, gguf.Options{Resume: true})
+	if err != nil {
+		return err
+	}
+	remaining := make([]atomic.Int64, len(p.Tensors))
+	var units []unit
+	for i := range p.Tensors {
+		t := &p.Tensors[i]
+		if w.Resumed() && j.Has(i, t.Name) {
+			w.Skip(i)
+			res.Resumed++
+			if o.Progress != nil {
+				o.Progress(t.In.Size())
+			}
+			continue
+		}
+		cols := int64(ne0(t.In.Dims))
+		rows := int64(t.In.NumElements()) / max(cols, 1)
+		per := max(1, chunk/max(cols, 1))
+		n := int64(0)
+		for r := int64(0); r < rows; r += per {
+			units = append(units, unit{i, r, min(rows, r+per)})
+			n++
+		}
+		if rows == 0 {
+			units = append(units, unit{i, 0, 0})
+			n++
+		}
+		remaining[i].Store(n)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	ch := make(chan int)
+	g.Go(func() error {
+		defer close(ch)
+		for k := range units {
+			select {
+			case ch <- k:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	for range jobs {
+		g.Go(func() error {
+			var b buffers
+			for k := range ch {
+				u := units[k]
+				if err := gctx.Err(); err != nil {
+					return err
+				}
+				t := &p.Tensors[u.t]
+				if u.r0 == 0 && o.Tensor != nil {
+					o.Tensor(u.t, t.Name)
+				}
+				data, off, err := quantizeUnit(f, t, u, &b)
+				if err != nil {
+					return err
+				}
+				if err := w.WriteAt(u.t, data, off); err != nil {
+					return err
+				}
+				if o.Progress != nil {
+					o.Progress(int64(len(b.raw)))
+				}
+				if remaining[u.t].Add(-1) == 0 {
+					if err := w.Finish(u.t); err != nil {
+						return err
+					}
+					j.Done(u.t, t.Name)
+					if o.TensorDone != nil {
+						o.TensorDone(u.t, t.Name)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		w.Detach()
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		w.Detach()
+		return err
+	}
+	if err := w.Close(); err != nil {
+		w.Detach()
+		return err
+	}
+	return nil
+}
+
+// buffers are one worker's scratch space, reused across units.
+type buffers struct {
+	raw []byte
+	f32 []float32
+	out []byte
+}
+
+func grow[T any](s []T, n int64) []T {
+	if int64(cap(s)) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// quantizeUnit reads rows [u.r0, u.r1) of tensor t into b.raw and returns
+// them converted (b.out, or b.raw itself for a copied tensor) and the byte
+// offset within the output tensor where they belong.
+func quantizeUnit(f *gguf.File, t *TensorPlan, u unit, b *buffers) (data []byte, off int64, err error) {
+	cols := ne0(t.In.Dims)
+	inRow, _ := t.InType.RowSize(cols)
+	outRow, _ := t.Type.RowSize(cols)
+	n := u.r1 - u.r0
+	at := f.DataOffset + int64(t.In.Offset) + u.r0*int64(inRow)
+	b.raw = grow(b.raw, n*int64(inRow))
+	if _, err := f.ReaderAt().ReadAt(b.raw, at); err != nil {
+		return nil, 0, fmt.Errorf("%s: tensor %q at offset %d: %w", f.Path, t.Name, at, err)
+	}
+	off = u.r0 * int64(outRow)
+	if t.Copy() {
+		return b.raw, off, nil
+	}
+	b.f32 = grow(b.f32, n*int64(cols))
+	if err := decode(t.InType, b.f32, b.raw); err != nil {
+		return nil, 0, fmt.Errorf("%s: tensor %q: %w", f.Path, t.Name, err)
+	}
+	b.out = grow(b.out, n*int64(outRow))
+	if err := quant.Encode(t.Type, b.out, b.f32); err != nil {
+		return nil, 0, fmt.Errorf("tensor %q: %w", t.Name, err)
+	}
+	return b.out, off, nil
+}
+
+// decode converts src, whole rows of type t, to float32 exactly as ggml
+// does before quantizing (F16 and BF16 widen exactly).
+func decode(t quant.Type, dst []float32, src []byte) error {
+	switch t {
+	case quant.F32:
+		tensor.BytesToF32(dst, src)
+	case quant.F16:
+		tensor.F16ToF32(dst, src)
+	case quant.BF16:
+		tensor.BF16ToF32(dst, src)
+	default:
+		return quant.Decode(t, dst, src)
+	}
+	return nil
+}
