@@ -71,6 +71,8 @@ var exceptions = map[[2]string]string{
 	{"verify", "gguf"}:                    "verify checks the files every stage writes, whatever made them",
 	{"verify", "gguf/quant"}:              "verify --deep decodes ggml block scales",
 	{"internal/testmodel", "safetensors"}: "it writes the tiny checkpoints tests convert and merge",
+	{"internal/testmodel", "gguf"}:        "it writes the large F16 GGUF inputs quantizer tests and benchmarks read",
+	{"internal/testmodel", "gguf/quant"}:  "the GGUF inputs it writes name their ggml types",
 }
 
 // owner is the listed path that owns pkg (module-relative), or "".
