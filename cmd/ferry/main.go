@@ -43,6 +43,7 @@ func newApp() *cli.App {
 			inspectCommand(),
 			mergeCommand(),
 			ggufCommand(),
+			quantizeCommand(),
 			mlxCommand(),
 			verifyCommand(),
 			pipelineCommand(),

@@ -528,7 +528,7 @@ func TestOutputOverInput(t *testing.T) {
 // Every --lock-wait says what its value looks like.
 func TestLockWaitHelp(t *testing.T) {
 	for _, cmd := range [][]string{
-		{"pipeline", "run"}, {"gguf", "convert"}, {"merge"}, {"mlx", "repack"}, {"inspect"},
+		{"pipeline", "run"}, {"gguf", "convert"}, {"quantize"}, {"merge"}, {"mlx", "repack"}, {"inspect"},
 	} {
 		out, code, err := runFerry(t, append(cmd, "--help")...)
 		if code != 0 {

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/gguf/quantize"
+	"github.com/ferry-llm/ferry/internal/progress"
+)
+
+func quantizeCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "quantize",
+		Usage:     "quantize a GGUF file (F32/F16/BF16) to Q8_0 or a K-quant mix, byte-identical to llama-quantize",
+		ArgsUsage: "IN.gguf OUT.gguf TYPE [NTHREADS]",
+		Description: "llama-quantize's argument order. TYPE is Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M,\n" +
+			"Q3_K_S or Q2_K (Q3_K, Q4_K and Q5_K are the _M mixes), case-insensitive; the tensor types, order, metadata\n" +
+			"and bytes are llama-quantize's (llama.cpp 34af94c, no importance matrix). A trailing NTHREADS, as\n" +
+			"llama-quantize takes it, is the same as --jobs.\n\n" +
+			"Before a byte is written it checks the type, every tensor's input type (a quantized input needs\n" +
+			"--allow-requantize), the input's integrity (truncated, tensor data past the end), a header that\n" +
+			"promises NextN/MTP layers whose blk.N.nextn.* tensors are missing, and the free disk space. Then it\n" +
+			"quantizes in row blocks (never a whole tensor in memory) into OUT.gguf.partial and renames it to\n" +
+			"OUT.gguf; the bytes are the same whatever --jobs. An interrupted run (Ctrl-C, kill) resumes:\n" +
+			"OUT.gguf.journal lists the tensors already durable, and the same command run again writes only the\n" +
+			"others (another input, type or option starts over). Both are removed once OUT.gguf is complete.",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "allow-requantize", Usage: "quantize tensors that are already quantized (decoded first; quality suffers)"},
+			&cli.StringFlag{Name: "output-tensor-type", Usage: "ggml `TYPE` for output.weight (e.g. q8_0)"},
+			&cli.StringFlag{Name: "token-embedding-type", Usage: "ggml `TYPE` for token_embd.weight (e.g. q8_0)"},
+			&cli.BoolFlag{Name: "leave-output-tensor", Usage: "leave output.weight as it is in the input"},
+			&cli.BoolFlag{Name: "pure", Usage: "give every quantized tensor TYPE's default type (no mix, no larger types)"},
+			jobsFlag("quantization workers"),
+			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the input and print every tensor's type, write nothing"},
+			jsonFlag("print the result (or the plan with --dry-run) as JSON: every tensor's name, shape, input and output type and bytes, and the totals"),
+			lockWaitFlag("the output"),
+		},
+		Action: runQuantize,
+	}
+}
+
+// quantizeTensor is one tensor of the --json result.
+type quantizeTensor struct {
+	Name       string   `json:"name"`
+	Shape      []uint64 `json:"shape"`
+	InputType  string   `json:"input_type"`
+	OutputType string   `json:"output_type"`
+	Bytes      int64    `json:"bytes"`
+}
+
+// quantizeResult is what quantize prints.
+type quantizeResult struct {
+	Input        string           `json:"input"`
+	Out          string           `json:"out"`
+	Type         string           `json:"type"`
+	FileType     uint32           `json:"file_type"`
+	Architecture string           `json:"architecture"`
+	MTPLayers    int              `json:"nextn_predict_layers"`
+	Tensors      int              `json:"tensors"`
+	Quantized    int              `json:"quantized_tensors"`
+	InputBytes   int64            `json:"input_bytes"`
+	Bytes        int64            `json:"bytes"`
+	Resumed      int              `json:"resumed_tensors,omitempty"`
+	Seconds      float64          `json:"seconds,omitempty"`
+	DryRun       bool             `json:"dry_run,omitempty"`
+	TensorList   []quantizeTensor `json:"tensor_list"`
+}
+
+// quantizeArgs reads IN OUT TYPE [NTHREADS] and the flags into options.
+func quantizeArgs(c *cli.Context) (in, out string, o quantize.Options, jobs int, err error) {
+	if c.NArg() < 3 || c.NArg() > 4 {
+		return "", "", o, 0, usageErrorf("quantize: want IN.gguf OUT.gguf TYPE [NTHREADS], got %d arguments", c.NArg())
+	}
+	in, out = c.Args().Get(0), c.Args().Get(1)
+	if jobs, err = jobsOf(c); err != nil {
+		return
+	}
+	if c.NArg() == 4 {
+		n, perr := strconv.Atoi(c.Args().Get(3))
+		if perr != nil || n < 1 {
+			return "", "", o, 0, usageErrorf("quantize: NTHREADS %q: want a positive integer", c.Args().Get(3))
+		}
+		if c.IsSet("jobs") && n != jobs {
+			return "", "", o, 0, usageErrorf("quantize: NTHREADS %d and --jobs %d disagree", n, jobs)
+		}
+		jobs = n
+	}
+	if o.FileType, err = quantize.ParseType(c.Args().Get(2)); err != nil {
+		return "", "", o, 0, fmt.Errorf("quantize: %w", err)
+	}
+	for _, f := range []struct {
+		flag string
+		dst  **quant.Type
+	}{{"output-tensor-type", &o.OutputType}, {"token-embedding-type", &o.TokenEmbdType}} {
+		if !c.IsSet(f.flag) {
+			continue
+		}
+		t, ok := quant.ParseType(c.String(f.flag))
+		if !ok || !t.CanEncode() {
+			return "", "", o, 0, usageErrorf("quantize: --%s %q: not a ggml type ferry can write", f.flag, c.String(f.flag))
+		}
+		*f.dst = &t
+	}
+	o.AllowRequantize, o.LeaveOutput, o.Pure = c.Bool("allow-requantize"), c.Bool("leave-output-tensor"), c.Bool("pure")
+	return in, out, o, jobs, nil
+}
+
+func runQuantize(c *cli.Context) error {
+	in, out, o, jobs, err := quantizeArgs(c)
+	if err != nil {
+		return err
+	}
+	f, err := gguf.Open(in)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	plan, err := quantize.NewPlan(f, o)
+	if err != nil {
+		return err
+	}
+	res := quantizeResult{Input: in, Out: out, Type: plan.FileType.String(), FileType: uint32(plan.FileType),
+		Architecture: plan.Arch, MTPLayers: plan.MTPLayers, Tensors: len(plan.Tensors),
+		InputBytes: plan.InputBytes, Bytes: plan.Layout.Size}
+	for _, t := range plan.Tensors {
+		if !t.Copy() {
+			res.Quantized++
+		}
+		res.TensorList = append(res.TensorList, quantizeTensor{Name: t.Name, Shape: t.Dims,
+			InputType: t.InType.String(), OutputType: t.Type.String(), Bytes: t.Bytes})
+	}
+	if c.Bool("dry-run") {
+		res.DryRun = true
+		return printQuantize(c, res)
+	}
+	release, err := claimOutput(c, out, false, in)
+	if err != nil {
+		return err
+	}
+	defer release()
+
+	start := time.Now()
+	pg := newProgress(c, false)
+	bar := pg.New("quantizing", plan.InputBytes, "task", "quantize")
+	rr, err := quantize.Run(c.Context, f, plan, out, quantize.RunOptions{
+		Jobs: jobs, Progress: bar.Add,
+		Tensor: func(_ int, name string) { progress.Describe(bar, name) },
+	})
+	bar.Close()
+	pg.Close()
+	if err != nil {
+		what := out + " was not written"
+		switch {
+		case rr == nil || rr.Partial == "":
+		case rr.JournalErr != nil:
+			what += fmt.Sprintf(", and recording the last finished tensors in %s failed (%v), so a resume starts from the ones recorded before", rr.Journal, rr.JournalErr)
+		default:
+			what += fmt.Sprintf(": %d of %d tensors are durable in %s", rr.Durable, len(plan.Tensors), rr.Partial)
+		}
+		if ierr := interruptedResume(c.Context, err, "%s", what); ierr != nil {
+			return ierr
+		}
+		return err
+	}
+	res.Resumed = rr.Resumed
+	res.Seconds = time.Since(start).Seconds()
+	return printQuantize(c, res)
+}
+
+func printQuantize(c *cli.Context, res quantizeResult) error {
+	if c.Bool("json") {
+		return printJSON(c, res)
+	}
+	w := c.App.Writer
+	if res.DryRun {
+		for _, t := range res.TensorList {
+			fmt.Fprintf(w, "%-40s %-20s %5s → %-5s %d bytes\n", t.Name, fmt.Sprint(t.Shape), t.InputType, t.OutputType, t.Bytes)
+		}
+		fmt.Fprintf(w, "plan: %s → %s (%s), %d tensors (%d quantized), %d bytes, nextn_predict_layers %d (nothing written)\n",
+			res.Input, res.Type, res.Architecture, res.Tensors, res.Quantized, res.Bytes, res.MTPLayers)
+		return nil
+	}
+	fmt.Fprintf(w, "%s: %s (%s), %d tensors (%d quantized), %d bytes from %d, nextn_predict_layers %d, %.1fs\n",
+		res.Out, res.Type, res.Architecture, res.Tensors, res.Quantized, res.Bytes, res.InputBytes, res.MTPLayers, res.Seconds)
+	return nil
+}
