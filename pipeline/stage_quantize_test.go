@@ -1,0 +1,157 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferry-llm/ferry/manifest"
+
+	. "github.com/ferry-llm/ferry/pipeline"
+)
+
+// quantInput is the reference F16 GGUF llama-quantize's goldens were made
+// from, and goldenDigest the digest of one of them.
+func quantInput(t *testing.T, model string) string {
+	t.Helper()
+	p, err := filepath.Abs("../gguf/quant/testdata/" + model + "-base-F16.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func goldenDigest(t *testing.T, name string) manifest.Digest {
+	t.Helper()
+	b, err := os.ReadFile("../gguf/quant/testdata/golden/" + name + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct{ SHA256 string }
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	return manifest.Digest("sha256:" + g.SHA256)
+}
+
+type stageProgress struct {
+	stage string
+	p     Progress
+}
+
+func (s stageProgress) of(stage string) Progress {
+	if stage == s.stage {
+		return s.p
+	}
+	return nopProgress{}
+}
+
+type nopProgress struct{}
+
+func (nopProgress) SetTotal(int64) {}
+func (nopProgress) Add(int64)      {}
+
+// The quantize stage's output is llama-quantize's file, byte for byte,
+// named after its input with the type, and recorded in the manifest; also
+// when the stage was cancelled halfway and resumed. type: and types:
+// spell one output alike (the type is canonical in the stage key).
+func TestQuantizeStage(t *testing.T) {
+	in := quantInput(t, "qwen3")
+	want := goldenDigest(t, "qwen3-base-Q8_0")
+	for _, tc := range []struct {
+		name, params string
+		cancelAt     int64
+	}{
+		{"type", "type: q8_0", 0},
+		{"types, cancelled", "types: [Q8_0]", 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			spec := loadSpec(t, dir, `name: q
+stages:
+  - name: f16
+    import: { path: `+in+` }
+  - name: quants
+    quantize: { from: f16, `+tc.params+` }
+`)
+			if tc.cancelAt > 0 {
+				ctx, cancel := context.WithCancel(context.Background())
+				sp := stageProgress{"quants", &cancelAfter{n: tc.cancelAt, cancel: cancel}}
+				_, err := Run(ctx, spec, Options{Stages: 1, Workers: 1, Progress: sp.of})
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("cancelled run: %v", err)
+				}
+			}
+			rep, err := Run(context.Background(), spec, Options{Stages: 2, Workers: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs := rep.Stages[1].Outputs
+			if len(outs) != 1 || outs[0].Digest != want || outs[0].Path != "qwen3-base-Q8_0.gguf" {
+				t.Errorf("outputs %+v, want qwen3-base-Q8_0.gguf with %s", outs, want.Short())
+			}
+			s, err := manifest.Load(spec.Store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec := s.StageRecord("q", "quants"); rec == nil || len(rec.Outputs) != 1 || rec.Outputs[0].Digest != want {
+				t.Errorf("manifest record %+v", rec)
+			}
+		})
+	}
+}
+
+// A bad type is refused when the pipeline file is parsed; an input the
+// quantizer refuses (NextN layers promised, their tensors missing) by
+// plan, before any stage runs.
+func TestQuantizeStageRefusals(t *testing.T) {
+	for _, tc := range []struct{ params, want string }{
+		{"type: Q9_K", `"Q9_K"`},
+		{"types: [Q4_K_M, q4_k_m]", "twice"},
+		{"type: Q8_0, types: [Q6_K]", "not both"},
+		{"type: Q2_K_S", "importance matrix"},
+		{"type: Q8_0, output_tensor_type: q9", "output_tensor_type"},
+		{"types: []", "empty"},
+	} {
+		dir := t.TempDir()
+		p := filepath.Join(dir, "p.yaml")
+		writeFile(t, p, "name: q\nstages:\n  - name: f16\n    import: { path: x.gguf }\n  - name: quants\n    quantize: { from: f16, "+tc.params+" }\n")
+		if _, err := Load(p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", tc.params, err, tc.want)
+		}
+	}
+
+	dir := t.TempDir()
+	// qwen35's F16 input (nextn_predict_layers 1) with its NextN block's
+	// eh_proj renamed away.
+	src, err := os.ReadFile(quantInput(t, "qwen35"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Imported as a directory: its plan previews the files, so the
+	// quantize stage is planned before the import runs.
+	bad := filepath.Join(dir, "in", "bad-F16.gguf")
+	writeFile(t, bad, strings.Replace(string(src), "blk.4.nextn.eh_proj.weight", "blk.4.nextn.eh_prox.weight", 1))
+	spec := loadSpecKinds(t, dir, `name: q
+stages:
+  - name: f16
+    import: { path: in }
+  - name: quants
+    quantize: { from: f16, type: Q8_0 }
+`, BuiltinKinds())
+	rep, err := Plan(spec, Options{})
+	if err == nil || !strings.Contains(err.Error(), "blk.4.nextn.eh_proj.weight") {
+		t.Fatalf("plan: %v, want the missing nextn tensor named", err)
+	}
+	wantActions(t, "plan", rep, map[string]string{"quants": "invalid"})
+	if _, err := Run(context.Background(), spec, Options{}); err == nil {
+		t.Fatal("run of a pipeline plan refuses: no error")
+	}
+	if s, _ := manifest.Load(spec.Store); s != nil && s.StageRecord("q", "f16") != nil {
+		t.Error("the import ran although a later stage's plan refused")
+	}
+}
