@@ -1,0 +1,169 @@
+package quantize
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/testmodel"
+)
+
+// benchInput writes (once per process and layer count) a Qwen3.5-27B-width
+// F16 GGUF (testmodel.Wide27B: layers trunk blocks at the real widths, an
+// MTP block, a 32768 vocabulary), streamed. FERRY_BENCH_LAYERS sets the
+// trunk blocks (default 1: 2.2 GB; each more adds 0.75 GB);
+// FERRY_BENCH_DIR keeps the file between runs.
+func benchInput(b *testing.B) string {
+	layers := 1
+	if s := os.Getenv("FERRY_BENCH_LAYERS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("FERRY_BENCH_LAYERS=%q: want a layer count ≥ 1", s)
+		}
+		layers = n
+	}
+	dir := os.Getenv("FERRY_BENCH_DIR")
+	if dir == "" {
+		benchTmp.once.Do(func() { benchTmp.dir, benchTmp.err = os.MkdirTemp("", "ferry-quantize-bench-") })
+		if benchTmp.err != nil {
+			b.Fatal(benchTmp.err)
+		}
+		dir = benchTmp.dir
+	}
+	p := filepath.Join(dir, fmt.Sprintf("wide27b-%d-F16.gguf", layers))
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	if _, err := testmodel.Wide27B(layers).WriteGGUF(p); err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// benchTmp holds this process's generated input (without FERRY_BENCH_DIR),
+// removed by TestMain.
+var benchTmp struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if benchTmp.dir != "" {
+		os.RemoveAll(benchTmp.dir)
+	}
+	os.Exit(code)
+}
+
+// runTimed runs a command, its stdout discarded, and returns its wall time
+// and peak RSS. (Nothing it prints is kept in this process: a child
+// starts with its parent's peak RSS as its own on Linux, so a parent that
+// grew would inflate every later child's figure.)
+func runTimed(b *testing.B, env []string, name string, args ...string) (time.Duration, int64) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("%s %v: %v", name, args, err)
+	}
+	d := time.Since(start)
+	var rss int64
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		rss = maxRSSBytes(ru)
+	}
+	return d, rss
+}
+
+func sha256File(b *testing.B, p string) string {
+	f, err := os.Open(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		b.Fatal(err)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+// BenchmarkQuantize quantizes the generated Qwen3.5-27B-width F16 GGUF
+// (benchInput) in a child process, as `ferry quantize` does (journal,
+// fsync, rename), to FERRY_BENCH_QTYPE (default Q4_K_M) with
+// FERRY_BENCH_JOBS workers (default all cores). Reported: MB/s of input,
+// the child's peak RSS, and, when FERRY_LLAMA_QUANTIZE names a
+// llama-quantize binary, the same quantization by it in the same run at
+// the same thread count: its seconds and peak RSS, x-llama-quantize (its
+// time over ours: above 1 ferry is faster) and identical (1 when the two
+// files have the same sha256; the benchmark fails when they differ).
+func BenchmarkQuantize(b *testing.B) {
+	in := benchInput(b)
+	st, err := os.Stat(in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	typ := os.Getenv("FERRY_BENCH_QTYPE")
+	if typ == "" {
+		typ = "Q4_K_M"
+	}
+	jobs := runtime.NumCPU()
+	if s := os.Getenv("FERRY_BENCH_JOBS"); s != "" {
+		if jobs, err = strconv.Atoi(s); err != nil || jobs < 1 {
+			b.Fatalf("FERRY_BENCH_JOBS=%q", s)
+		}
+	}
+	llama := os.Getenv("FERRY_LLAMA_QUANTIZE")
+	work := b.TempDir()
+	// Warm the page cache as the gguf stage before it would leave it.
+	runTimed(b, nil, "cat", in)
+	b.SetBytes(st.Size())
+	b.ResetTimer()
+	var ours, theirs time.Duration
+	var rss, llamaRSS int64
+	identical := 1.0
+	for range b.N {
+		out := filepath.Join(work, "out.gguf")
+		d, r := runTimed(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + out + ":" + typ + ":" + strconv.Itoa(jobs)}, os.Args[0], "-test.run=^$")
+		ours += d
+		rss = max(rss, r)
+		if llama != "" {
+			ref := filepath.Join(work, "llama.gguf")
+			d, r := runTimed(b, nil, llama, in, ref, typ, strconv.Itoa(jobs))
+			theirs += d
+			llamaRSS = max(llamaRSS, r)
+			b.StopTimer()
+			if sha256File(b, out) != sha256File(b, ref) {
+				identical = 0
+				b.Errorf("ferry's %s differs from llama-quantize's", typ)
+			}
+			b.StartTimer()
+			os.Remove(ref)
+		}
+		os.Remove(out)
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(st.Size())/1e6/(ours.Seconds()/n), "MB/s")
+	b.ReportMetric(float64(rss)/(1<<20), "peakRSS-MiB")
+	b.ReportMetric(ours.Seconds()/n, "ferry-s")
+	msg := fmt.Sprintf("input %d bytes → %s, %d jobs: ferry %.2fs, peak RSS %.0f MiB", st.Size(), typ, jobs, ours.Seconds()/n, float64(rss)/(1<<20))
+	if llama != "" {
+		b.ReportMetric(theirs.Seconds()/n, "llama-quantize-s")
+		b.ReportMetric(float64(llamaRSS)/(1<<20), "llama-peakRSS-MiB")
+		b.ReportMetric(theirs.Seconds()/ours.Seconds(), "x-llama-quantize")
+		b.ReportMetric(identical, "identical")
+		msg += fmt.Sprintf("; llama-quantize %.2fs, peak RSS %.0f MiB; same bytes: %v", theirs.Seconds()/n, float64(llamaRSS)/(1<<20), identical == 1)
+	}
+	b.Log(msg)
+}

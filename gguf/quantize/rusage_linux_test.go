@@ -1,0 +1,6 @@
+package quantize
+
+import "syscall"
+
+// Linux reports ru_maxrss in KiB.
+func maxRSSBytes(ru *syscall.Rusage) int64 { return ru.Maxrss << 10 }
