@@ -38,6 +38,9 @@ var (
 	// ErrInputType: a tensor of a type that cannot be decoded (I32, …)
 	// would have to change type.
 	ErrInputType = errors.New("unsupported input tensor type")
+	// ErrModel: the hparams the type rules read (general.architecture,
+	// {arch}.block_count, head counts) are missing or malformed.
+	ErrModel = errors.New("model metadata the type rules need")
 	// ErrMTPMissing: {arch}.nextn_predict_layers promises NextN layers
 	// whose blk.N.nextn.* tensors are not in the file.
 	ErrMTPMissing = errors.New("the header promises NextN (MTP) layers whose tensors are missing")
@@ -93,9 +96,9 @@ type Plan struct {
 // case-insensitive), refused as ErrFileType when unknown or when it needs
 // an importance matrix.
 func ParseType(s string) (quant.FileType, error) {
-	f, ok := quant.ParseFileType(s)
-	if !ok {
-		return 0, fmt.Errorf("%w %q (want Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S or Q2_K)", ErrFileType, s)
+	f, err := quant.LookupFileType(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w (want Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K or a legacy Q4_0, Q4_1, Q5_0, Q5_1)", ErrFileType, err)
 	}
 	if err := checkFileType(f); err != nil {
 		return 0, err
@@ -144,13 +147,17 @@ func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 	}
 	arch := f.Architecture()
 	p := &Plan{Input: f.Path, Arch: arch, FileType: o.FileType, Options: o}
-	p.Model = quant.Model{
-		Arch:      arch,
-		NHead:     kvU32(f, arch+".attention.head_count"),
-		NHeadKV:   kvU32(f, arch+".attention.head_count_kv"),
-		NExpert:   kvU32(f, arch+".expert_count"),
-		NLayerAll: kvU32(f, arch+".block_count"),
+	m, err := quant.ModelFromKV(func(key string) (any, bool) {
+		kv, ok := f.KV(key)
+		if a, isArray := kv.Value.(gguf.Array); isArray {
+			return a.Values, ok
+		}
+		return kv.Value, ok
+	})
+	if err != nil {
+		return nil, &inputerr.Error{Path: f.Path, Offset: -1, Err: fmt.Errorf("%w: %w", ErrModel, err)}
 	}
+	p.Model = m
 	p.MTPLayers = int(kvU32(f, arch+".nextn_predict_layers"))
 	if err := checkMTP(f, arch, p.MTPLayers); err != nil {
 		return nil, err
@@ -254,22 +261,9 @@ func ne0(d []uint64) uint64 {
 	return d[0]
 }
 
-// kvU32 reads an unsigned metadata value (the first element of an array,
-// as llama.cpp reads a per-layer value for layer 0), or 0.
+// kvU32 reads an unsigned scalar metadata value, or 0.
 func kvU32(f *gguf.File, key string) uint32 {
-	kv, ok := f.KV(key)
-	if !ok {
-		return 0
-	}
-	if a, ok := kv.Value.(gguf.Array); ok && a.Len() > 0 {
-		switch v := a.Values.(type) {
-		case []uint32:
-			return v[0]
-		case []int32:
-			return uint32(max(v[0], 0))
-		}
-		return 0
-	}
+	kv, _ := f.KV(key)
 	v, _ := kv.Uint()
 	return uint32(v)
 }
