@@ -2,13 +2,22 @@ package quantize
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
+	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/gguf/internal/ggufcheck"
 	"github.com/ferry-llm/ferry/gguf/internal/goldenfile"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/safetensors"
+	"github.com/ferry-llm/ferry/verify"
 )
 
 // quantTestdata is gguf/quant's testdata: the reference F16 inputs and the
@@ -88,6 +97,7 @@ func TestGolden(t *testing.T) {
 				if err := ggufcheck.Check(out); err != nil {
 					t.Error(err)
 				}
+				requireMTP(t, out)
 				return
 			}
 			t.Errorf("sha256 %s (%d bytes), llama-quantize's %s (%d bytes)", got.SHA256, got.Size, want.SHA256, want.Size)
@@ -121,5 +131,131 @@ func diffDump(t *testing.T, got, want *goldenfile.File) {
 				break
 			}
 		}
+	}
+}
+
+// familyTypes are the file types llama-quantize was run with on every
+// model of testmodel.QuantizerFamilies (gguf/quant's FamilyTypes), and
+// legacyTypes those it was also run with on the two reference inputs.
+var (
+	familyTypes = []string{"Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}
+	legacyTypes = []string{"Q4_0", "Q4_1", "Q5_0", "Q5_1"}
+)
+
+// compareGolden quantizes in as ftype and compares the whole file with the
+// dump at golden.
+func compareGolden(t *testing.T, in, golden, ftype string) {
+	t.Helper()
+	want, err := goldenfile.Load(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ft, err := ParseType(ftype)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out.gguf")
+	quantizeFile(t, in, out, Options{FileType: ft}, RunOptions{Jobs: 2, ChunkElems: 1 << 12})
+	got, err := goldenfile.Dump(out, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.SHA256 != want.SHA256 || got.Size != want.Size {
+		t.Errorf("sha256 %s (%d bytes), llama-quantize's %s (%d bytes)", got.SHA256, got.Size, want.SHA256, want.Size)
+		diffDump(t, got, want)
+	}
+	requireMTP(t, out)
+}
+
+// requireMTP checks the MTP head of a quantized file whose header promises
+// one as `ferry verify mtp --require --deep` does.
+func requireMTP(t *testing.T, out string) {
+	t.Helper()
+	rep, err := verify.MTP(out, verify.Options{Require: true, Deep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Promised > 0 && !rep.Pass(true) {
+		t.Errorf("verify mtp --require --deep: %s: %+v", rep.Verdict, rep)
+	}
+}
+
+// The legacy types on the two reference inputs, byte-identical to
+// llama-quantize's files.
+func TestGoldenLegacy(t *testing.T) {
+	for _, model := range []string{"qwen3", "qwen35"} {
+		for _, typ := range legacyTypes {
+			t.Run(model+"-"+typ, func(t *testing.T) {
+				compareGolden(t, input(model), filepath.Join(quantTestdata, "golden", "families", model+"-"+typ+".json"), typ)
+			})
+		}
+	}
+}
+
+// Every model of testmodel.QuantizerFamilies (every converter family, rows
+// that need the legacy fallbacks, MoE with stacked and fused experts, MTP
+// with experts, nine layers with GQA 4, rows of 80), converted to F16 by
+// gguf/convert (checked against the dump of the F16 file llama-quantize
+// read) and quantized to every family type: the bytes of llama-quantize's
+// output, or a refusal before anything is written where llama-quantize
+// refused (refused.json).
+func TestGoldenFamilies(t *testing.T) {
+	dir := filepath.Join(quantTestdata, "golden", "families")
+	b, err := os.ReadFile(filepath.Join(dir, "refused.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused map[string]string
+	if err := json.Unmarshal(b, &refused); err != nil {
+		t.Fatal(err)
+	}
+	models := slices.Sorted(maps.Keys(testmodel.QuantizerFamilies))
+	for _, model := range models {
+		t.Run(model, func(t *testing.T) {
+			work := t.TempDir()
+			ckDir := filepath.Join(work, model) // general.name comes from it
+			if _, err := testmodel.QuantizerFamilies[model](ckDir); err != nil {
+				t.Fatal(err)
+			}
+			ck, err := safetensors.OpenDir(ckDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ck.Close()
+			cp, err := convert.NewPlan(ck, convert.Options{OutType: convert.OutF16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := filepath.Join(work, model+"-F16.gguf")
+			if err := convert.Write(context.Background(), cp, in, convert.WriteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			want, err := goldenfile.Load(filepath.Join(dir, model+"-F16.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := goldenfile.Dump(in, ""); err != nil || got.SHA256 != want.SHA256 {
+				t.Fatalf("the F16 input is not the one llama-quantize read (%v)", err)
+			}
+			for _, typ := range familyTypes {
+				t.Run(typ, func(t *testing.T) {
+					if why, ok := refused[model+"-"+typ]; ok {
+						ft, err := ParseType(typ)
+						if err != nil {
+							t.Fatal(err)
+						}
+						_, _, err = plan(t, in, Options{FileType: ft})
+						if err == nil {
+							t.Fatalf("planned; llama-quantize refused: %s", why)
+						}
+						if k := errkind.Of(err); k != errkind.Usage && k != errkind.BadInput {
+							t.Errorf("refused as %s (exit %v): %v", k, k, err)
+						}
+						return
+					}
+					compareGolden(t, in, filepath.Join(dir, model+"-"+typ+".json"), typ)
+				})
+			}
+		})
 	}
 }

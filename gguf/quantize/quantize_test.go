@@ -186,8 +186,12 @@ func TestBadInput(t *testing.T) {
 	os.WriteFile(pastEOF, b[:st.Size()-1000], 0o644)
 
 	i32 := path("i32.gguf")
-	writeGGUF(t, i32, []gguf.KV{{Key: "general.architecture", Type: gguf.ValueString, Value: "llama"}},
+	llama := []gguf.KV{{Key: "general.architecture", Type: gguf.ValueString, Value: "llama"}, {Key: "llama.block_count", Type: gguf.ValueUint32, Value: uint32(1)}}
+	writeGGUF(t, i32, llama,
 		[]tensorData{{gguf.TensorSpec{Name: "blk.0.ffn_up.weight", Dims: []uint64{32, 2}, Type: quant.I32}, make([]byte, 256)}}, 0)
+
+	noBlocks := path("no-block-count.gguf")
+	writeGGUF(t, noBlocks, llama[:1], []tensorData{{gguf.TensorSpec{Name: "blk.0.ffn_up.weight", Dims: []uint64{32, 2}, Type: quant.F32}, make([]byte, 256)}}, 0)
 
 	q8 := path("q8.gguf")
 	quantizeFile(t, f16, q8, Options{FileType: quant.FileQ8_0}, RunOptions{Jobs: 1})
@@ -210,6 +214,7 @@ func TestBadInput(t *testing.T) {
 		{"truncated header", truncated, Options{FileType: quant.FileQ8_0}, gguf.ErrTruncated, []string{truncated}},
 		{"tensor data past EOF", pastEOF, Options{FileType: quant.FileQ8_0}, gguf.ErrDataRange, []string{pastEOF, `tensor "`}},
 		{"I32 matrix", i32, Options{FileType: quant.FileQ8_0}, ErrInputType, []string{i32, `tensor "blk.0.ffn_up.weight"`, "I32"}},
+		{"no block_count", noBlocks, Options{FileType: quant.FileQ8_0}, ErrModel, []string{noBlocks, "llama.block_count"}},
 		{"quantized input", q8, Options{FileType: quant.FileQ8_0, TokenEmbdType: typePtr(quant.F16)}, ErrRequantize, []string{q8, `tensor "token_embd.weight"`, "--allow-requantize"}},
 		{"nextn promised, stripped", noNextN, Options{FileType: quant.FileQ8_0}, ErrMTPMissing, []string{noNextN, "qwen35.nextn_predict_layers", "blk.4.nextn.eh_proj.weight"}},
 		{"nextn eh_proj missing", noEh, Options{FileType: quant.FileQ8_0}, ErrMTPMissing, []string{"blk.4.nextn.eh_proj.weight"}},
@@ -238,23 +243,23 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("ParseType(q2_k_s): %v", err)
 	}
 	ents, _ := os.ReadDir(dir)
-	if len(ents) != 6 {
-		t.Errorf("%d files in the test directory, want the 6 inputs: a refused plan wrote something", len(ents))
+	if len(ents) != 7 {
+		t.Errorf("%d files in the test directory, want the 7 inputs: a refused plan wrote something", len(ents))
 	}
 }
 
-// Re-quantizing with AllowRequantize decodes a quantized tensor that
-// changes type first: the output is what the same plan makes of its
-// decoded values written as F32 (token_embd here; the other tensors keep
-// their type and are copied).
+// Re-quantizing with AllowRequantize decodes the quantized tensors first:
+// a Q8_0 file quantized to Q4_K_M is what the same type makes of its
+// decoded values written as F32; and a tensor that only changes to F16
+// (--token-embedding-type) goes through the same decoding.
 func TestAllowRequantize(t *testing.T) {
 	dir := t.TempDir()
 	q8 := filepath.Join(dir, "q8.gguf")
 	quantizeFile(t, input("qwen3"), q8, Options{FileType: quant.FileQ8_0}, RunOptions{Jobs: 1})
-	// token_embd's values as F32.
+	// The same values as F32.
 	f32 := filepath.Join(dir, "f32.gguf")
 	rewrite(t, q8, f32, nil, func(ti *gguf.TensorInfo, data []byte) ([]byte, bool) {
-		if ti.Name != "token_embd.weight" {
+		if ti.Type != quant.Q8_0 {
 			return data, true
 		}
 		v := make([]float32, ti.NumElements())
@@ -268,36 +273,47 @@ func TestAllowRequantize(t *testing.T) {
 		ti.Type = quant.F32
 		return out, true
 	})
-	o := Options{FileType: quant.FileQ8_0, TokenEmbdType: typePtr(quant.F16)}
-	if _, _, err := plan(t, q8, o); !errors.Is(err, ErrRequantize) {
-		t.Fatalf("without AllowRequantize: %v", err)
-	}
-	o.AllowRequantize = true
-	a, b := filepath.Join(dir, "a.gguf"), filepath.Join(dir, "b.gguf")
-	quantizeFile(t, q8, a, o, RunOptions{Jobs: 2, ChunkElems: 512})
-	quantizeFile(t, f32, b, o, RunOptions{Jobs: 2})
-	ga, _ := os.ReadFile(a)
-	gb, _ := os.ReadFile(b)
-	if !bytes.Equal(ga, gb) {
-		t.Error("re-quantized output differs from quantizing the decoded values")
+	for _, o := range []Options{
+		{FileType: quant.FileQ4_K_M},
+		{FileType: quant.FileQ8_0, TokenEmbdType: typePtr(quant.F16)},
+	} {
+		if _, _, err := plan(t, q8, o); !errors.Is(err, ErrRequantize) {
+			t.Fatalf("%s without AllowRequantize: %v", o.FileType, err)
+		}
+		o.AllowRequantize = true
+		a, b := filepath.Join(dir, "a.gguf"), filepath.Join(dir, "b.gguf")
+		quantizeFile(t, q8, a, o, RunOptions{Jobs: 2, ChunkElems: 512})
+		quantizeFile(t, f32, b, o, RunOptions{Jobs: 2})
+		ga, _ := os.ReadFile(a)
+		gb, _ := os.ReadFile(b)
+		if !bytes.Equal(ga, gb) {
+			t.Errorf("%s: re-quantized output differs from quantizing the decoded values", o.FileType)
+		}
 	}
 }
 
-// The NextN (MTP) head of a Qwen3.5 GGUF survives: `ferry verify mtp
-// --require` passes on the output, and fails on the input with its nextn
-// tensors stripped (which the quantizer refuses, TestBadInput).
+// The NextN (MTP) head of a Qwen3.5 GGUF survives every type: `ferry
+// verify mtp --require --deep` passes on each output (here the types with
+// no qwen35 golden; the golden tests check theirs, and that their bytes
+// are llama-quantize's), and fails on the input with its nextn tensors
+// stripped (which the quantizer refuses, TestBadInput).
 func TestMTPSurvives(t *testing.T) {
 	dir := t.TempDir()
-	for _, ft := range []quant.FileType{quant.FileQ8_0} {
-		out := filepath.Join(dir, ft.String()+".gguf")
+	for _, name := range []string{"Q8_0", "Q5_K_S", "Q4_K_S", "Q3_K_L", "Q3_K_S"} {
+		ft, err := ParseType(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(dir, name+".gguf")
 		quantizeFile(t, input("qwen35"), out, Options{FileType: ft}, RunOptions{Jobs: 2})
 		rep, err := verify.MTP(out, verify.Options{Require: true, Deep: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !rep.Pass(true) {
-			t.Errorf("%s: verify mtp --require --deep: %s %+v", ft, rep.Verdict, rep)
+		if !rep.Pass(true) || rep.Promised != 1 {
+			t.Errorf("%s: verify mtp --require --deep: %s, %d promised: %+v", name, rep.Verdict, rep.Promised, rep)
 		}
+		os.Remove(out)
 	}
 	stripped := filepath.Join(dir, "stripped.gguf")
 	rewrite(t, input("qwen35"), stripped, nil, func(ti *gguf.TensorInfo, data []byte) ([]byte, bool) {
