@@ -40,14 +40,16 @@ func goldenSHA(t *testing.T, name string) string {
 // thread count; --json lists every tensor and the totals.
 func TestQuantizeCLI(t *testing.T) {
 	dir := t.TempDir()
-	want := goldenSHA(t, "qwen3-base-Q8_0")
 	for _, tc := range []struct {
-		name string
-		args []string
+		name, golden string
+		args         []string
 	}{
-		{"json", []string{"--json", qwen3F16, "OUT", "Q8_0"}},
-		{"lower case, nthreads", []string{qwen3F16, "OUT", "q8_0", "1"}},
-		{"flags after", []string{qwen3F16, "OUT", "Q8_0", "--jobs", "3"}},
+		{"json", "Q8_0", []string{"--json", qwen3F16, "OUT", "Q8_0"}},
+		{"lower case, nthreads", "Q8_0", []string{qwen3F16, "OUT", "q8_0", "1"}},
+		{"flags after", "Q8_0", []string{qwen3F16, "OUT", "Q8_0", "--jobs", "3"}},
+		{"alias", "Q4_K_M", []string{qwen3F16, "OUT", "q4_k"}},
+		{"pure", "Q4_K_M-pure", []string{"--pure", qwen3F16, "OUT", "Q4_K_M"}},
+		{"output and embedding types", "Q4_K_M-out_q8_0-embd_q8_0", []string{qwen3F16, "OUT", "Q4_K_M", "--output-tensor-type", "q8_0", "--token-embedding-type", "Q8_0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".gguf")
@@ -61,11 +63,12 @@ func TestQuantizeCLI(t *testing.T) {
 			if r.code != 0 {
 				t.Fatalf("exit %d: %s", r.code, r.stderr)
 			}
+			want := goldenSHA(t, "qwen3-base-"+tc.golden)
 			if d := fileDigest(t, out); hex.EncodeToString(d[:]) != want {
 				t.Errorf("sha256 %x, llama-quantize's %s", d, want)
 			}
 			if tc.name != "json" {
-				if !strings.Contains(r.stdout, out+": Q8_0 (qwen3), 24 tensors (15 quantized)") {
+				if !strings.Contains(r.stdout, out+": ") || !strings.Contains(r.stdout, " (qwen3), 24 tensors (15 quantized)") {
 					t.Errorf("stdout %q", r.stdout)
 				}
 				return
