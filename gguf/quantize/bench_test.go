@@ -20,17 +20,23 @@ import (
 // benchInput writes (once per process and layer count) a Qwen3.5-27B-width
 // F16 GGUF (testmodel.Wide27B: layers trunk blocks at the real widths, an
 // MTP block, a 32768 vocabulary), streamed. FERRY_BENCH_LAYERS sets the
-// trunk blocks (default 1: 2.2 GB; each more adds 0.75 GB);
-// FERRY_BENCH_DIR keeps the file between runs.
+// trunk blocks (default 1: 2.2 GB; each more adds 0.75 GB),
+// FERRY_BENCH_VOCAB the vocabulary (248320 is Qwen3.5's: 5.1 GB of
+// token_embd and output); FERRY_BENCH_DIR keeps the file between runs.
 func benchInput(b *testing.B) string {
-	layers := 1
-	if s := os.Getenv("FERRY_BENCH_LAYERS"); s != "" {
+	envInt := func(key string, def int) int {
+		s := os.Getenv(key)
+		if s == "" {
+			return def
+		}
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
-			b.Fatalf("FERRY_BENCH_LAYERS=%q: want a layer count ≥ 1", s)
+			b.Fatalf("%s=%q: want a positive integer", key, s)
 		}
-		layers = n
+		return n
 	}
+	o := testmodel.Wide27B(envInt("FERRY_BENCH_LAYERS", 1))
+	o.Vocab = envInt("FERRY_BENCH_VOCAB", o.Vocab)
 	dir := os.Getenv("FERRY_BENCH_DIR")
 	if dir == "" {
 		benchTmp.once.Do(func() { benchTmp.dir, benchTmp.err = os.MkdirTemp("", "ferry-quantize-bench-") })
@@ -39,11 +45,11 @@ func benchInput(b *testing.B) string {
 		}
 		dir = benchTmp.dir
 	}
-	p := filepath.Join(dir, fmt.Sprintf("wide27b-%d-F16.gguf", layers))
+	p := filepath.Join(dir, fmt.Sprintf("wide27b-%d-%d-F16.gguf", o.Layers, o.Vocab))
 	if _, err := os.Stat(p); err == nil {
 		return p
 	}
-	if _, err := testmodel.Wide27B(layers).WriteGGUF(p); err != nil {
+	if _, err := o.WriteGGUF(p); err != nil {
 		b.Fatal(err)
 	}
 	return p
