@@ -20,6 +20,7 @@ import (
 // workers, so a unit is a tensor, not a prefix with a hash state.
 type TensorJournal struct {
 	mu       sync.Mutex
+	path     string
 	log      *journal.Log
 	partial  string
 	durableM map[string]bool
@@ -40,7 +41,7 @@ func OpenTensorJournal(path, out, stamp string) (*TensorJournal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &TensorJournal{log: log, partial: PartialPath(out), durableM: map[string]bool{}, last: time.Now()}
+	j := &TensorJournal{path: path, log: log, partial: PartialPath(out), durableM: map[string]bool{}, last: time.Now()}
 	if _, err := os.Stat(j.partial); errors.Is(err, fs.ErrNotExist) {
 		// Units of a partial file that is gone mean nothing.
 		if len(entries) > 0 {
@@ -151,4 +152,32 @@ func (j *TensorJournal) Close() error {
 func (j *TensorJournal) Remove() error {
 	j.bg.Wait()
 	return j.log.Remove()
+}
+
+// Leftover is what a failed or interrupted write leaves to resume: the
+// partial file ("" when none was made, and then nothing is left), the
+// journal, how many tensors it holds as durable, and JournalErr if
+// recording the last finished tensors failed (a resume then starts from
+// the ones recorded before).
+type Leftover struct {
+	Partial    string
+	Journal    string
+	Durable    int
+	JournalErr error
+}
+
+// Abandon ends the journal of a write that failed or was interrupted: it
+// records the tensors finished so far (fsyncing the partial file first)
+// and keeps the journal beside the partial file for a resume; when no
+// partial file was made (a disk too full to reserve it) it removes the
+// journal too, leaving nothing.
+func (j *TensorJournal) Abandon() Leftover {
+	lo := Leftover{JournalErr: j.Flush()}
+	j.Close()
+	if _, err := os.Stat(j.partial); errors.Is(err, fs.ErrNotExist) {
+		j.log.Remove()
+		return Leftover{}
+	}
+	lo.Partial, lo.Journal, lo.Durable = j.partial, j.path, j.Durable()
+	return lo
 }

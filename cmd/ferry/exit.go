@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/errkind"
 )
 
@@ -55,6 +56,24 @@ func interruptedResume(ctx context.Context, err error, what string, args ...any)
 		return nil
 	}
 	return errkind.Mark(errkind.Interrupted, fmt.Errorf("interrupted; %s; run the same command again to resume: %w", fmt.Sprintf(what, args...), err))
+}
+
+// tensorWriteFailed words the error of a GGUF write by tensor (gguf
+// convert, quantize) that failed or was interrupted: out was not written,
+// and what lo says is left to resume (of total tensors).
+func tensorWriteFailed(ctx context.Context, err error, out string, lo gguf.Leftover, total int) error {
+	what := out + " was not written"
+	switch {
+	case lo.Partial == "":
+	case lo.JournalErr != nil:
+		what += fmt.Sprintf(", and recording the last finished tensors in %s failed (%v), so a resume starts from the ones recorded before", lo.Journal, lo.JournalErr)
+	default:
+		what += fmt.Sprintf(": %d of %d tensors are durable in %s", lo.Durable, total, lo.Partial)
+	}
+	if ierr := interruptedResume(ctx, err, "%s", what); ierr != nil {
+		return ierr
+	}
+	return err
 }
 
 // exitCode maps an error to the documented exit code.

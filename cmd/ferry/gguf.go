@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/safetensors"
 )
@@ -139,18 +140,11 @@ func runGGUFConvert(c *cli.Context) error {
 	bar.Close()
 	pg.Close()
 	if err != nil {
-		what := out + " was not written"
-		switch {
-		case rr == nil || rr.Partial == "":
-		case rr.JournalErr != nil:
-			what += fmt.Sprintf(", and recording the last finished tensors in %s failed (%v), so a resume starts from the ones recorded before", rr.Journal, rr.JournalErr)
-		default:
-			what += fmt.Sprintf(": %d of %d tensors are durable in %s", rr.Durable, len(plan.Tensors), rr.Partial)
+		var lo gguf.Leftover
+		if rr != nil {
+			lo = rr.Leftover
 		}
-		if ierr := interruptedResume(c.Context, err, "%s", what); ierr != nil {
-			return ierr
-		}
-		return err
+		return tensorWriteFailed(c.Context, err, out, lo, len(plan.Tensors))
 	}
 	res.Resumed = rr.Resumed
 	res.Seconds = time.Since(start).Seconds()

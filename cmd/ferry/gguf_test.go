@@ -431,21 +431,28 @@ func TestGGUFConvertWarnsUnknownPre(t *testing.T) {
 // disk where a 71-byte journal was left beside nothing.
 func TestGGUFConvertNoSpaceLeavesNothing(t *testing.T) {
 	dir := t.TempDir()
-	out := filepath.Join(dir, "m.gguf")
-	cmd := exec.Command("sh", "-c", `ulimit -f 64 && exec "$0" "$@"`, os.Args[0], "gguf", "convert", "--out", out, bundledBase)
+	noSpaceLeavesNothing(t, dir, "gguf", "convert", "--out", filepath.Join(dir, "m.gguf"), bundledBase)
+}
+
+// noSpaceLeavesNothing runs ferry with args under a 64 KiB file size
+// limit, which fails a write as a full disk does, and checks that it exits
+// 1 saying why and leaves nothing in dir.
+func noSpaceLeavesNothing(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("sh", append([]string{"-c", `ulimit -f 64 && exec "$0" "$@"`, os.Args[0]}, args...)...)
 	cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	err := cmd.Run()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-		t.Fatalf("convert over the size limit: %v (want exit 1): %s", err, stderr.String())
+		t.Fatalf("%v over the size limit: %v (want exit 1): %s", args, err, stderr.String())
 	}
 	if !strings.Contains(stderr.String(), "file too large") {
 		t.Errorf("stderr does not say why: %s", stderr.String())
 	}
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		t.Errorf("the failed conversion left %s", e.Name())
+		t.Errorf("the failed run left %s", e.Name())
 	}
 }

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -184,23 +181,7 @@ func TestQuantizeHelp(t *testing.T) {
 // size limit fails the reservation of OUT.partial as a full disk does).
 func TestQuantizeNoSpaceLeavesNothing(t *testing.T) {
 	dir := t.TempDir()
-	out := filepath.Join(dir, "m.gguf")
-	cmd := exec.Command("sh", "-c", `ulimit -f 64 && exec "$0" "$@"`, os.Args[0], "quantize", qwen3F16, out, "Q8_0")
-	cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-		t.Fatalf("quantize over the size limit: %v (want exit 1): %s", err, stderr.String())
-	}
-	if !strings.Contains(stderr.String(), "file too large") {
-		t.Errorf("stderr does not say why: %s", stderr.String())
-	}
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		t.Errorf("the failed quantization left %s", e.Name())
-	}
+	noSpaceLeavesNothing(t, dir, "quantize", qwen3F16, filepath.Join(dir, "m.gguf"), "Q8_0")
 }
 
 // A real Ctrl-C: SIGINT to `ferry quantize` while it writes exits 130,

@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 
 	"github.com/ferry-llm/ferry/gguf"
@@ -34,20 +32,13 @@ type RunOptions struct {
 	NonFinite func(i int, name string, n int64)
 }
 
-// RunResult says what Run did. After a failure it says what is left to
-// resume: Partial (out.partial, "" when nothing was left), the Journal and
-// how many tensors it holds as Durable, and JournalErr if recording the
-// last finished tensors failed (a resume then starts from the ones recorded
-// before).
+// RunResult says what Run did, and after a failure what is left to resume
+// (gguf.Leftover).
 type RunResult struct {
 	Resumed int            // tensors kept from an interrupted run
 	Digest  hashing.Digest // sha256 of the finished file (RunOptions.Digest)
 	Size    int64
-
-	Partial    string
-	Journal    string
-	Durable    int
-	JournalErr error
+	gguf.Leftover
 }
 
 // Run owns a conversion's whole write lifecycle; `ferry gguf convert` and
@@ -92,14 +83,7 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 		NonFinite: o.NonFinite,
 	})
 	if err != nil {
-		res.JournalErr = j.Flush()
-		j.Close()
-		res.Partial, res.Journal, res.Durable = gguf.PartialPath(out), jpath, j.Durable()
-		if _, serr := os.Stat(res.Partial); errors.Is(serr, fs.ErrNotExist) {
-			// Nothing to resume: leave nothing.
-			res.Partial, res.Journal, res.Durable = "", "", 0
-			j.Remove()
-		}
+		res.Leftover = j.Abandon()
 		return res, err
 	}
 	if err := j.Remove(); err != nil {

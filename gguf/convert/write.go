@@ -10,8 +10,6 @@ import (
 
 	"sync/atomic"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/tensor"
@@ -54,10 +52,7 @@ type WriteOptions struct {
 	NonFinite func(i int, name string, n int64)
 }
 
-type unit struct {
-	t      int
-	r0, r1 int64
-}
+type unit = gguf.Unit
 
 // Write executes p into the file out (written as out+".partial" and
 // renamed when complete). On error or cancellation the partial file is
@@ -75,7 +70,6 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 	if err != nil {
 		return err
 	}
-	remaining := make([]atomic.Int64, len(p.Tensors))
 	var units []unit
 	for i, t := range p.Tensors {
 		if w.Resumed() && wo.Verify != nil && wo.Verify(i, t.Name, w.Section(i)) {
@@ -85,19 +79,8 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 			}
 			continue
 		}
-		v := t.vt
-		R, C := v.rows(), v.cols()
-		per := max(1, chunk/max(C, 1))
-		n := int64(0)
-		for r := int64(0); r < R; r += per {
-			units = append(units, unit{i, r, min(R, r+per)})
-			n++
-		}
-		if R == 0 {
-			units = append(units, unit{i, 0, 0})
-			n++
-		}
-		remaining[i].Store(n)
+		R, C := t.vt.rows(), t.vt.cols()
+		units = gguf.SplitRows(units, i, R, chunk/max(C, 1))
 	}
 
 	var hf *hashFollower
@@ -107,60 +90,34 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 			return err
 		}
 	}
-
-	// Each worker reads, converts and writes its unit: the bytes are still
-	// in its core's cache when pwrite copies them into the page cache.
-	g, gctx := errgroup.WithContext(ctx)
-	ch := make(chan int)
-	g.Go(func() error {
-		defer close(ch)
-		for k := range units {
-			select {
-			case ch <- k:
-			case <-gctx.Done():
-				return gctx.Err()
-			}
+	uw := gguf.UnitWork{Jobs: jobs}
+	bufs := make([]buffers, jobs)
+	uw.Make = func(worker, k int) ([]byte, int64, error) {
+		b := &bufs[worker]
+		u := units[k]
+		off, consumed, nonFinite, err := convertUnit(p, u, b)
+		if err != nil {
+			return nil, 0, err
 		}
-		return nil
-	})
+		if nonFinite > 0 && wo.NonFinite != nil {
+			wo.NonFinite(u.T, p.Tensors[u.T].Name, nonFinite)
+		}
+		b.consumed = consumed
+		return b.out, off, nil
+	}
+	uw.Written = func(worker, k int) {
+		hf.written(k)
+		if wo.Progress != nil {
+			wo.Progress(bufs[worker].consumed)
+		}
+	}
+	if wo.TensorDone != nil {
+		uw.Done = func(t int) { wo.TensorDone(t, p.Tensors[t].Name) }
+	}
 	if hf != nil {
-		g.Go(func() error { return hf.run(gctx) })
+		uw.Also = hf.run
 	}
-	for k := 0; k < jobs; k++ {
-		g.Go(func() error {
-			var b buffers
-			for k := range ch {
-				u := units[k]
-				if err := gctx.Err(); err != nil {
-					return err
-				}
-				off, consumed, nonFinite, err := convertUnit(p, u, &b)
-				if err != nil {
-					return err
-				}
-				if nonFinite > 0 && wo.NonFinite != nil {
-					wo.NonFinite(u.t, p.Tensors[u.t].Name, nonFinite)
-				}
-				if err := w.WriteAt(u.t, b.out, off); err != nil {
-					return err
-				}
-				hf.written(k)
-				if wo.Progress != nil {
-					wo.Progress(consumed)
-				}
-				if remaining[u.t].Add(-1) == 0 {
-					if err := w.Finish(u.t); err != nil {
-						return err
-					}
-					if wo.TensorDone != nil {
-						wo.TensorDone(u.t, p.Tensors[u.t].Name)
-					}
-				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
+	if err := w.WriteUnits(ctx, units, uw); err != nil {
 		w.Detach()
 		return err
 	}
@@ -196,10 +153,10 @@ func newHashFollower(w *gguf.Writer, p *Plan, units []unit) (*hashFollower, erro
 		notify: make(chan struct{}, 1), size: p.Layout.Size}
 	for k, u := range units {
 		off, _ := unitSpan(p, u)
-		hf.start[k] = p.Layout.TensorOffset(u.t) + off
+		hf.start[k] = p.Layout.TensorOffset(u.T) + off
 		if k > 0 && hf.start[k] < hf.start[k-1] {
 			return nil, fmt.Errorf("%s: internal plan error: unit %d of tensor %q starts at %d, before the unit ahead of it (%d)",
-				w.Path(), k, p.Tensors[u.t].Name, hf.start[k], hf.start[k-1])
+				w.Path(), k, p.Tensors[u.T].Name, hf.start[k], hf.start[k-1])
 		}
 	}
 	return hf, nil
@@ -262,11 +219,12 @@ func (t TensorPlan) inputBytes() int64 {
 
 // buffers are one worker's scratch space, reused across units.
 type buffers struct {
-	f32  []float32
-	raw  []byte
-	out  []byte
-	row  []float32
-	perm []int64
+	consumed int64 // checkpoint bytes the last unit read
+	f32      []float32
+	raw      []byte
+	out      []byte
+	row      []float32
+	perm     []int64
 }
 
 func grow[T any](s []T, n int64) []T {
@@ -280,11 +238,11 @@ func grow[T any](s []T, n int64) []T {
 // offset within the tensor where b.out belongs, the checkpoint bytes it
 // consumed, and how many of the values read were NaN or ±Inf.
 func convertUnit(p *Plan, u unit, b *buffers) (off, consumed, nonFinite int64, err error) {
-	t := &p.Tensors[u.t]
+	t := &p.Tensors[u.T]
 	v := t.vt
 	C := v.cols()
 	rowBytes, _ := t.Type.RowSize(uint64(C))
-	b.out = grow(b.out, (u.r1-u.r0)*int64(rowBytes))
+	b.out = grow(b.out, (u.R1-u.R0)*int64(rowBytes))
 	direct, kernel := directKernel(t)
 	// A column permutation without element ops commutes with the element
 	// conversion: convert the source rows, then gather their columns.
@@ -295,13 +253,13 @@ func convertUnit(p *Plan, u unit, b *buffers) (off, consumed, nonFinite int64, e
 		}
 	}
 	if !direct {
-		b.f32 = grow(b.f32, (u.r1-u.r0)*C)
+		b.f32 = grow(b.f32, (u.R1-u.R0)*C)
 	}
 	// Output rows [i, j) come from consecutive rows of one source: one read.
-	for i := u.r0; i < u.r1; {
+	for i := u.R0; i < u.R1; {
 		s, r := v.row(i)
 		j := i + 1
-		for j < u.r1 {
+		for j < u.R1 {
 			s2, r2 := v.row(j)
 			if s2 != s || r2 != r+(j-i) {
 				break
@@ -320,7 +278,7 @@ func convertUnit(p *Plan, u unit, b *buffers) (off, consumed, nonFinite int64, e
 		}
 		off := src.Loc.Shard.DataOffset() + src.Loc.Info.Begin + r*C*es
 		// Direct conversions keep the element width (rowBytes == C·es).
-		dst := b.out[(i-u.r0)*int64(rowBytes) : (j-u.r0)*int64(rowBytes)]
+		dst := b.out[(i-u.R0)*int64(rowBytes) : (j-u.R0)*int64(rowBytes)]
 		var in []byte
 		if direct && !permuted { // read into the output, convert in place
 			in = dst
@@ -345,7 +303,7 @@ func convertUnit(p *Plan, u unit, b *buffers) (off, consumed, nonFinite int64, e
 			nonFinite += countNonFinite(src.DType, in)
 		default:
 			nonFinite += countNonFinite(src.DType, in)
-			if err := tensor.ToF32(src.DType, b.f32[(i-u.r0)*C:(j-u.r0)*C], in); err != nil {
+			if err := tensor.ToF32(src.DType, b.f32[(i-u.R0)*C:(j-u.R0)*C], in); err != nil {
 				return 0, 0, 0, fmt.Errorf("%s: tensor %q: %w", src.Loc.Shard.Path, src.HFName, err)
 			}
 		}
@@ -369,9 +327,9 @@ func countNonFinite(d tensor.DType, raw []byte) int64 {
 
 // unitSpan is the byte range [off, off+n) of unit u within its tensor.
 func unitSpan(p *Plan, u unit) (off, n int64) {
-	t := &p.Tensors[u.t]
+	t := &p.Tensors[u.T]
 	rowBytes, _ := t.Type.RowSize(uint64(t.vt.cols()))
-	return u.r0 * int64(rowBytes), (u.r1 - u.r0) * int64(rowBytes)
+	return u.R0 * int64(rowBytes), (u.R1 - u.R0) * int64(rowBytes)
 }
 
 // colPerm fills b.perm with tensor t's column permutation (output column
@@ -424,7 +382,7 @@ func transformEncode(t *TensorPlan, b *buffers, u unit) error {
 			return err
 		}
 		b.row = grow(b.row, C)
-		for r := int64(0); r < u.r1-u.r0; r++ {
+		for r := int64(0); r < u.R1-u.R0; r++ {
 			row := f32[r*C : (r+1)*C]
 			copy(b.row, row)
 			for c, pc := range b.perm {

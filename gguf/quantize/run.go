@@ -6,13 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
-	"sync/atomic"
-
-	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
@@ -43,18 +39,12 @@ type RunOptions struct {
 	Journal string
 }
 
-// RunResult says what Run did. After a failure it says what is left to
-// resume: Partial (out.partial, "" when nothing was left), the Journal and
-// how many tensors it holds as Durable, and JournalErr if recording the
-// last finished tensors failed.
+// RunResult says what Run did, and after a failure what is left to resume
+// (gguf.Leftover).
 type RunResult struct {
 	Resumed int // tensors kept from an interrupted run
 	Size    int64
-
-	Partial    string
-	Journal    string
-	Durable    int
-	JournalErr error
+	gguf.Leftover
 }
 
 // ErrNoSpace: the output's file system has less free space than the
@@ -85,13 +75,7 @@ func Run(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions) (
 	res := &RunResult{Size: p.Layout.Size}
 	err = write(ctx, f, p, out, o, j, res)
 	if err != nil {
-		res.JournalErr = j.Flush()
-		j.Close()
-		res.Partial, res.Journal, res.Durable = gguf.PartialPath(out), jpath, j.Durable()
-		if _, serr := os.Stat(res.Partial); errors.Is(serr, fs.ErrNotExist) {
-			res.Partial, res.Journal, res.Durable = "", "", 0
-			os.Remove(jpath)
-		}
+		res.Leftover = j.Abandon()
 		return res, err
 	}
 	if err := j.Remove(); err != nil {
@@ -132,11 +116,6 @@ func checkSpace(out string, size int64) error {
 	return nil
 }
 
-type unit struct {
-	t      int
-	r0, r1 int64
-}
-
 func write(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions, j *gguf.TensorJournal, res *RunResult) error {
 	jobs := o.Jobs
 	if jobs <= 0 {
@@ -150,8 +129,7 @@ func write(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions,
 	if err != nil {
 		return err
 	}
-	remaining := make([]atomic.Int64, len(p.Tensors))
-	var units []unit
+	var units []gguf.Unit
 	for i := range p.Tensors {
 		t := &p.Tensors[i]
 		if w.Resumed() && j.Has(i, t.Name) {
@@ -163,73 +141,31 @@ func write(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions,
 			continue
 		}
 		cols := int64(ne0(t.In.Dims))
-		rows := int64(t.In.NumElements()) / max(cols, 1)
-		per := max(1, chunk/max(cols, 1))
-		n := int64(0)
-		for r := int64(0); r < rows; r += per {
-			units = append(units, unit{i, r, min(rows, r+per)})
-			n++
-		}
-		if rows == 0 {
-			units = append(units, unit{i, 0, 0})
-			n++
-		}
-		remaining[i].Store(n)
+		units = gguf.SplitRows(units, i, int64(t.In.NumElements())/max(cols, 1), chunk/max(cols, 1))
 	}
-
-	g, gctx := errgroup.WithContext(ctx)
-	ch := make(chan int)
-	g.Go(func() error {
-		defer close(ch)
-		for k := range units {
-			select {
-			case ch <- k:
-			case <-gctx.Done():
-				return gctx.Err()
+	bufs := make([]buffers, jobs)
+	err = w.WriteUnits(ctx, units, gguf.UnitWork{
+		Jobs: jobs,
+		Make: func(worker, k int) ([]byte, int64, error) {
+			u := units[k]
+			if u.R0 == 0 && o.Tensor != nil {
+				o.Tensor(u.T, p.Tensors[u.T].Name)
 			}
-		}
-		return nil
+			return quantizeUnit(f, &p.Tensors[u.T], u, &bufs[worker])
+		},
+		Written: func(worker, _ int) {
+			if o.Progress != nil {
+				o.Progress(int64(len(bufs[worker].raw)))
+			}
+		},
+		Done: func(t int) {
+			j.Done(t, p.Tensors[t].Name)
+			if o.TensorDone != nil {
+				o.TensorDone(t, p.Tensors[t].Name)
+			}
+		},
 	})
-	for range jobs {
-		g.Go(func() error {
-			var b buffers
-			for k := range ch {
-				u := units[k]
-				if err := gctx.Err(); err != nil {
-					return err
-				}
-				t := &p.Tensors[u.t]
-				if u.r0 == 0 && o.Tensor != nil {
-					o.Tensor(u.t, t.Name)
-				}
-				data, off, err := quantizeUnit(f, t, u, &b)
-				if err != nil {
-					return err
-				}
-				if err := w.WriteAt(u.t, data, off); err != nil {
-					return err
-				}
-				if o.Progress != nil {
-					o.Progress(int64(len(b.raw)))
-				}
-				if remaining[u.t].Add(-1) == 0 {
-					if err := w.Finish(u.t); err != nil {
-						return err
-					}
-					j.Done(u.t, t.Name)
-					if o.TensorDone != nil {
-						o.TensorDone(u.t, t.Name)
-					}
-				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		w.Detach()
-		return err
-	}
-	if err := ctx.Err(); err != nil {
+	if err != nil {
 		w.Detach()
 		return err
 	}
@@ -257,17 +193,17 @@ func grow[T any](s []T, n int64) []T {
 // quantizeUnit reads rows [u.r0, u.r1) of tensor t into b.raw and returns
 // them converted (b.out, or b.raw itself for a copied tensor) and the byte
 // offset within the output tensor where they belong.
-func quantizeUnit(f *gguf.File, t *TensorPlan, u unit, b *buffers) (data []byte, off int64, err error) {
+func quantizeUnit(f *gguf.File, t *TensorPlan, u gguf.Unit, b *buffers) (data []byte, off int64, err error) {
 	cols := ne0(t.In.Dims)
 	inRow, _ := t.InType.RowSize(cols)
 	outRow, _ := t.Type.RowSize(cols)
-	n := u.r1 - u.r0
-	at := f.DataOffset + int64(t.In.Offset) + u.r0*int64(inRow)
+	n := u.R1 - u.R0
+	at := f.DataOffset + int64(t.In.Offset) + u.R0*int64(inRow)
 	b.raw = grow(b.raw, n*int64(inRow))
 	if _, err := f.ReaderAt().ReadAt(b.raw, at); err != nil {
 		return nil, 0, fmt.Errorf("%s: tensor %q at offset %d: %w", f.Path, t.Name, at, err)
 	}
-	off = u.r0 * int64(outRow)
+	off = u.R0 * int64(outRow)
 	if t.Copy() {
 		return b.raw, off, nil
 	}

@@ -1,0 +1,114 @@
+package gguf
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// Unit is rows [R0, R1) of tensor T: what one worker makes and writes at
+// a time when a tensor is written in row blocks (gguf convert, quantize).
+type Unit struct {
+	T      int
+	R0, R1 int64
+}
+
+// SplitRows appends tensor t's units to units: its rows in blocks of at
+// most per rows, in order (one empty unit for a tensor of no rows).
+func SplitRows(units []Unit, t int, rows, per int64) []Unit {
+	per = max(per, 1)
+	for r := int64(0); r < rows; r += per {
+		units = append(units, Unit{t, r, min(rows, r+per)})
+	}
+	if rows == 0 {
+		units = append(units, Unit{t, 0, 0})
+	}
+	return units
+}
+
+// UnitWork says how WriteUnits makes and reports the units.
+type UnitWork struct {
+	// Jobs is the number of workers (default: GOMAXPROCS).
+	Jobs int
+	// Make makes unit k on worker (0 ≤ worker < Jobs, for its scratch
+	// buffers): the bytes and their offset within the unit's tensor. The
+	// bytes are written before the worker makes another unit.
+	Make func(worker, k int) (data []byte, off int64, err error)
+	// Written, if set, is called on the worker once unit k's bytes are in
+	// the file.
+	Written func(worker, k int)
+	// Done, if set, is called once every unit of tensor t is written (and
+	// the tensor marked finished), on the worker that wrote the last one.
+	Done func(t int)
+	// Also, if set, runs beside the workers (a hasher following the
+	// writes); its error stops them, and theirs cancels its context.
+	Also func(ctx context.Context) error
+}
+
+// WriteUnits makes and writes units (in order of k, by uw.Jobs workers at
+// once): each worker makes a unit and writes it at its offset itself, so
+// the bytes are still in its core's cache when pwrite copies them into the
+// page cache. What the file holds does not depend on the worker count.
+// It returns the first error (ctx's when it is cancelled); the caller then
+// detaches or aborts the writer.
+func (w *Writer) WriteUnits(ctx context.Context, units []Unit, uw UnitWork) error {
+	jobs := uw.Jobs
+	if jobs <= 0 {
+		jobs = runtime.GOMAXPROCS(0)
+	}
+	remaining := make([]atomic.Int64, len(w.layout.Tensors))
+	for _, u := range units {
+		remaining[u.T].Add(1)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	ch := make(chan int)
+	g.Go(func() error {
+		defer close(ch)
+		for k := range units {
+			select {
+			case ch <- k:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	if uw.Also != nil {
+		g.Go(func() error { return uw.Also(gctx) })
+	}
+	for worker := range jobs {
+		g.Go(func() error {
+			for k := range ch {
+				if err := gctx.Err(); err != nil {
+					return err
+				}
+				u := units[k]
+				data, off, err := uw.Make(worker, k)
+				if err != nil {
+					return err
+				}
+				if err := w.WriteAt(u.T, data, off); err != nil {
+					return err
+				}
+				if uw.Written != nil {
+					uw.Written(worker, k)
+				}
+				if remaining[u.T].Add(-1) == 0 {
+					if err := w.Finish(u.T); err != nil {
+						return err
+					}
+					if uw.Done != nil {
+						uw.Done(u.T)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
