@@ -21,6 +21,7 @@ import (
 // changed parameter changes the key.
 func TestStageConformance(t *testing.T) {
 	models, _ := filepath.Abs("../testdata/models/qwen35-tiny")
+	ggufIn, _ := filepath.Abs("../gguf/quant/testdata/qwen35-base-F16.gguf")
 	ctDir := filepath.Join(t.TempDir(), "ct")
 	if err := testmodel.CompressedDeepSeekV3(3).Write(ctDir); err != nil {
 		t.Fatal(err)
@@ -31,6 +32,8 @@ func TestStageConformance(t *testing.T) {
     import: { path: ` + models + `/adapter-dora }
   - name: ct
     import: { path: ` + ctDir + ` }
+  - name: g
+    import: { path: ` + ggufIn + ` }
 `
 	cases := []struct {
 		kind, stage, alt string // alt: the stage with one parameter changed
@@ -41,6 +44,7 @@ func TestStageConformance(t *testing.T) {
 		{"gguf", `gguf: { from: base, outtype: f16 }`, `gguf: { from: base, outtype: bf16 }`},
 		{"verify_mtp", `verify_mtp: { from: [base], require: true }`, `verify_mtp: { from: [base], require: false }`},
 		{"mlx_repack", `mlx_repack: { from: ct }`, `mlx_repack: { from: ct, rewrite: true }`},
+		{"quantize", `quantize: { from: g, type: Q4_K_M }`, `quantize: { from: g, type: Q6_K }`},
 	}
 	covered := map[string]bool{}
 	for _, tc := range cases {
@@ -76,7 +80,7 @@ func TestStageConformance(t *testing.T) {
 			if _, err := Run(context.Background(), c, Options{Only: "base"}); err != nil {
 				t.Fatal(err)
 			}
-			for _, dep := range []string{"adapter", "ct"} {
+			for _, dep := range []string{"adapter", "ct", "g"} {
 				if _, err := Run(context.Background(), c, Options{Only: dep}); err != nil {
 					t.Fatal(err)
 				}
