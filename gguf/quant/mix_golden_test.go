@@ -131,7 +131,7 @@ func checkMixCase(t *testing.T, c mixCase) {
 
 // TestMixGolden checks Mix against every llama-quantize run kept in
 // testdata/golden: the reference set's (with the --pure, --output-tensor-type,
-// --token-embedding-type and --tensor-type variants), and golden/families
+// --token-embedding-type and --tensor-type variants, and --imatrix), and golden/families
 // (fallbacks, MoE, MTP, more layers, and the runs llama-quantize refused).
 func TestMixGolden(t *testing.T) {
 	q8 := quant.Q8_0
@@ -162,6 +162,13 @@ func TestMixGolden(t *testing.T) {
 		for _, typ := range LegacyTypes {
 			cases = append(cases, mixCase{name: model + "/" + typ, in: filepath.Join(dir, model+"-base-F16.json"),
 				out: filepath.Join(dir, "families", model+"-"+typ+".json"), ftype: typ})
+		}
+	}
+	// With an importance matrix the K-quant mixes are the same.
+	for model, types := range ImatrixGoldens {
+		for _, typ := range types {
+			cases = append(cases, mixCase{name: model + "/imatrix-" + typ, in: filepath.Join(dir, model+"-base-F16.json"),
+				out: filepath.Join(dir, model+"-imatrix-"+typ+".json"), ftype: typ, opts: quant.MixOptions{HasImatrix: true}})
 		}
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "families", "refused.json"))
