@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -223,4 +224,96 @@ func lineDiff(want, got []string) string {
 		}
 	}
 	return b.String()
+}
+
+// logTensor starts a tensor's line in llama-quantize's log: the tensor
+// count, its name and input type. "converting to TYPE" follows before the
+// next tensor when it was converted; with an imatrix, other lines
+// interleave with it.
+var (
+	logTensor  = regexp.MustCompile(`\[\s*\d+/\s*(\d+)\] (\S+)\s+- \[[^\]]*\], type =\s+(\S+), `)
+	logConvert = regexp.MustCompile(`converting to (\S+) `)
+)
+
+// TestMixLogs checks Mix against the tensor lines of every llama-quantize
+// log in testdata/logs (the reference set's runs: some, such as qwen35's
+// Q4_K_S, Q5_K_S, Q3_K_S and Q3_K_L, stand for files not kept), with the
+// flags of its command line.
+func TestMixLogs(t *testing.T) {
+	logs, err := filepath.Glob(filepath.Join("testdata", "logs", "*-quantize_*.log"))
+	if err != nil || len(logs) < 20 {
+		t.Fatalf("%d logs: %v", len(logs), err)
+	}
+	for _, path := range logs {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(string(b), "\n")
+			_, cmd, ok := strings.Cut(lines[0], "llama-quantize ")
+			if !ok {
+				t.Fatalf("first line %q is not the command", lines[0])
+			}
+			args := strings.Fields(cmd)
+			var o quant.MixOptions
+			for len(args) > 3 && strings.HasPrefix(args[0], "--") {
+				switch flag := args[0]; flag {
+				case "--pure":
+					o.Pure = true
+					args = args[1:]
+					continue
+				case "--imatrix":
+					o.HasImatrix = true
+				case "--output-tensor-type":
+					ty := mustType(t, args[1])
+					o.OutputType = &ty
+				case "--token-embedding-type":
+					ty := mustType(t, args[1])
+					o.TokenEmbdType = &ty
+				case "--tensor-type":
+					pat, typ, _ := strings.Cut(args[1], "=")
+					o.TensorTypes = append(o.TensorTypes, quant.TensorType{Pattern: pat, Type: mustType(t, typ)})
+				default:
+					t.Fatalf("flag %s", flag)
+				}
+				args = args[2:]
+			}
+			if len(args) != 3 {
+				t.Fatalf("command line %q", lines[0])
+			}
+			model := strings.Split(filepath.Base(path), "-")[0]
+			m, src := goldenSources(t, filepath.Join("testdata", "golden", model+"-base-F16.json"))
+			f, ok := quant.ParseFileType(args[2])
+			if !ok {
+				t.Fatalf("file type %q", args[2])
+			}
+			types, err := quant.Mix(f, m, src, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got, want []string
+			for i, s := range src {
+				got = append(got, s.Name+" "+strings.ToLower(types[i].String()))
+			}
+			text := string(b)
+			at := logTensor.FindAllStringSubmatchIndex(text, -1)
+			for i, a := range at {
+				if n := text[a[2]:a[3]]; n != strconv.Itoa(len(src)) {
+					t.Fatalf("log of %s tensors, input of %d", n, len(src))
+				}
+				typ, end := text[a[6]:a[7]], len(text)
+				if i+1 < len(at) {
+					end = at[i+1][0]
+				}
+				if c := logConvert.FindStringSubmatch(text[a[1]:end]); c != nil {
+					typ = c[1]
+				}
+				want = append(want, text[a[4]:a[5]]+" "+strings.ToLower(typ))
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("types differ from the log's:\n%s", lineDiff(want, got))
+			}
+		})
+	}
 }
