@@ -190,8 +190,8 @@ func TestQuantizeNoSpaceLeavesNothing(t *testing.T) {
 func TestQuantizeSIGINT(t *testing.T) {
 	dir := t.TempDir()
 	in := filepath.Join(dir, "in.gguf")
-	// ~120 MB of F16: long enough (one worker) for the signal to land mid-write.
-	o := testmodel.GGUFOptions{Layers: 4, NextN: true, Hidden: 1024, FF: 4096, Vocab: 8192, Heads: 8, KVHeads: 2, HeadDim: 128}
+	// ~80 MB of F16: long enough (one worker) for the signal to land mid-write.
+	o := testmodel.GGUFOptions{Layers: 2, NextN: true, Hidden: 1024, FF: 4096, Vocab: 8192, Heads: 8, KVHeads: 2, HeadDim: 128}
 	if _, err := o.WriteGGUF(in); err != nil {
 		t.Fatal(err)
 	}
