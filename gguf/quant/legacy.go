@@ -109,12 +109,8 @@ func (l legacy) offsets() (size, qhAt, qsAt int) {
 }
 
 func (l legacy) encode(dst []byte, src []float32) {
-	size, qhAt, qsAt := l.offsets()
+	size, _, _ := l.offsets()
 	levels := float32(int(1)<<l.bits - 1)
-	mask := uint8(0xFF)
-	if l.bits == 5 {
-		mask = 0x0F
-	}
 	var q [32]uint8
 	for bi := 0; bi*32 < len(src); bi++ {
 		x := src[bi*32 : bi*32+32]
@@ -126,16 +122,27 @@ func (l legacy) encode(dst []byte, src []float32) {
 		} else {
 			putHalf(out, symmetric(&q, x, (levels+1)/2))
 		}
-		if qhAt > 0 {
-			var h uint32
-			for j, v := range q {
-				h |= uint32(v&0x10) >> 4 << j
-			}
-			binary.LittleEndian.PutUint32(out[qhAt:], h)
+		l.pack(out, &q)
+	}
+}
+
+// pack stores a block's 32 quants into out, after its d (and m): the fifth
+// bits, then the nibbles.
+func (l legacy) pack(out []byte, q *[32]uint8) {
+	_, qhAt, qsAt := l.offsets()
+	mask := uint8(0xFF)
+	if l.bits == 5 {
+		mask = 0x0F
+	}
+	if qhAt > 0 {
+		var h uint32
+		for j, v := range q {
+			h |= uint32(v&0x10) >> 4 << j
 		}
-		for j := range 16 {
-			out[qsAt+j] = q[j]&mask | (q[j+16]&mask)<<4
-		}
+		binary.LittleEndian.PutUint32(out[qhAt:], h)
+	}
+	for j := range 16 {
+		out[qsAt+j] = q[j]&mask | (q[j+16]&mask)<<4
 	}
 }
 

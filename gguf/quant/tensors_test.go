@@ -37,22 +37,8 @@ func TestGoldenTensors(t *testing.T) {
 			}
 			sums := map[string]string{} // name/type → our sha256
 			for _, path := range append(dumps, legacy...) {
-				g, err := goldenfile.Load(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, gt := range g.Tensors {
-					out, ok := quant.ParseType(gt.Type)
-					if !ok {
-						t.Fatalf("%s: %s: type %s", path, gt.Name, gt.Type)
-					}
-					ti, ok := in.Tensor(gt.Name)
-					if !ok {
-						t.Fatalf("%s: tensor %s is not in the input", path, gt.Name)
-					}
-					if ti.Type == out {
-						continue // copied, not quantized
-					}
+				for _, q := range quantizedTensors(t, in, path) {
+					gt, ti, out := q.golden, q.input, q.out
 					if !out.CanEncode() {
 						missing[out]++
 						continue
@@ -60,7 +46,7 @@ func TestGoldenTensors(t *testing.T) {
 					key := gt.Name + "/" + gt.Type
 					sum, ok := sums[key]
 					if !ok {
-						sum = requantize(t, in, ti, out)
+						sum = requantize(t, in, ti, out, nil)
 						sums[key] = sum
 					}
 					checked[out]++
@@ -81,8 +67,44 @@ func TestGoldenTensors(t *testing.T) {
 	}
 }
 
-// requantize is the sha256 of tensor ti of in decoded and encoded as out.
-func requantize(t *testing.T, in *gguf.File, ti gguf.TensorInfo, out quant.Type) string {
+// quantizedTensor is a tensor of a golden dump that llama-quantize made
+// in another type than its input's: the dump's entry, the input tensor and
+// the output type.
+type quantizedTensor struct {
+	golden goldenfile.Tensor
+	input  gguf.TensorInfo
+	out    quant.Type
+}
+
+// quantizedTensors lists, in the dump's order, the tensors of the golden
+// dump at path that were quantized from in rather than copied.
+func quantizedTensors(t *testing.T, in *gguf.File, path string) []quantizedTensor {
+	t.Helper()
+	g, err := goldenfile.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var qs []quantizedTensor
+	for _, gt := range g.Tensors {
+		out, ok := quant.ParseType(gt.Type)
+		if !ok {
+			t.Fatalf("%s: %s: type %s", path, gt.Name, gt.Type)
+		}
+		ti, ok := in.Tensor(gt.Name)
+		if !ok {
+			t.Fatalf("%s: tensor %s is not in the input", path, gt.Name)
+		}
+		if ti.Type != out {
+			qs = append(qs, quantizedTensor{gt, ti, out})
+		}
+	}
+	return qs
+}
+
+// requantize is the sha256 of tensor ti of in decoded and encoded as out,
+// with llama-quantize's importance vector for it (nil: none): the weights
+// of matrix i2 (an expert) are weights[i2·ne0 : (i2+1)·ne0].
+func requantize(t *testing.T, in *gguf.File, ti gguf.TensorInfo, out quant.Type, weights []float32) string {
 	t.Helper()
 	raw, err := io.ReadAll(in.Section(ti))
 	if err != nil {
@@ -97,8 +119,17 @@ func requantize(t *testing.T, in *gguf.File, ti gguf.TensorInfo, out quant.Type)
 		t.Fatalf("%s: %d values are not whole %s blocks", ti.Name, ti.NumElements(), out)
 	}
 	dst := make([]byte, n)
-	if err := quant.Encode(out, dst, vals); err != nil {
-		t.Fatalf("%s: %v", ti.Name, err)
+	rowLen := int(ti.Dims[0])
+	matrices := max(1, len(weights)/rowLen)
+	vn, dn := len(vals)/matrices, len(dst)/matrices
+	for i := range matrices {
+		var w []float32
+		if weights != nil {
+			w = weights[i*rowLen : (i+1)*rowLen]
+		}
+		if err := quant.EncodeWeighted(out, dst[i*dn:(i+1)*dn], vals[i*vn:(i+1)*vn], rowLen, w); err != nil {
+			t.Fatalf("%s: %v", ti.Name, err)
+		}
 	}
 	sum := sha256.Sum256(dst)
 	return hex.EncodeToString(sum[:])
