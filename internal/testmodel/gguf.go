@@ -12,7 +12,8 @@ import (
 // GGUFOptions describe a generated F16 GGUF file of a Qwen3.5-shaped
 // model with full attention in every block (what the quantizer reads:
 // names, widths and bytes; not a model llama.cpp would run), for
-// quantizer tests and benchmarks too large to keep in testdata. Norms are
+// quantizer tests and benchmarks too large to keep in testdata. Its keys
+// are the ones llama.cpp's loader needs, so llama-quantize reads it too. Norms are
 // F32, matrices F16 with values N(0, 0.02²), every tensor repeating its
 // first 64Ki values so that gigabytes are cheap to write.
 type GGUFOptions struct {
@@ -88,6 +89,18 @@ func (o GGUFOptions) kvs() []gguf.KV {
 		u32(arch+".attention.head_count_kv", o.KVHeads),
 		u32(arch+".attention.key_length", o.HeadDim),
 		u32(arch+".attention.value_length", o.HeadDim),
+		// What llama.cpp's loader requires of a qwen35 file before it
+		// quantizes it (llama_model::load_hparams); every block is full
+		// attention (an interval of 1), as the tensors are.
+		u32(arch+".context_length", 262144),
+		gguf.F32(arch+".attention.layer_norm_rms_epsilon", 1e-6),
+		gguf.I32s(arch+".rope.dimension_sections", []int32{11, 11, 10, 0}),
+		u32(arch+".ssm.conv_kernel", 4),
+		u32(arch+".ssm.inner_size", 2*o.Hidden),
+		u32(arch+".ssm.state_size", 128),
+		u32(arch+".ssm.time_step_rank", o.Heads),
+		u32(arch+".ssm.group_count", o.KVHeads),
+		u32(arch+".full_attention_interval", 1),
 	}
 	if nextn > 0 {
 		kvs = append(kvs, u32(arch+".nextn_predict_layers", nextn))
