@@ -69,12 +69,12 @@ cross:
 # The quantizer's tests (reference vectors, goldens) built for linux/arm64
 # and run under qemu-user: there Go may fuse x*y+z into one FMA and
 # float-to-int conversions saturate, so bytes that match on amd64 prove
-# nothing about arm64. Its dependencies are built as
-# `make cross` builds them (shared cache, so a cold run compiles little
-# more), the package itself optimised. Each package's test binary runs in
-# its own directory, as go test runs it. Without qemu-aarch64 this fails
-# when CI=true (.ci/run installs Debian's qemu-user) and says loudly that
-# it skips otherwise.
+# nothing about arm64. The dependencies are built as `make cross` builds
+# them (shared cache: a cold run compiles little more), the package under
+# test optimised. Each test binary runs in its package's directory, as go
+# test runs it, with -short (fewer of the slowest cases; the full set runs
+# natively). Without qemu-aarch64 this fails when CI=true (.ci/run
+# installs Debian's qemu-user) and says loudly that it skips otherwise.
 QEMU      ?= qemu-aarch64
 QEMU_PKGS := ./gguf/quant
 qemu:
@@ -87,7 +87,7 @@ qemu:
 		bin=$(CURDIR)/bin/qemu/$$(echo $${p#./} | tr / _).test; \
 		GOOS=linux GOARCH=arm64 $(GO) test -c -vet=off $(CROSSFLAGS) -gcflags=$$p= -o $$bin $$p; \
 		echo "qemu: $$p tests on linux/arm64"; \
-		(cd $$p && $(QEMU) $$bin -test.count=1 -test.timeout=5m); \
+		(cd $$p && $(QEMU) $$bin -test.count=1 -test.short -test.timeout=5m); \
 	done
 
 test: vet unit fuzz-smoke cross qemu
