@@ -19,6 +19,11 @@ import (
 // ("I NAME" units). Tensors are written out of file order by parallel
 // workers, so a unit is a tensor, not a prefix with a hash state.
 type TensorJournal struct {
+	// Every is how often Done starts a flush (default a second): an fsync
+	// of a large partial file costs, and a resume redoes at most this
+	// much work. Set it before the first Done.
+	Every time.Duration
+
 	mu       sync.Mutex
 	path     string
 	log      *journal.Log
@@ -41,7 +46,7 @@ func OpenTensorJournal(path, out, stamp string) (*TensorJournal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &TensorJournal{path: path, log: log, partial: PartialPath(out), durableM: map[string]bool{}, last: time.Now()}
+	j := &TensorJournal{Every: time.Second, path: path, log: log, partial: PartialPath(out), durableM: map[string]bool{}, last: time.Now()}
 	if _, err := os.Stat(j.partial); errors.Is(err, fs.ErrNotExist) {
 		// Units of a partial file that is gone mean nothing.
 		if len(entries) > 0 {
@@ -69,13 +74,13 @@ func (j *TensorJournal) Has(i int, name string) bool {
 	return j.durableM[unitName(i, name)]
 }
 
-// Done notes that tensor i is written, not yet durable. About once a
-// second it starts a flush in the background, so the workers calling it
+// Done notes that tensor i is written, not yet durable. About once every
+// Every it starts a flush in the background, so the workers calling it
 // never wait for the disk.
 func (j *TensorJournal) Done(i int, name string) {
 	j.mu.Lock()
 	j.pending = append(j.pending, unitName(i, name))
-	due := !j.flushing && time.Since(j.last) > time.Second
+	due := !j.flushing && time.Since(j.last) > j.Every
 	if due {
 		j.flushing = true
 		j.bg.Add(1)

@@ -20,9 +20,9 @@ import (
 )
 
 // The test binary doubles as the quantizer: with FERRY_QUANTIZE_CHILD set
-// to IN:OUT:TYPE:JOBS it quantizes IN to OUT as `ferry quantize` does
-// (plan, journal, resume) and exits: the kill test's child and the
-// benchmark's measured process.
+// to IN:OUT:TYPE:JOBS[:JOURNAL_EVERY] it quantizes IN to OUT as `ferry
+// quantize` does (plan, journal, resume) and exits: the kill test's child
+// and the benchmark's measured process.
 func init() {
 	spec := os.Getenv("FERRY_QUANTIZE_CHILD")
 	if spec == "" {
@@ -37,12 +37,18 @@ func init() {
 }
 
 func childQuantize(parts []string) error {
-	if len(parts) != 4 {
-		return fmt.Errorf("FERRY_QUANTIZE_CHILD: want IN:OUT:TYPE:JOBS, got %q", parts)
+	if len(parts) != 4 && len(parts) != 5 {
+		return fmt.Errorf("FERRY_QUANTIZE_CHILD: want IN:OUT:TYPE:JOBS[:JOURNAL_EVERY], got %q", parts)
 	}
 	jobs, err := strconv.Atoi(parts[3])
 	if err != nil {
 		return err
+	}
+	var every time.Duration
+	if len(parts) == 5 {
+		if every, err = time.ParseDuration(parts[4]); err != nil {
+			return err
+		}
 	}
 	ft, err := ParseType(parts[2])
 	if err != nil {
@@ -57,7 +63,7 @@ func childQuantize(parts []string) error {
 	if err != nil {
 		return err
 	}
-	_, err = Run(context.Background(), f, p, parts[1], RunOptions{Jobs: jobs})
+	_, err = Run(context.Background(), f, p, parts[1], RunOptions{Jobs: jobs, JournalEvery: every})
 	return err
 }
 
@@ -66,7 +72,9 @@ func childQuantize(parts []string) error {
 // under the output's name that is not that whole file. The moments are
 // drawn over the length of an uninterrupted run (measured here), so they
 // fall before the first tensor, inside the write, and around the final
-// fsync and rename.
+// fsync and rename. The children record durable tensors every 20 ms
+// (not every second), so most kills inside the write leave a journal that
+// the next run resumes from; the test fails unless some did.
 func TestKillAtRandomPoints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills a quantization 12 times; not in -short")
@@ -80,7 +88,7 @@ func TestKillAtRandomPoints(t *testing.T) {
 	}
 	child := func(out string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "FERRY_QUANTIZE_CHILD="+in+":"+out+":Q8_0:2")
+		cmd.Env = append(os.Environ(), "FERRY_QUANTIZE_CHILD="+in+":"+out+":Q8_0:2:20ms")
 		return cmd
 	}
 	ref := filepath.Join(dir, "ref.gguf")
@@ -97,6 +105,7 @@ func TestKillAtRandomPoints(t *testing.T) {
 	t.Logf("seed %d, uninterrupted run %v", seed, full)
 	rng := rand.New(rand.NewPCG(seed, 0x9a17))
 	out := filepath.Join(dir, "out.gguf")
+	resumable := 0 // kills after which the next run had durable tensors to keep
 	for kill := range 12 {
 		cmd := child(out)
 		if err := cmd.Start(); err != nil {
@@ -112,7 +121,17 @@ func TestKillAtRandomPoints(t *testing.T) {
 			// Finished before the kill: start the next one from nothing.
 			os.Remove(out)
 			os.Remove(out + ".journal")
+			continue
 		}
+		if j, err := os.ReadFile(out + ".journal"); err == nil && bytes.Contains(j, []byte(`"unit"`)) {
+			if _, err := os.Stat(gguf.PartialPath(out)); err == nil {
+				resumable++
+			}
+		}
+	}
+	t.Logf("%d of 12 kills left durable tensors for the next run to keep", resumable)
+	if resumable == 0 {
+		t.Error("no kill left a journal with durable tensors: the test never exercised a resume")
 	}
 	f, p, err := plan(t, in, Options{FileType: quant.FileQ8_0})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"time"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
@@ -37,6 +38,9 @@ type RunOptions struct {
 	TensorDone func(i int, name string)
 	// Journal is the resume journal's path (default out + ".journal").
 	Journal string
+	// JournalEvery is how often finished tensors are made durable and
+	// recorded (default a second; gguf.TensorJournal.Every).
+	JournalEvery time.Duration
 }
 
 // RunResult says what Run did, and after a failure what is left to resume
@@ -71,6 +75,9 @@ func Run(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions) (
 	j, err := gguf.OpenTensorJournal(jpath, out, Stamp(f, p))
 	if err != nil {
 		return nil, err
+	}
+	if o.JournalEvery > 0 {
+		j.Every = o.JournalEvery
 	}
 	res := &RunResult{Size: p.Layout.Size}
 	err = write(ctx, f, p, out, o, j, res)
