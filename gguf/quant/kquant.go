@@ -25,6 +25,12 @@ import (
 //   - d and dmin are rounded to half (RNE) and read back before the final
 //     quants are computed, as the reference does.
 //
+// The sub-block searches (make_qkx2_quants, make_qx_quants,
+// make_q3_quants) run eight sub-blocks at once, one per lane
+// (kquant_lanes.go), with AVX2 kernels where the CPU has them
+// (kquant_amd64.s); each lane does its sub-block's scalar operations in
+// the scalar order, so the bits do not change.
+//
 // Each encoder is a pure function of (dst, src) with its scratch on the
 // stack, so a caller may run many at once on disjoint blocks.
 
@@ -55,185 +61,6 @@ func toHalf(f float32) (uint16, float32) {
 	return h, tensor.F16ToFloat32(h)
 }
 
-// makeQKX2 is make_qkx2_quants: the scale and minimum (returned negated,
-// as the_min) of an asymmetric nmax-level quantization of x under weights
-// w, searching nstep+1 candidate scales around the min-max one. L receives
-// the levels; laux is scratch of len(x).
-func makeQKX2(x, w []float32, L, laux []uint8, nmax int32, rmin, rdelta float32, nstep int, useMad bool) (scale, theMin float32) {
-	n := len(x)
-	w = w[:n]
-	L = L[:n]
-	laux = laux[:n]
-	lo, hi := x[0], x[0]
-	sumW := w[0]
-	sumX := float32(sumW * x[0])
-	for i := 1; i < n; i++ {
-		if x[i] < lo {
-			lo = x[i]
-		}
-		if x[i] > hi {
-			hi = x[i]
-		}
-		sumW += w[i]
-		sumX += float32(w[i] * x[i])
-	}
-	if lo > 0 {
-		lo = 0
-	}
-	if hi == lo {
-		clear(L)
-		return 0, -lo
-	}
-	fmax := float32(nmax)
-	iscale := fmax / (hi - lo)
-	scale = 1 / iscale
-	var best float32
-	for i, v := range x {
-		l := uint8(clamp32(nearestInt(float32(iscale*(v-lo))), 0, nmax))
-		L[i] = l
-		diff := float32(scale*float32(l)) + lo - v
-		if useMad {
-			diff = abs32(diff)
-		} else {
-			diff = float32(diff * diff)
-		}
-		best += float32(w[i] * diff)
-	}
-	for is := 0; is <= nstep; is++ {
-		iscale = (rmin + float32(rdelta*float32(is)) + fmax) / (hi - lo)
-		var sumL, sumL2, sumXL float32
-		for i, v := range x {
-			l := uint8(clamp32(nearestInt(float32(iscale*(v-lo))), 0, nmax))
-			laux[i] = l
-			wl := float32(w[i] * float32(l))
-			sumL += wl
-			sumL2 += float32(wl * float32(l))
-			sumXL += float32(wl * v)
-		}
-		D := float32(sumW*sumL2) - float32(sumL*sumL)
-		if D > 0 {
-			thisScale := (float32(sumW*sumXL) - float32(sumX*sumL)) / D
-			thisMin := (float32(sumL2*sumX) - float32(sumL*sumXL)) / D
-			if thisMin > 0 {
-				thisMin = 0
-				thisScale = sumXL / sumL2
-			}
-			var cur float32
-			for i, v := range x {
-				diff := float32(thisScale*float32(laux[i])) + thisMin - v
-				if useMad {
-					diff = abs32(diff)
-				} else {
-					diff = float32(diff * diff)
-				}
-				cur += float32(w[i] * diff)
-			}
-			if cur < best {
-				copy(L, laux)
-				best = cur
-				scale = thisScale
-				lo = thisMin
-			}
-		}
-	}
-	return scale, -lo
-}
-
-// symSums rounds iscale·x to levels l in [-nmax, nmax-1] and returns the
-// weighted sums Σ w·x·l and Σ w·l·l with w = x², as make_qx_quants and
-// make_q3_quants accumulate them. When L is not nil it receives l+bias.
-func symSums(x []float32, L []int8, iscale float32, nmax, bias int32) (sumLX, sumL2 float32) {
-	for i, v := range x {
-		l := clamp32(nearestInt(float32(iscale*v)), -nmax, nmax-1)
-		if L != nil {
-			L[i] = int8(l + bias)
-		}
-		w := float32(v * v)
-		fl := float32(l)
-		sumLX += float32(float32(w*v) * fl)
-		sumL2 += float32(float32(w*fl) * fl)
-	}
-	return sumLX, sumL2
-}
-
-// makeQX is make_qx_quants with rmse_type 1 and no importance weights
-// (weights x²): the scale of a symmetric quantization of x into
-// [-nmax, nmax-1], trying 18 scales around nmax/max|x|. L receives the
-// levels plus nmax.
-func makeQX(x []float32, L []int8, nmax int32) float32 {
-	L = L[:len(x)]
-	xmax, amax := signedMax(x)
-	if amax < groupMaxEps {
-		clear(L)
-		return 0
-	}
-	sumLX, sumL2 := symSums(x, L, float32(-nmax)/xmax, nmax, nmax)
-	var scale float32
-	if sumL2 != 0 {
-		scale = sumLX / sumL2
-	}
-	best := float32(scale * sumLX)
-	fmax := float32(nmax)
-	for is := int32(-9); is <= 9; is++ {
-		if is == 0 {
-			continue
-		}
-		iscale := -(fmax + float32(0.1*float32(is))) / xmax
-		sumLX, sumL2 = symSums(x, nil, iscale, nmax, 0)
-		if sumL2 > 0 && float32(sumLX*sumLX) > float32(best*sumL2) {
-			symSums(x, L, iscale, nmax, nmax)
-			scale = sumLX / sumL2
-			best = float32(scale * sumLX)
-		}
-	}
-	return scale
-}
-
-// makeQ3 is make_q3_quants with do_rmse: a symmetric quantization of x into
-// [-nmax, nmax-1] (weights x²), refined one level at a time for up to five
-// passes. L receives the levels plus nmax.
-func makeQ3(x []float32, L []int8, nmax int32) float32 {
-	L = L[:len(x)]
-	xmax, amax := signedMax(x)
-	if amax < groupMaxEps {
-		clear(L)
-		return 0
-	}
-	sumLX, sumL2 := symSums(x, L, float32(-nmax)/xmax, nmax, 0)
-	for range 5 {
-		changed := false
-		for i, v := range x {
-			w := float32(v * v)
-			fli := float32(L[i])
-			slx := sumLX - float32(float32(w*v)*fli)
-			if slx > 0 {
-				sl2 := sumL2 - float32(float32(w*fli)*fli)
-				nl := clamp32(nearestInt(float32(v*sl2)/slx), -nmax, nmax-1)
-				if nl != int32(L[i]) {
-					fnl := float32(nl)
-					slx += float32(float32(w*v) * fnl)
-					sl2 += float32(float32(w*fnl) * fnl)
-					if sl2 > 0 && float32(float32(slx*slx)*sumL2) > float32(float32(sumLX*sumLX)*sl2) {
-						L[i] = int8(nl)
-						sumLX, sumL2 = slx, sl2
-						changed = true
-					}
-				}
-			}
-		}
-		if !changed {
-			break
-		}
-	}
-	for i := range L {
-		L[i] += int8(nmax)
-	}
-	if sumL2 > 0 {
-		return sumLX / sumL2
-	}
-	return 0
-}
-
 // pack2 stores 256 two-bit levels as Q2_K and Q3_K do: in each 128-value
 // half, byte l holds levels l, l+32, l+64 and l+96 from the low bits up.
 func pack2(qs []byte, L *[QK_K]uint8) {
@@ -246,25 +73,45 @@ func pack2(qs []byte, L *[QK_K]uint8) {
 	}
 }
 
+// load transposes 8 groups of n values, group k at x[n*k:], into g.
+func (g *groups) load(x []float32, n int) {
+	x = x[:8*n]
+	for k := range 8 {
+		xk := x[n*k : n*k+n]
+		for i, v := range xk {
+			g[i][k] = v
+		}
+	}
+}
+
 // quantizeQ2_K is quantize_row_q2_K_ref: 84-byte blocks of scales[16] (low
 // nibble scale, high nibble min), qs[64], d and dmin as half.
 func quantizeQ2_K(dst []byte, src []float32) {
 	var (
+		x, w           groups
+		lt             [32][8]uint8
 		L              [QK_K]uint8
-		laux           [16]uint8
-		w              [16]float32
 		scales, minima [16]float32
 	)
 	for bi := 0; bi*QK_K < len(src); bi++ {
-		x := src[bi*QK_K : bi*QK_K+QK_K]
+		xb := src[bi*QK_K : bi*QK_K+QK_K]
 		y := dst[bi*84 : bi*84+84]
+		for h := 0; h < 2; h++ {
+			x.load(xb[128*h:], 16)
+			for i := 0; i < 16; i++ {
+				for k := range 8 {
+					w[i][k] = abs32(x[i][k])
+				}
+			}
+			qkx2Q2.run(&x, &w, &lt, (*[8]float32)(scales[8*h:]), (*[8]float32)(minima[8*h:]))
+			for k := range 8 {
+				for i := 0; i < 16; i++ {
+					L[128*h+16*k+i] = lt[i][k]
+				}
+			}
+		}
 		var maxScale, maxMin float32
 		for j := range 16 {
-			xs := x[16*j : 16*j+16]
-			for l, v := range xs {
-				w[l] = abs32(v)
-			}
-			scales[j], minima[j] = makeQKX2(xs, w[:], L[16*j:16*j+16], laux[:], 3, -0.5, 0.1, 15, true)
 			if scales[j] > maxScale {
 				maxScale = scales[j]
 			}
@@ -299,7 +146,7 @@ func quantizeQ2_K(dst []byte, src []float32) {
 				continue
 			}
 			dm := float32(mf * float32(sc[j]>>4))
-			for i, v := range x[16*j : 16*j+16] {
+			for i, v := range xb[16*j : 16*j+16] {
 				L[16*j+i] = uint8(clamp32(nearestInt((v+dm)/d), 0, 3))
 			}
 		}
@@ -317,11 +164,9 @@ func quantizeQ3_K(dst []byte, src []float32) {
 		low    [QK_K]uint8
 	)
 	for bi := 0; bi*QK_K < len(src); bi++ {
-		x := src[bi*QK_K : bi*QK_K+QK_K]
+		xb := src[bi*QK_K : bi*QK_K+QK_K]
 		y := dst[bi*110 : bi*110+110]
-		for j := range 16 {
-			scales[j] = makeQ3(x[16*j:16*j+16], L[16*j:16*j+16], 4)
-		}
+		symBlock(xb, &L, &scales, true)
 		maxScale, _ := signedMax(scales[:])
 		sc := y[96:108]
 		clear(sc)
@@ -348,18 +193,15 @@ func quantizeQ3_K(dst []byte, src []float32) {
 			if d == 0 {
 				continue
 			}
-			for i, v := range x[16*j : 16*j+16] {
+			for i, v := range xb[16*j : 16*j+16] {
 				L[16*j+i] = int8(clamp32(nearestInt(v/d), -4, 3) + 4)
 			}
 		}
 		hm := y[:32]
 		clear(hm)
-		for j, l := range L {
-			if l > 3 {
-				hm[j%32] |= 1 << (j / 32)
-				l -= 4
-			}
-			low[j] = uint8(l)
+		for j, l := range L { // l is 0…7: bit 2 goes to hmask
+			hm[j%32] |= uint8(l) >> 2 << (j / 32)
+			low[j] = uint8(l) & 3
 		}
 		pack2(y[32:96], &low)
 	}
@@ -383,27 +225,38 @@ func kScales(q []byte, ls, lm *[8]uint8) {
 
 // quantizeK45 is the common body of quantize_row_q4_K_ref and
 // quantize_row_q5_K_ref: 8 sub-blocks of 32 values, each quantized
-// asymmetrically to nmax+1 levels with weights av_x + |x|, then scales and
-// minimums to 6 bits. It writes d, dmin and the scales into the block's
-// first 16 bytes and returns the levels in L.
-func quantizeK45(y []byte, x []float32, L *[QK_K]uint8, nmax int32, rmin float32, nstep int) {
+// asymmetrically with weights av_x + |x| (p: the type's levels and search),
+// then scales and minimums to 6 bits. It writes d, dmin and the scales into
+// the block's first 16 bytes and returns the levels in L.
+func quantizeK45(y []byte, xb []float32, L *[QK_K]uint8, p *qkx2) {
 	var (
-		w              [32]float32
-		lx             [32]uint8
+		x, w           groups
+		lt             [32][8]uint8
 		scales, minima [8]float32
+		sumX2          [8]float32
 	)
+	x.load(xb, 32)
+	for i := range 32 {
+		for k := range 8 {
+			sumX2[k] += float32(x[i][k] * x[i][k])
+		}
+	}
+	for k := range 8 {
+		sumX2[k] = sqrt32(sumX2[k] / 32) // av_x
+	}
+	for i := range 32 {
+		for k := range 8 {
+			w[i][k] = sumX2[k] + abs32(x[i][k])
+		}
+	}
+	p.run(&x, &w, &lt, &scales, &minima)
+	for k := range 8 {
+		for i := range 32 {
+			L[32*k+i] = lt[i][k]
+		}
+	}
 	var maxScale, maxMin float32
 	for j := range 8 {
-		xs := x[32*j : 32*j+32]
-		var sumX2 float32
-		for _, v := range xs {
-			sumX2 += float32(v * v)
-		}
-		avX := sqrt32(sumX2 / 32)
-		for l, v := range xs {
-			w[l] = avX + abs32(v)
-		}
-		scales[j], minima[j] = makeQKX2(xs, w[:], L[32*j:32*j+32], lx[:], nmax, rmin, 0.1, nstep, false)
 		if scales[j] > maxScale {
 			maxScale = scales[j]
 		}
@@ -435,8 +288,8 @@ func quantizeK45(y []byte, x []float32, L *[QK_K]uint8, nmax int32, rmin float32
 			continue
 		}
 		dm := float32(mf * float32(m))
-		for i, v := range x[32*j : 32*j+32] {
-			L[32*j+i] = uint8(clamp32(nearestInt((v+dm)/d), 0, nmax))
+		for i, v := range xb[32*j : 32*j+32] {
+			L[32*j+i] = uint8(clamp32(nearestInt((v+dm)/d), 0, p.nmax))
 		}
 	}
 }
@@ -446,9 +299,8 @@ func quantizeK45(y []byte, x []float32, L *[QK_K]uint8, nmax int32, rmin float32
 func quantizeQ4_K(dst []byte, src []float32) {
 	var L [QK_K]uint8
 	for bi := 0; bi*QK_K < len(src); bi++ {
-		x := src[bi*QK_K : bi*QK_K+QK_K]
 		y := dst[bi*144 : bi*144+144]
-		quantizeK45(y, x, &L, 15, -1, 20)
+		quantizeK45(y, src[bi*QK_K:bi*QK_K+QK_K], &L, &qkx2Q4)
 		qs := y[16:144]
 		for c := 0; c < 4; c++ {
 			for l := 0; l < 32; l++ {
@@ -463,9 +315,8 @@ func quantizeQ4_K(dst []byte, src []float32) {
 func quantizeQ5_K(dst []byte, src []float32) {
 	var L [QK_K]uint8
 	for bi := 0; bi*QK_K < len(src); bi++ {
-		x := src[bi*QK_K : bi*QK_K+QK_K]
 		y := dst[bi*176 : bi*176+176]
-		quantizeK45(y, x, &L, 31, -0.5, 15)
+		quantizeK45(y, src[bi*QK_K:bi*QK_K+QK_K], &L, &qkx2Q5)
 		qh, qs := y[16:48], y[48:176]
 		clear(qh)
 		for c := 0; c < 4; c++ {
@@ -494,11 +345,9 @@ func quantizeQ6_K(dst []byte, src []float32) {
 		scales [16]float32
 	)
 	for bi := 0; bi*QK_K < len(src); bi++ {
-		x := src[bi*QK_K : bi*QK_K+QK_K]
+		xb := src[bi*QK_K : bi*QK_K+QK_K]
 		y := dst[bi*210 : bi*210+210]
-		for j := range 16 {
-			scales[j] = makeQX(x[16*j:16*j+16], L[16*j:16*j+16], 32)
-		}
+		symBlock(xb, &L, &scales, false)
 		maxScale, maxAbs := signedMax(scales[:])
 		if maxAbs < groupMaxEps {
 			clear(y)
@@ -516,7 +365,7 @@ func quantizeQ6_K(dst []byte, src []float32) {
 			if d == 0 {
 				continue
 			}
-			for i, v := range x[16*j : 16*j+16] {
+			for i, v := range xb[16*j : 16*j+16] {
 				L[16*j+i] = int8(clamp32(nearestInt(v/d), -32, 31) + 32)
 			}
 		}

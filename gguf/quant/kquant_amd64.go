@@ -1,0 +1,51 @@
+package quant
+
+import "golang.org/x/sys/cpu"
+
+// useAVX2 selects the AVX2 kernels; tests turn it off to compare them with
+// the portable forms.
+var useAVX2 = cpu.X86.HasAVX2
+
+func levels(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
+	if useAVX2 {
+		levelsAVX2(xm, x, w, iscale, nmax, n, laux, sums)
+		return
+	}
+	levelsGo(xm, x, w, iscale, nmax, n, laux, sums)
+}
+
+func errs(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int, cur *[8]float32) {
+	if useAVX2 {
+		errsAVX2(x, w, laux, ts, tm, mad, n, cur)
+		return
+	}
+	errsGo(x, w, laux, ts, tm, mad, n, cur)
+}
+
+func symLevels(x, w, wx *groups, iscale *[8]float32, lo, hi int32, n int, lv *[32][8]int32, sums *[2][8]float32) {
+	if useAVX2 {
+		symLevelsAVX2(x, w, wx, iscale, lo, hi, n, lv, sums)
+		return
+	}
+	symLevelsGo(x, w, wx, iscale, lo, hi, n, lv, sums)
+}
+
+func signedMaxes(x *groups, n int, xmax, amax *[8]float32) {
+	if useAVX2 {
+		signedMaxAVX2(x, n, xmax, amax)
+		return
+	}
+	signedMaxesGo(x, n, xmax, amax)
+}
+
+//go:noescape
+func signedMaxAVX2(x *groups, n int, xmax, amax *[8]float32)
+
+//go:noescape
+func levelsAVX2(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32)
+
+//go:noescape
+func errsAVX2(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int, cur *[8]float32)
+
+//go:noescape
+func symLevelsAVX2(x, w, wx *groups, iscale *[8]float32, lo, hi int32, n int, lv *[32][8]int32, sums *[2][8]float32)

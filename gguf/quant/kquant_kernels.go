@@ -1,0 +1,86 @@
+package quant
+
+// The inner loops of the lane-parallel group quantizers, each over n rows
+// of eight lanes. These are the portable forms; kquant_amd64.s has AVX2
+// forms that do the same operations on all eight lanes at once (one
+// instruction per scalar operation, no FMA), selected when the CPU has
+// AVX2. TestKernelsMatch checks that both give the same bits.
+
+// The kernels are called directly (levels, errs and symLevels in
+// kquant_amd64.go and kquant_other.go pick a form): through a function
+// value the compiler could not keep their arrays on the stack.
+//
+// levels is the per-candidate pass of make_qkx2_quants: each level
+// l = clamp(nearest_int(iscale·xm), 0, nmax) into laux, and the sums
+// Σ w·l, Σ (w·l)·l and Σ (w·l)·x in index order into sums[0..2].
+//
+// errs is the error pass of make_qkx2_quants: cur = Σ w·e with
+// diff = ts·l + tm - x and e = |diff| (mad) or diff².
+//
+// signedMaxes is, per lane, the first value of largest magnitude and that
+// magnitude (make_qx_quants' and make_q3_quants' max and amax).
+//
+// symLevels is a pass of make_qx_quants or make_q3_quants: each level
+// l = clamp(nearest_int(iscale·x), lo, hi) into lv, and the sums
+// Σ (x²·x)·l and Σ (x²·l)·l in index order into sums[0..1]; w is x², wx
+// is x²·x.
+
+func levelsGo(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
+	var sL, sL2, sXL [8]float32
+	for i := 0; i < n; i++ {
+		xi, xmi, wi, li := &x[i], &xm[i], &w[i], &laux[i]
+		for k := range 8 {
+			l := clamp32(nearestInt(float32(iscale[k]*xmi[k])), 0, nmax)
+			li[k] = l
+			fl := float32(l)
+			wl := float32(wi[k] * fl)
+			sL[k] += wl
+			sL2[k] += float32(wl * fl)
+			sXL[k] += float32(wl * xi[k])
+		}
+	}
+	sums[0], sums[1], sums[2] = sL, sL2, sXL
+}
+
+func errsGo(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int, cur *[8]float32) {
+	var c [8]float32
+	for i := 0; i < n; i++ {
+		xi, wi, li := &x[i], &w[i], &laux[i]
+		for k := range 8 {
+			diff := float32(ts[k]*float32(li[k])) + tm[k] - xi[k]
+			if mad {
+				diff = abs32(diff)
+			} else {
+				diff = float32(diff * diff)
+			}
+			c[k] += float32(wi[k] * diff)
+		}
+	}
+	*cur = c
+}
+
+func symLevelsGo(x, w, wx *groups, iscale *[8]float32, lo, hi int32, n int, lv *[32][8]int32, sums *[2][8]float32) {
+	var sLX, sL2 [8]float32
+	for i := 0; i < n; i++ {
+		for k := range 8 {
+			l := clamp32(nearestInt(float32(iscale[k]*x[i][k])), lo, hi)
+			lv[i][k] = l
+			fl := float32(l)
+			sLX[k] += float32(wx[i][k] * fl)
+			sL2[k] += float32(float32(w[i][k]*fl) * fl)
+		}
+	}
+	sums[0], sums[1] = sLX, sL2
+}
+
+func signedMaxesGo(x *groups, n int, xmax, amax *[8]float32) {
+	var m, a [8]float32
+	for i := 0; i < n; i++ {
+		for k := range 8 {
+			if v := abs32(x[i][k]); v > a[k] {
+				a[k], m[k] = v, x[i][k]
+			}
+		}
+	}
+	*xmax, *amax = m, a
+}

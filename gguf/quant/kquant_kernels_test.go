@@ -1,0 +1,100 @@
+package quant
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestKernelsMatch: the kernels in use (AVX2 on an amd64 CPU that has it)
+// give the bits of their portable forms, and so do whole encodings. Where
+// there is no AVX2 both sides are the portable forms.
+func TestKernelsMatch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 8))
+	row := func(f func(k int) float32) (r [8]float32) {
+		for k := range r {
+			r[k] = f(k)
+		}
+		return r
+	}
+	sameRow := func(what string, a, b []float32) {
+		t.Helper()
+		for k := range a {
+			if !sameBits(a[k], b[k]) {
+				t.Fatalf("%s lane %d: %g, portable %g", what, k, a[k], b[k])
+			}
+		}
+	}
+	for iter := range 500 {
+		n := 16 + 16*(iter%2)
+		x := laneCase(rng, n)
+		var xm, w, wx groups
+		for i := range n {
+			for k := range 8 {
+				v := x[i][k]
+				xm[i][k] = v + float32(rng.NormFloat64())
+				w[i][k] = abs32(v) + float32(rng.Float64())
+				wx[i][k] = float32(w[i][k] * v)
+			}
+		}
+		iscale := row(func(int) float32 { return float32(rng.NormFloat64() * math.Pow(10, rng.Float64()*8-4)) })
+		nmax := int32(1 + rng.IntN(40))
+		var la, lb [32][8]int32
+		var sa, sb [3][8]float32
+		levels(&xm, &x, &w, &iscale, nmax, n, &la, &sa) // the selected form
+		levelsGo(&xm, &x, &w, &iscale, nmax, n, &lb, &sb)
+		if la != lb {
+			t.Fatalf("iter %d: levels differ:\n%v\n%v", iter, la, lb)
+		}
+		for j := range sa {
+			sameRow("levels sum", sa[j][:], sb[j][:])
+		}
+		ts := row(func(int) float32 { return float32(rng.NormFloat64()) })
+		tm := row(func(int) float32 { return -float32(rng.Float64()) })
+		for _, mad := range []bool{false, true} {
+			var ca, cb [8]float32
+			errs(&x, &w, &la, &ts, &tm, mad, n, &ca)
+			errsGo(&x, &w, &la, &ts, &tm, mad, n, &cb)
+			sameRow("errs", ca[:], cb[:])
+		}
+		var ma, mb, aa, ab [8]float32
+		signedMaxes(&x, n, &ma, &aa)
+		signedMaxesGo(&x, n, &mb, &ab)
+		sameRow("signed max", ma[:], mb[:])
+		sameRow("max magnitude", aa[:], ab[:])
+		var qa, qb [2][8]float32
+		lo := -nmax
+		symLevels(&x, &w, &wx, &iscale, lo, nmax-1, n, &la, &qa)
+		symLevelsGo(&x, &w, &wx, &iscale, lo, nmax-1, n, &lb, &qb)
+		if la != lb {
+			t.Fatalf("iter %d: symmetric levels differ", iter)
+		}
+		for j := range qa {
+			sameRow("symLevels sum", qa[j][:], qb[j][:])
+		}
+	}
+
+	// Whole blocks: every K type over the same rows, kernels as selected
+	// and portable.
+	src := make([]float32, 64*QK_K)
+	for b := 0; b < 64; b++ {
+		g := laneCase(rng, 32)
+		for i := range QK_K {
+			src[b*QK_K+i] = g[i%32][(i/32)%8] * float32(1+i/32)
+		}
+	}
+	for _, ty := range []Type{Q2_K, Q3_K, Q4_K, Q5_K, Q6_K} {
+		enc := encoders[ty]
+		a := make([]byte, 64*ty.TypeSize())
+		b := make([]byte, len(a))
+		enc(a, src)
+		saved := useAVX2
+		useAVX2 = false
+		enc(b, src)
+		useAVX2 = saved
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s: encodings with the selected and the portable kernels differ", ty)
+		}
+	}
+}

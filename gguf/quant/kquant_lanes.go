@@ -1,0 +1,303 @@
+package quant
+
+// Lane-parallel forms of the reference's group quantizers. Groups (the 16-
+// or 32-value sub-blocks of a super-block) are independent in the
+// reference: each make_*_quants call sees only its own values. So eight
+// groups run at once here, one per lane, each lane doing exactly the
+// scalar operations of its group in the same order (every sum still
+// sequential in index order). Eight independent dependency chains keep the
+// CPU busy where one group's chain of additions would stall it; the bits
+// are the reference's. Data is transposed: x[i][k] is value i of lane k.
+
+// groups holds up to 32 values of each of 8 groups, transposed.
+type groups [32][8]float32
+
+// qkx2 is make_qkx2_quants' parameters for one block type.
+type qkx2 struct {
+	n     int
+	nmax  int32
+	steps []float32 // rmin + rdelta·is + nmax for is = 0…nstep, in float32 as the reference computes it
+	mad   bool      // use_mad: absolute instead of squared error
+}
+
+func newQKX2(n int, nmax int32, rmin, rdelta float32, nstep int, mad bool) qkx2 {
+	p := qkx2{n: n, nmax: nmax, mad: mad}
+	for is := 0; is <= nstep; is++ {
+		p.steps = append(p.steps, rmin+float32(rdelta*float32(is))+float32(nmax))
+	}
+	return p
+}
+
+var (
+	qkx2Q2 = newQKX2(16, 3, -0.5, 0.1, 15, true)
+	qkx2Q4 = newQKX2(32, 15, -1, 0.1, 20, false)
+	qkx2Q5 = newQKX2(32, 31, -0.5, 0.1, 15, false)
+)
+
+// run is make_qkx2_quants on eight groups of p.n values with weights w:
+// L receives the levels, scale and theMin each group's results.
+func (p *qkx2) run(x, w *groups, L *[32][8]uint8, scale, theMin *[8]float32) {
+	n, nmax := p.n, p.nmax
+	fmax := float32(nmax)
+	var lo, hi, sumW, sumX, rng, best [8]float32
+	lo, hi, sumW = x[0], x[0], w[0]
+	for k := range 8 {
+		sumX[k] = float32(w[0][k] * x[0][k])
+	}
+	for i := 1; i < n; i++ {
+		xi, wi := &x[i], &w[i]
+		for k := range 8 {
+			v := xi[k]
+			if v < lo[k] {
+				lo[k] = v
+			}
+			if v > hi[k] {
+				hi[k] = v
+			}
+			sumW[k] += wi[k]
+			sumX[k] += float32(wi[k] * v)
+		}
+	}
+	// xm is x - min, which every pass of the reference recomputes; it
+	// changes with min when a candidate is taken.
+	var xm groups
+	var iscale [8]float32
+	for k := range 8 {
+		if lo[k] > 0 {
+			lo[k] = 0
+		}
+		rng[k] = hi[k] - lo[k]
+		iscale[k] = fmax / rng[k]
+		scale[k] = 1 / iscale[k]
+	}
+	lo0 := lo
+	for i := 0; i < n; i++ {
+		for k := range 8 {
+			xm[i][k] = x[i][k] - lo[k]
+		}
+	}
+	// The first candidate: its levels into L, its error the one to beat.
+	var laux [32][8]int32
+	var sums [3][8]float32
+	levels(&xm, x, w, &iscale, nmax, n, &laux, &sums)
+	errs(x, w, &laux, scale, &lo, p.mad, n, &best)
+	for i := 0; i < n; i++ {
+		for k := range 8 {
+			L[i][k] = uint8(laux[i][k])
+		}
+	}
+	for _, num := range p.steps {
+		for k := range 8 {
+			iscale[k] = num / rng[k]
+		}
+		levels(&xm, x, w, &iscale, nmax, n, &laux, &sums)
+		sumL, sumL2, sumXL := &sums[0], &sums[1], &sums[2]
+		var ts, tm [8]float32
+		var ok [8]bool
+		some := false
+		for k := range 8 {
+			D := float32(sumW[k]*sumL2[k]) - float32(sumL[k]*sumL[k])
+			if D > 0 {
+				ts[k] = (float32(sumW[k]*sumXL[k]) - float32(sumX[k]*sumL[k])) / D
+				tm[k] = (float32(sumL2[k]*sumX[k]) - float32(sumL[k]*sumXL[k])) / D
+				if tm[k] > 0 {
+					tm[k] = 0
+					ts[k] = sumXL[k] / sumL2[k]
+				}
+				ok[k], some = true, true
+			}
+		}
+		if !some {
+			continue
+		}
+		var cur [8]float32
+		errs(x, w, &laux, &ts, &tm, p.mad, n, &cur)
+		for k := range 8 {
+			if !ok[k] || !(cur[k] < best[k]) {
+				continue
+			}
+			best[k], scale[k], lo[k] = cur[k], ts[k], tm[k]
+			rng[k] = hi[k] - lo[k]
+			for i := 0; i < n; i++ {
+				L[i][k] = uint8(laux[i][k])
+				xm[i][k] = x[i][k] - lo[k]
+			}
+		}
+	}
+	for k := range 8 {
+		if hi[k] == lo0[k] { // all equal: no levels
+			scale[k] = 0
+			lo[k] = lo0[k]
+			for i := 0; i < n; i++ {
+				L[i][k] = 0
+			}
+		}
+		theMin[k] = -lo[k]
+	}
+}
+
+// qxNum is -(nmax + 0.1·is) for Q6_K's is = -9…9 but 0, as
+// make_qx_quants computes it.
+var qxNum = func() (t [18]float32) {
+	i := 0
+	for is := int32(-9); is <= 9; is++ {
+		if is != 0 {
+			t[i] = -(32 + float32(0.1*float32(is)))
+			i++
+		}
+	}
+	return t
+}()
+
+// symGroups is, on eight groups of 16, make_qx_quants(nmax 32,
+// rmse_type 1, no weights) for Q6_K, or with q3 make_q3_quants(nmax 4,
+// do_rmse) for Q3_K. Both start from the same pass at iscale = -nmax/max
+// with weights x²; make_qx_quants then tries 18 other scales, make_q3_quants
+// moves single levels. L receives the levels plus nmax, scale each group's
+// scale.
+func symGroups(x *groups, L *[32][8]int8, scale *[8]float32, q3 bool) {
+	const n = 16
+	nmax := int32(32)
+	if q3 {
+		nmax = 4
+	}
+	var xmax, amax [8]float32
+	signedMaxes(x, n, &xmax, &amax)
+	var w, wx groups // x² and x²·x, as each pass recomputes them
+	for i := 0; i < n; i++ {
+		for k := range 8 {
+			v := x[i][k]
+			w[i][k] = float32(v * v)
+			wx[i][k] = float32(w[i][k] * v)
+		}
+	}
+	var iscale [8]float32
+	for k := range 8 {
+		iscale[k] = float32(-nmax) / xmax[k]
+	}
+	var lv [32][8]int32
+	var sums [2][8]float32
+	symLevels(x, &w, &wx, &iscale, -nmax, nmax-1, n, &lv, &sums)
+	if q3 {
+		q3Refine(x, &w, &wx, &lv, &sums, &amax, nmax)
+	} else {
+		qxSearch(x, &w, &wx, &lv, &sums, &xmax, scale)
+	}
+	for k := range 8 {
+		if amax[k] < groupMaxEps {
+			scale[k] = 0
+			for i := 0; i < n; i++ {
+				L[i][k] = 0
+			}
+			continue
+		}
+		for i := 0; i < n; i++ {
+			L[i][k] = int8(lv[i][k] + nmax)
+		}
+		if q3 {
+			scale[k] = 0
+			if sums[1][k] > 0 {
+				scale[k] = sums[0][k] / sums[1][k]
+			}
+		}
+	}
+}
+
+// qxSearch is make_qx_quants' search after its first pass: lv holds that
+// pass's levels and sums its sums; lv ends with each group's best levels,
+// scale with its scale.
+func qxSearch(x, w, wx *groups, lv *[32][8]int32, sums *[2][8]float32, xmax, scale *[8]float32) {
+	const n, nmax = 16, 32
+	var best [8]float32
+	for k := range 8 {
+		scale[k] = 0
+		if sums[1][k] != 0 {
+			scale[k] = sums[0][k] / sums[1][k]
+		}
+		best[k] = float32(scale[k] * sums[0][k])
+	}
+	var iscale [8]float32
+	var try [32][8]int32
+	var ts [2][8]float32
+	for _, num := range qxNum {
+		for k := range 8 {
+			iscale[k] = num / xmax[k]
+		}
+		symLevels(x, w, wx, &iscale, -nmax, nmax-1, n, &try, &ts)
+		slx, sl2 := &ts[0], &ts[1]
+		for k := range 8 {
+			if sl2[k] > 0 && float32(slx[k]*slx[k]) > float32(best[k]*sl2[k]) {
+				for i := 0; i < n; i++ {
+					lv[i][k] = try[i][k]
+				}
+				scale[k] = slx[k] / sl2[k]
+				best[k] = float32(scale[k] * slx[k])
+			}
+		}
+	}
+}
+
+// q3Refine is make_q3_quants' refinement after its first pass, on lv
+// (levels) and sums in place. The passes depend on each other element by
+// element, so they run one group at a time, each stopping on its own.
+func q3Refine(x, w, wx *groups, lv *[32][8]int32, sums *[2][8]float32, amax *[8]float32, nmax int32) {
+	const n = 16
+	for k := range 8 {
+		if amax[k] < groupMaxEps {
+			continue
+		}
+		var xs, ws, wxs [n]float32
+		var ls [n]int32
+		for i := range n {
+			xs[i], ws[i], wxs[i], ls[i] = x[i][k], w[i][k], wx[i][k], lv[i][k]
+		}
+		sumLX, sumL2 := sums[0][k], sums[1][k]
+		for range 5 {
+			changed := false
+			for i := range n {
+				fli := float32(ls[i])
+				slx := sumLX - float32(wxs[i]*fli)
+				if !(slx > 0) {
+					continue
+				}
+				sl2 := sumL2 - float32(float32(ws[i]*fli)*fli)
+				nl := clamp32(nearestInt(float32(xs[i]*sl2)/slx), -nmax, nmax-1)
+				if nl == ls[i] {
+					continue
+				}
+				fnl := float32(nl)
+				slx += float32(wxs[i] * fnl)
+				sl2 += float32(float32(ws[i]*fnl) * fnl)
+				if sl2 > 0 && float32(float32(slx*slx)*sumL2) > float32(float32(sumLX*sumLX)*sl2) {
+					ls[i], sumLX, sumL2 = nl, slx, sl2
+					changed = true
+				}
+			}
+			if !changed {
+				break
+			}
+		}
+		sums[0][k], sums[1][k] = sumLX, sumL2
+		for i := range n {
+			lv[i][k] = ls[i]
+		}
+	}
+}
+
+// symBlock quantizes the 16 groups of super-block xb with symGroups: the
+// levels into L, the scales into scales.
+func symBlock(xb []float32, L *[QK_K]int8, scales *[16]float32, q3 bool) {
+	var (
+		x  groups
+		lt [32][8]int8
+	)
+	for h := 0; h < 2; h++ {
+		x.load(xb[128*h:], 16)
+		symGroups(&x, &lt, (*[8]float32)(scales[8*h:]), q3)
+		for k := range 8 {
+			for i := 0; i < 16; i++ {
+				L[128*h+16*k+i] = lt[i][k]
+			}
+		}
+	}
+}

@@ -1,0 +1,21 @@
+//go:build !amd64
+
+package quant
+
+// The group kernels have no vector forms on this architecture.
+
+var useAVX2 = false
+
+func levels(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
+	levelsGo(xm, x, w, iscale, nmax, n, laux, sums)
+}
+
+func errs(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int, cur *[8]float32) {
+	errsGo(x, w, laux, ts, tm, mad, n, cur)
+}
+
+func symLevels(x, w, wx *groups, iscale *[8]float32, lo, hi int32, n int, lv *[32][8]int32, sums *[2][8]float32) {
+	symLevelsGo(x, w, wx, iscale, lo, hi, n, lv, sums)
+}
+
+func signedMaxes(x *groups, n int, xmax, amax *[8]float32) { signedMaxesGo(x, n, xmax, amax) }
