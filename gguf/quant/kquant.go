@@ -198,10 +198,15 @@ func quantizeQ3_K(dst []byte, src []float32) {
 			}
 		}
 		hm := y[:32]
-		clear(hm)
-		for j, l := range L { // l is 0…7: bit 2 goes to hmask
-			hm[j%32] |= uint8(l) >> 2 << (j / 32)
-			low[j] = uint8(l) & 3
+		// Levels are 0…7: bit 2 of level 32b+m is bit b of hmask[m].
+		for m := range 32 {
+			var h uint8
+			for b := range 8 {
+				l := uint8(L[32*b+m])
+				h |= l >> 2 << b
+				low[32*b+m] = l & 3
+			}
+			hm[m] = h
 		}
 		pack2(y[32:96], &low)
 	}

@@ -6,12 +6,12 @@ import "golang.org/x/sys/cpu"
 // the portable forms.
 var useAVX2 = cpu.X86.HasAVX2
 
-func levels(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
+func levels(x, w *groups, lo, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
 	if useAVX2 {
-		levelsAVX2(xm, x, w, iscale, nmax, n, laux, sums)
+		levelsAVX2(x, w, lo, iscale, nmax, n, laux, sums)
 		return
 	}
-	levelsGo(xm, x, w, iscale, nmax, n, laux, sums)
+	levelsGo(x, w, lo, iscale, nmax, n, laux, sums)
 }
 
 func errs(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int, cur *[8]float32) {
@@ -42,7 +42,7 @@ func signedMaxes(x *groups, n int, xmax, amax *[8]float32) {
 func signedMaxAVX2(x *groups, n int, xmax, amax *[8]float32)
 
 //go:noescape
-func levelsAVX2(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32)
+func levelsAVX2(x, w *groups, lo, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32)
 
 //go:noescape
 func errsAVX2(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int, cur *[8]float32)

@@ -10,11 +10,12 @@
 // so every lane gets the bits of the scalar code. nearest_int is the same
 // trick: add 1.5·2^23 (0x4B400000), keep the low 23 bits, subtract 2^22.
 
-// func levelsAVX2(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32)
+// func levelsAVX2(x, w *groups, lo, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32)
 TEXT ·levelsAVX2(SB), NOSPLIT, $0-64
-	MOVQ xm+0(FP), SI
-	MOVQ x+8(FP), DX
-	MOVQ w+16(FP), R8
+	MOVQ x+0(FP), DX
+	MOVQ w+8(FP), R8
+	MOVQ lo+16(FP), AX
+	VMOVUPS (AX), Y14
 	MOVQ iscale+24(FP), AX
 	VMOVUPS (AX), Y0
 	MOVL nmax+32(FP), AX
@@ -34,21 +35,22 @@ TEXT ·levelsAVX2(SB), NOSPLIT, $0-64
 	JZ   ldone
 
 lloop:
-	VMULPS    (SI), Y0, Y9 // iscale·xm
-	VADDPS    Y2, Y9, Y9   // + 1.5·2^23
+	VMOVUPS   (DX), Y13      // x
+	VSUBPS    Y14, Y13, Y9   // x - lo
+	VMULPS    Y9, Y0, Y9     // iscale·(x - lo)
+	VADDPS    Y2, Y9, Y9     // + 1.5·2^23
 	VPAND     Y3, Y9, Y9
-	VPSUBD    Y4, Y9, Y9   // nearest_int
+	VPSUBD    Y4, Y9, Y9     // nearest_int
 	VPMINSD   Y1, Y9, Y9
-	VPMAXSD   Y5, Y9, Y9   // clamp to [0, nmax]
+	VPMAXSD   Y5, Y9, Y9     // clamp to [0, nmax]
 	VMOVDQU   Y9, (DI)
-	VCVTDQ2PS Y9, Y10      // l as float
+	VCVTDQ2PS Y9, Y10        // l as float
 	VMULPS    (R8), Y10, Y11 // wl = w·l
 	VADDPS    Y11, Y6, Y6    // Σ w·l
 	VMULPS    Y10, Y11, Y12
 	VADDPS    Y12, Y7, Y7    // Σ (w·l)·l
-	VMULPS    (DX), Y11, Y13
+	VMULPS    Y13, Y11, Y13
 	VADDPS    Y13, Y8, Y8    // Σ (w·l)·x
-	ADDQ      $32, SI
 	ADDQ      $32, DX
 	ADDQ      $32, R8
 	ADDQ      $32, DI

@@ -11,7 +11,7 @@ package quant
 // value the compiler could not keep their arrays on the stack.
 //
 // levels is the per-candidate pass of make_qkx2_quants: each level
-// l = clamp(nearest_int(iscale·xm), 0, nmax) into laux, and the sums
+// l = clamp(nearest_int(iscale·(x - lo)), 0, nmax) into laux, and the sums
 // Σ w·l, Σ (w·l)·l and Σ (w·l)·x in index order into sums[0..2].
 //
 // errs is the error pass of make_qkx2_quants: cur = Σ w·e with
@@ -25,12 +25,12 @@ package quant
 // Σ (x²·x)·l and Σ (x²·l)·l in index order into sums[0..1]; w is x², wx
 // is x²·x.
 
-func levelsGo(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
+func levelsGo(x, w *groups, lo, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
 	var sL, sL2, sXL [8]float32
 	for i := 0; i < n; i++ {
-		xi, xmi, wi, li := &x[i], &xm[i], &w[i], &laux[i]
+		xi, wi, li := &x[i], &w[i], &laux[i]
 		for k := range 8 {
-			l := clamp32(nearestInt(float32(iscale[k]*xmi[k])), 0, nmax)
+			l := clamp32(nearestInt(float32(iscale[k]*(xi[k]-lo[k]))), 0, nmax)
 			li[k] = l
 			fl := float32(l)
 			wl := float32(wi[k] * fl)

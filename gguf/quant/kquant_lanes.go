@@ -58,9 +58,6 @@ func (p *qkx2) run(x, w *groups, L *[32][8]uint8, scale, theMin *[8]float32) {
 			sumX[k] += float32(wi[k] * v)
 		}
 	}
-	// xm is x - min, which every pass of the reference recomputes; it
-	// changes with min when a candidate is taken.
-	var xm groups
 	var iscale [8]float32
 	for k := range 8 {
 		if lo[k] > 0 {
@@ -71,26 +68,20 @@ func (p *qkx2) run(x, w *groups, L *[32][8]uint8, scale, theMin *[8]float32) {
 		scale[k] = 1 / iscale[k]
 	}
 	lo0 := lo
-	for i := 0; i < n; i++ {
-		for k := range 8 {
-			xm[i][k] = x[i][k] - lo[k]
-		}
-	}
-	// The first candidate: its levels into L, its error the one to beat.
+	// The first candidate: its error is the one to beat. A group's levels
+	// are those of the candidate it takes last, a function of that pass's
+	// iscale and min alone: they are recomputed once at the end from
+	// (useIscale, useMin) rather than copied at every take.
 	var laux [32][8]int32
 	var sums [3][8]float32
-	levels(&xm, x, w, &iscale, nmax, n, &laux, &sums)
+	levels(x, w, &lo, &iscale, nmax, n, &laux, &sums)
 	errs(x, w, &laux, scale, &lo, p.mad, n, &best)
-	for i := 0; i < n; i++ {
-		for k := range 8 {
-			L[i][k] = uint8(laux[i][k])
-		}
-	}
+	useIscale, useMin := iscale, lo
 	for _, num := range p.steps {
 		for k := range 8 {
 			iscale[k] = num / rng[k]
 		}
-		levels(&xm, x, w, &iscale, nmax, n, &laux, &sums)
+		levels(x, w, &lo, &iscale, nmax, n, &laux, &sums)
 		sumL, sumL2, sumXL := &sums[0], &sums[1], &sums[2]
 		var ts, tm [8]float32
 		var ok [8]bool
@@ -113,15 +104,17 @@ func (p *qkx2) run(x, w *groups, L *[32][8]uint8, scale, theMin *[8]float32) {
 		var cur [8]float32
 		errs(x, w, &laux, &ts, &tm, p.mad, n, &cur)
 		for k := range 8 {
-			if !ok[k] || !(cur[k] < best[k]) {
-				continue
+			if ok[k] && cur[k] < best[k] {
+				useIscale[k], useMin[k] = iscale[k], lo[k]
+				best[k], scale[k], lo[k] = cur[k], ts[k], tm[k]
+				rng[k] = hi[k] - lo[k]
 			}
-			best[k], scale[k], lo[k] = cur[k], ts[k], tm[k]
-			rng[k] = hi[k] - lo[k]
-			for i := 0; i < n; i++ {
-				L[i][k] = uint8(laux[i][k])
-				xm[i][k] = x[i][k] - lo[k]
-			}
+		}
+	}
+	levels(x, w, &useMin, &useIscale, nmax, n, &laux, &sums)
+	for i := 0; i < n; i++ {
+		for k := range 8 {
+			L[i][k] = uint8(laux[i][k])
 		}
 	}
 	for k := range 8 {

@@ -6,8 +6,8 @@ package quant
 
 var useAVX2 = false
 
-func levels(xm, x, w *groups, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
-	levelsGo(xm, x, w, iscale, nmax, n, laux, sums)
+func levels(x, w *groups, lo, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
+	levelsGo(x, w, lo, iscale, nmax, n, laux, sums)
 }
 
 func errs(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int, cur *[8]float32) {
