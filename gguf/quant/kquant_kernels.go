@@ -25,62 +25,67 @@ package quant
 // Σ (x²·x)·l and Σ (x²·l)·l in index order into sums[0..1]; w is x², wx
 // is x²·x.
 
+// The portable forms run one lane at a time, so that each lane's sums stay
+// in registers.
+
 func levelsGo(x, w *groups, lo, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32) {
-	var sL, sL2, sXL [8]float32
-	for i := 0; i < n; i++ {
-		xi, wi, li := &x[i], &w[i], &laux[i]
-		for k := range 8 {
-			l := clamp32(nearestInt(float32(iscale[k]*(xi[k]-lo[k]))), 0, nmax)
-			li[k] = l
+	for k := range 8 {
+		var sL, sL2, sXL float32
+		is, m := iscale[k], lo[k]
+		for i := 0; i < n; i++ {
+			v := x[i][k]
+			l := clamp32(nearestInt(float32(is*(v-m))), 0, nmax)
+			laux[i][k] = l
 			fl := float32(l)
-			wl := float32(wi[k] * fl)
-			sL[k] += wl
-			sL2[k] += float32(wl * fl)
-			sXL[k] += float32(wl * xi[k])
+			wl := float32(w[i][k] * fl)
+			sL += wl
+			sL2 += float32(wl * fl)
+			sXL += float32(wl * v)
 		}
+		sums[0][k], sums[1][k], sums[2][k] = sL, sL2, sXL
 	}
-	sums[0], sums[1], sums[2] = sL, sL2, sXL
 }
 
 func errsGo(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int, cur *[8]float32) {
-	var c [8]float32
-	for i := 0; i < n; i++ {
-		xi, wi, li := &x[i], &w[i], &laux[i]
-		for k := range 8 {
-			diff := float32(ts[k]*float32(li[k])) + tm[k] - xi[k]
+	for k := range 8 {
+		var c float32
+		s, m := ts[k], tm[k]
+		for i := 0; i < n; i++ {
+			diff := float32(s*float32(laux[i][k])) + m - x[i][k]
 			if mad {
 				diff = abs32(diff)
 			} else {
 				diff = float32(diff * diff)
 			}
-			c[k] += float32(wi[k] * diff)
+			c += float32(w[i][k] * diff)
 		}
+		cur[k] = c
 	}
-	*cur = c
 }
 
 func symLevelsGo(x, w, wx *groups, iscale *[8]float32, lo, hi int32, n int, lv *[32][8]int32, sums *[2][8]float32) {
-	var sLX, sL2 [8]float32
-	for i := 0; i < n; i++ {
-		for k := range 8 {
-			l := clamp32(nearestInt(float32(iscale[k]*x[i][k])), lo, hi)
+	for k := range 8 {
+		var sLX, sL2 float32
+		is := iscale[k]
+		for i := 0; i < n; i++ {
+			l := clamp32(nearestInt(float32(is*x[i][k])), lo, hi)
 			lv[i][k] = l
 			fl := float32(l)
-			sLX[k] += float32(wx[i][k] * fl)
-			sL2[k] += float32(float32(w[i][k]*fl) * fl)
+			sLX += float32(wx[i][k] * fl)
+			sL2 += float32(float32(w[i][k]*fl) * fl)
 		}
+		sums[0][k], sums[1][k] = sLX, sL2
 	}
-	sums[0], sums[1] = sLX, sL2
 }
 
 func signedMaxesGo(x *groups, n int, xmax, amax *[8]float32) {
-	var m, a [8]float32
-	for i := 0; i < n; i++ {
-		for k := range 8 {
-			if v := abs32(x[i][k]); v > a[k] {
-				a[k], m[k] = v, x[i][k]
+	for k := range 8 {
+		var m, a float32
+		for i := 0; i < n; i++ {
+			if v := abs32(x[i][k]); v > a {
+				a, m = v, x[i][k]
 			}
 		}
+		xmax[k], amax[k] = m, a
 	}
-	*xmax, *amax = m, a
 }
