@@ -148,9 +148,13 @@ func makeQKX3(x, w []float32, L, laux []uint8, nmax int32) (scale, theMin float3
 	fmax := float32(nmax)
 	iscale := fmax / (hi - lo)
 	scale = 1 / iscale
+	var xm [32]float32 // x - min, as each pass computes it until min changes
+	for i, v := range x {
+		xm[i] = v - lo
+	}
 	var best float32
 	for i, v := range x {
-		l := uint8(clamp32(nearestInt(float32(iscale*(v-lo))), 0, nmax))
+		l := uint8(clamp32(nearestInt(float32(iscale*xm[i])), 0, nmax))
 		L[i] = l
 		diff := float32(scale*float32(l)) + lo - v
 		best += float32(w[i] * float32(diff*diff))
@@ -159,11 +163,12 @@ func makeQKX3(x, w []float32, L, laux []uint8, nmax int32) (scale, theMin float3
 		iscale = (qkx3Rmin + float32(qkx3Rdelta*float32(is)) + fmax) / (hi - lo)
 		var sumL, sumL2, sumXL float32
 		for i, v := range x {
-			l := uint8(clamp32(nearestInt(float32(iscale*(v-lo))), 0, nmax))
-			laux[i] = l
-			wl := float32(w[i] * float32(l))
+			l := clamp32(nearestInt(float32(iscale*xm[i])), 0, nmax)
+			laux[i] = uint8(l)
+			fl := float32(l)
+			wl := float32(w[i] * fl)
 			sumL += wl
-			sumL2 += float32(wl * float32(l))
+			sumL2 += float32(wl * fl)
 			sumXL += float32(wl * v)
 		}
 		D := float32(sumW*sumL2) - float32(sumL*sumL)
@@ -184,6 +189,9 @@ func makeQKX3(x, w []float32, L, laux []uint8, nmax int32) (scale, theMin float3
 		if cur < best {
 			copy(L, laux)
 			best, scale, lo = cur, ts, tm
+			for i, v := range x {
+				xm[i] = v - lo
+			}
 		}
 	}
 	return scale, -lo
