@@ -96,6 +96,15 @@ const (
 	qkx3Nstep          = 36
 )
 
+// make_qkx3_quants with weights is make_qkx2_quants (its max <= min is
+// max == min once min is at most 0, and nstep is not below 1), so the K
+// types' groups run eight at a time on the lanes of kquant_lanes.go.
+var (
+	qkx3Q2 = newQKX2(16, 3, qkx3Rmin, qkx3Rdelta, qkx3Nstep, false)
+	qkx3Q4 = newQKX2(32, 15, qkx3Rmin, qkx3Rdelta, qkx3Nstep, false)
+	qkx3Q5 = newQKX2(32, 31, qkx3Rmin, qkx3Rdelta, qkx3Nstep, false)
+)
+
 // sumSquares is Σ x² in index order.
 func sumSquares(x []float32) float32 {
 	var s float32
@@ -335,7 +344,8 @@ func makeQP(x, w []float32, L []uint8, nmax int32) float32 {
 func weightedQ2_K(dst []byte, src, qw []float32) {
 	var (
 		L                  [QK_K]uint8
-		laux               [16]uint8
+		xg, wg             groups
+		lt                 [32][8]uint8
 		w                  [16]float32
 		scales, minima, sw [16]float32
 		ls, lm             [16]uint8
@@ -345,10 +355,21 @@ func weightedQ2_K(dst []byte, src, qw []float32) {
 		q := qw[bi*QK_K : bi*QK_K+QK_K]
 		y := dst[bi*84 : bi*84+84]
 		sigma2 := sumSquares(x) / QK_K
-		for j := range 16 {
-			xs := x[16*j : 16*j+16]
-			sw[j] = importance(w[:], xs, q[16*j:], sigma2)
-			scales[j], minima[j] = makeQKX3(xs, w[:], L[16*j:], laux[:], 3)
+		for h := range 2 {
+			xg.load(x[128*h:], 16)
+			for k := range 8 {
+				j := 8*h + k
+				sw[j] = importance(w[:], x[16*j:16*j+16], q[16*j:], sigma2)
+				for i, v := range w {
+					wg[i][k] = v
+				}
+			}
+			qkx3Q2.run(&xg, &wg, &lt, (*[8]float32)(scales[8*h:]), (*[8]float32)(minima[8*h:]))
+			for k := range 8 {
+				for i := range 16 {
+					L[128*h+16*k+i] = lt[i][k]
+				}
+			}
 		}
 		dm := makeQP(scales[:], sw[:], ls[:], 15)
 		mm := makeQP(minima[:], sw[:], lm[:], 15)
@@ -441,18 +462,27 @@ func q3Levels(y []byte, x []float32, L *[QK_K]int8, d float32) {
 // 0…nmax, their scales and minimums to 6 bits (clamped to 63 when clamp,
 // as Q5_K does; Q4_K stores make_qp_quants's byte as it is). It writes d,
 // dmin and the scales into y[:16] and leaves the levels in L.
-func weightedK45(y []byte, x, q []float32, L *[QK_K]uint8, nmax int32, clamp bool) {
+func weightedK45(y []byte, x, q []float32, L *[QK_K]uint8, p *qkx2, clamp bool) {
 	var (
-		laux               [32]uint8
+		xg, wg             groups
+		lt                 [32][8]uint8
 		w                  [32]float32
 		scales, minima, sw [8]float32
 		ls, lm             [8]uint8
 	)
 	sigma2 := 2 * sumSquares(x) / QK_K
-	for j := range 8 {
-		xs := x[32*j : 32*j+32]
-		sw[j] = importance(w[:], xs, q[32*j:], sigma2)
-		scales[j], minima[j] = makeQKX3(xs, w[:], L[32*j:], laux[:], nmax)
+	xg.load(x, 32)
+	for k := range 8 {
+		sw[k] = importance(w[:], x[32*k:32*k+32], q[32*k:], sigma2)
+		for i, v := range w {
+			wg[i][k] = v
+		}
+	}
+	p.run(&xg, &wg, &lt, &scales, &minima)
+	for k := range 8 {
+		for i := range 32 {
+			L[32*k+i] = lt[i][k]
+		}
 	}
 	d := makeQP(scales[:], sw[:], ls[:], 63)
 	m := makeQP(minima[:], sw[:], lm[:], 63)
@@ -462,7 +492,7 @@ func weightedK45(y []byte, x, q []float32, L *[QK_K]uint8, nmax int32, clamp boo
 		}
 	}
 	kScales(y[4:16], &ls, &lm)
-	k45Levels(y, x, L, d, m, nmax)
+	k45Levels(y, x, L, d, m, p.nmax)
 }
 
 // k45Levels stores d and dmin as half into a Q4_K or Q5_K block y whose
@@ -491,7 +521,7 @@ func weightedQ4_K(dst []byte, src, qw []float32) {
 	var L [QK_K]uint8
 	for bi := 0; bi*QK_K < len(src); bi++ {
 		y := dst[bi*144 : bi*144+144]
-		weightedK45(y, src[bi*QK_K:bi*QK_K+QK_K], qw[bi*QK_K:bi*QK_K+QK_K], &L, 15, false)
+		weightedK45(y, src[bi*QK_K:bi*QK_K+QK_K], qw[bi*QK_K:bi*QK_K+QK_K], &L, &qkx3Q4, false)
 		packQ4_K(y[16:144], &L)
 	}
 }
@@ -512,7 +542,7 @@ func weightedQ5_K(dst []byte, src, qw []float32) {
 	var L [QK_K]uint8
 	for bi := 0; bi*QK_K < len(src); bi++ {
 		y := dst[bi*176 : bi*176+176]
-		weightedK45(y, src[bi*QK_K:bi*QK_K+QK_K], qw[bi*QK_K:bi*QK_K+QK_K], &L, 31, true)
+		weightedK45(y, src[bi*QK_K:bi*QK_K+QK_K], qw[bi*QK_K:bi*QK_K+QK_K], &L, &qkx3Q5, true)
 		packQ5_K(y[16:48], y[48:176], &L)
 	}
 }
