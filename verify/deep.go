@@ -138,7 +138,7 @@ func scan(r io.Reader, size int64, l layout) (scanResult, error) {
 	}
 	const chunkTarget = 1 << 20
 	chunk := chunkTarget - chunkTarget%l.unit
-	buf := make([]byte, chunk)
+	buf := make([]byte, min(int64(chunk), size))
 	for res.bytes < size {
 		n := int64(len(buf))
 		if rem := size - res.bytes; rem < n {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"reflect"
+	"runtime"
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf/quant"
@@ -100,6 +101,27 @@ func TestScanChunks(t *testing.T) {
 	// A short reader is an error.
 	if _, err := scan(bytes.NewReader(q[:210]), 420, q6k); err == nil {
 		t.Error("short read accepted")
+	}
+}
+
+// TestScanSmallTensorBuffer: a tensor smaller than the 1 MiB read buffer
+// is read through a buffer of its own size. With a 1 MiB buffer allocated
+// and cleared per tensor, --deep of FuzzConfig's 0.7 MB checkpoint of many
+// small tensors took 38 ms of CPU, 3 ms with the buffer sized to the tensor.
+func TestScanSmallTensorBuffer(t *testing.T) {
+	b := make([]byte, 4096) // 2048 F16 values
+	binary.LittleEndian.PutUint16(b, 0x3C00)
+	var before, after runtime.MemStats
+	const runs = 20
+	runtime.ReadMemStats(&before)
+	for range runs {
+		if res, err := scan(bytes.NewReader(b), int64(len(b)), floatLayouts[tensor.F16]); err != nil || !res.nonzero {
+			t.Fatalf("%+v, %v", res, err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / runs; per > 2*uint64(len(b)) {
+		t.Errorf("scan of a %d-byte tensor allocated %d bytes, want at most %d", len(b), per, 2*len(b))
 	}
 }
 
