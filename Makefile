@@ -23,7 +23,7 @@ FUZZ_TARGETS := \
 	./manifest:FuzzJournal:1500 \
 	./pipeline:FuzzSpec:100000 \
 	./verify:FuzzGGUF:150000 \
-	./verify:FuzzConfig:30000 \
+	./verify:FuzzConfig:15000 \
 	./mlxpack:FuzzParseCTConfig:200000 \
 	./mlxpack:FuzzReadShape:200000
 FUZZSCALE ?= 1
