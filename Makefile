@@ -69,8 +69,9 @@ fuzz:
 # Does every package build for the platforms users serve on? A check, not a
 # release build: without optimisation (-N -l) the compiler still type-checks
 # and generates code for every package, about 40 % faster on a cold cache
-# (linux/arm64: 72 s vs 120 s on 2 cores).
-CROSSFLAGS ?= '-gcflags=all=-N -l'
+# (linux/arm64: 72 s vs 120 s on 2 cores); without DWARF debug information
+# (-dwarf=false) another 20 % (175 vs 141 CPU seconds a target, cold).
+CROSSFLAGS ?= '-gcflags=all=-N -l -dwarf=false'
 cross:
 	GOOS=darwin GOARCH=arm64 $(GO) build $(CROSSFLAGS) ./...
 	GOOS=linux GOARCH=arm64 $(GO) build $(CROSSFLAGS) ./...
