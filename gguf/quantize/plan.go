@@ -44,6 +44,9 @@ var (
 	// ErrMTPMissing: {arch}.nextn_predict_layers promises NextN layers
 	// whose blk.N.nextn.* tensors are not in the file.
 	ErrMTPMissing = errors.New("the header promises NextN (MTP) layers whose tensors are missing")
+	// ErrNonFinite: a quantized block's scale came out NaN or infinite
+	// (llama-quantize: "quantized data validation failed").
+	ErrNonFinite = errors.New("quantized data validation failed")
 )
 
 // Options say what to make.

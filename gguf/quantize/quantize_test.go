@@ -3,6 +3,7 @@ package quantize
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"os"
@@ -322,5 +323,58 @@ func TestMTPSurvives(t *testing.T) {
 	rep, err := verify.MTP(stripped, verify.Options{Require: true})
 	if err == nil && rep.Pass(true) {
 		t.Errorf("verify mtp --require passes a file with the nextn tensors stripped: %+v", rep)
+	}
+}
+
+// An infinity or a NaN in a tensor that is quantized gives a non-finite
+// scale; llama-quantize checks every quantized block
+// (ggml_validate_row_data) and fails the run, and so does Run, naming the
+// tensor and the row, with nothing under the output's name. A NaN that
+// does not reach a scale (Q8_0's max skips it) is quantized as llama-quantize does.
+func TestNonFiniteRefused(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name  string
+		bits  uint16 // the half written at value 300 of blk.0.attn_q.weight (row 1)
+		ft    quant.FileType
+		fails bool
+	}{
+		{"inf Q8_0", 0x7C00, quant.FileQ8_0, true},
+		{"-inf Q4_K_M", 0xFC00, quant.FileQ4_K_M, true},
+		{"nan mid-block Q8_0", 0x7E00, quant.FileQ8_0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := filepath.Join(dir, tc.name+".gguf")
+			rewrite(t, input("qwen3"), in, nil, func(ti *gguf.TensorInfo, data []byte) ([]byte, bool) {
+				if ti.Name == "blk.0.attn_q.weight" {
+					data = append([]byte(nil), data...)
+					binary.LittleEndian.PutUint16(data[2*300:], tc.bits)
+				}
+				return data, true
+			})
+			f, p, err := plan(t, in, Options{FileType: tc.ft})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(dir, tc.name+"-out.gguf")
+			_, err = Run(context.Background(), f, p, out, RunOptions{Jobs: 2})
+			if !tc.fails {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrNonFinite) || errkind.Of(err) != errkind.BadInput {
+				t.Fatalf("err %v (kind %s), want ErrNonFinite, bad input", err, errkind.Of(err))
+			}
+			for _, w := range []string{in, `tensor "blk.0.attn_q.weight"`, "row 1 "} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q does not say %q", err, w)
+				}
+			}
+			if _, err := os.Stat(out); err == nil {
+				t.Error("an output was left under the final name")
+			}
+		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -221,6 +222,13 @@ func quantizeUnit(f *gguf.File, t *TensorPlan, u gguf.Unit, b *buffers) (data []
 	b.out = grow(b.out, n*int64(outRow))
 	if err := quant.Encode(t.Type, b.out, b.f32); err != nil {
 		return nil, 0, fmt.Errorf("tensor %q: %w", t.Name, err)
+	}
+	if nf, bad := quant.Validate(t.Type, b.out); bad {
+		// llama-quantize's ggml_validate_row_data: refuse rather than
+		// write a scale that is NaN or infinite.
+		row := u.R0 + int64(nf.Block)*t.Type.BlockSize()/int64(cols)
+		return nil, 0, inputerr.New(f.Path, t.Name, f.DataOffset+int64(t.In.Offset)+row*int64(inRow), ErrNonFinite,
+			"row %d quantizes to a non-finite %s %s (a NaN or an infinity in the input)", row, t.Type, nf.Field)
 	}
 	return b.out, off, nil
 }
