@@ -1,10 +1,13 @@
 package quant_test
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf"
@@ -60,7 +63,8 @@ func TestGoldenTensors(t *testing.T) {
 					}
 					checked[out]++
 					if sum != gt.SHA256 {
-						t.Errorf("%s: %s as %s: sha256 %s, llama-quantize wrote %s", filepath.Base(path), gt.Name, out, sum, gt.SHA256)
+						t.Errorf("%s: %s as %s: sha256 %s, llama-quantize wrote %s%s", filepath.Base(path), gt.Name, out, sum, gt.SHA256,
+							firstDiff(requantized(t, in, ti, out, nil), referenceFor(path), gt.Name, out))
 					}
 				}
 			}
@@ -110,10 +114,51 @@ func quantizedTensors(t *testing.T, in *gguf.File, path string) []quantizedTenso
 	return qs
 }
 
-// requantize is the sha256 of tensor ti of in decoded and encoded as out,
-// with llama-quantize's importance vector for it (nil: none): the weights
-// of matrix i2 (an expert) are weights[i2·ne0 : (i2+1)·ne0].
+// requantize is the sha256 of requantized(t, in, ti, out, weights).
 func requantize(t *testing.T, in *gguf.File, ti gguf.TensorInfo, out quant.Type, weights []float32) string {
+	t.Helper()
+	sum := sha256.Sum256(requantized(t, in, ti, out, weights))
+	return hex.EncodeToString(sum[:])
+}
+
+// referenceFor is the reference GGUF a golden dump (testdata/golden/
+// MODEL-NAME.json) was made from, ../shared/reference/MODEL/gguf/NAME.gguf
+// beside the clone: present on the machines that made the goldens.
+func referenceFor(dump string) string {
+	model, name, _ := strings.Cut(strings.TrimSuffix(filepath.Base(dump), ".json"), "-")
+	return filepath.Join("..", "..", "..", "shared", "reference", model, "gguf", name+".gguf")
+}
+
+// firstDiff names the first block where got differs from tensor name of
+// the reference GGUF at ref, when that file is there; otherwise nothing
+// (the test needs only testdata).
+func firstDiff(got []byte, ref, name string, typ quant.Type) string {
+	f, err := gguf.Open(ref)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	ti, ok := f.Tensor(name)
+	if !ok {
+		return ""
+	}
+	want, err := io.ReadAll(f.Section(ti))
+	if err != nil {
+		return fmt.Sprintf(" (%s: %v)", ref, err)
+	}
+	bs := int(typ.TypeSize())
+	for b := 0; (b+1)*bs <= min(len(got), len(want)); b++ {
+		if g, w := got[b*bs:(b+1)*bs], want[b*bs:(b+1)*bs]; !bytes.Equal(g, w) {
+			return fmt.Sprintf("; first differing block %d of %d (%s):\n got  %x\n want %x", b, len(want)/bs, ref, g, w)
+		}
+	}
+	return fmt.Sprintf("; %d bytes, %s has %d", len(got), ref, len(want))
+}
+
+// requantized is tensor ti of in decoded and encoded as out, with
+// llama-quantize's importance vector for it (nil: none): the weights of
+// matrix i2 (an expert) are weights[i2·ne0 : (i2+1)·ne0].
+func requantized(t *testing.T, in *gguf.File, ti gguf.TensorInfo, out quant.Type, weights []float32) []byte {
 	t.Helper()
 	raw, err := io.ReadAll(in.Section(ti))
 	if err != nil {
@@ -140,6 +185,5 @@ func requantize(t *testing.T, in *gguf.File, ti gguf.TensorInfo, out quant.Type,
 			t.Fatalf("%s: %v", ti.Name, err)
 		}
 	}
-	sum := sha256.Sum256(dst)
-	return hex.EncodeToString(sum[:])
+	return dst
 }
