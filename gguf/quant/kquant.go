@@ -353,36 +353,6 @@ func quantizeQ6_K(dst []byte, src []float32) {
 		xb := src[bi*QK_K : bi*QK_K+QK_K]
 		y := dst[bi*210 : bi*210+210]
 		symBlock(xb, &L, &scales, false)
-		maxScale, maxAbs := signedMax(scales[:])
-		if maxAbs < groupMaxEps {
-			clear(y)
-			continue
-		}
-		iscale := -128 / maxScale
-		dh, df := toHalf(1 / iscale)
-		binary.LittleEndian.PutUint16(y[208:], dh)
-		sc := y[192:208]
-		for j := range 16 {
-			sc[j] = byte(int8(min(127, nearestInt(float32(iscale*scales[j])))))
-		}
-		for j := range 16 {
-			d := df * float32(int8(sc[j]))
-			if d == 0 {
-				continue
-			}
-			for i, v := range xb[16*j : 16*j+16] {
-				L[16*j+i] = int8(clamp32(nearestInt(v/d), -32, 31) + 32)
-			}
-		}
-		ql, qh := y[:128], y[128:192]
-		for h := 0; h < 2; h++ {
-			for l := 0; l < 32; l++ {
-				j := 128*h + l
-				q1, q2, q3, q4 := uint8(L[j]), uint8(L[j+32]), uint8(L[j+64]), uint8(L[j+96])
-				ql[64*h+l] = q1&0xF | (q3&0xF)<<4
-				ql[64*h+32+l] = q2&0xF | (q4&0xF)<<4
-				qh[32*h+l] = q1>>4 | (q2>>4)<<2 | (q3>>4)<<4 | (q4>>4)<<6
-			}
-		}
+		q6Block(y, xb, &L, &scales)
 	}
 }
