@@ -41,7 +41,7 @@ func gen(seed uint64, name string, dt tensor.DType, a float64, shape ...int64) g
 	n, _ := tensor.NumElements(shape)
 	v := make([]float32, n)
 	for i := range v {
-		v[i] = roundTo(dt, r.uniform(a))
+		v[i] = tensor.RoundTo(dt, r.uniform(a))
 	}
 	return genTensor{name: name, dtype: dt, shape: shape, vals: v}
 }

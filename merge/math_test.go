@@ -269,7 +269,7 @@ func TestFeatures(t *testing.T) {
 						_, got := readOut(t, out, name)
 						src := ad[key]
 						for i, v := range src.vals {
-							if want := roundTo(info.DType, v); got[i] != want {
+							if want := tensor.RoundTo(info.DType, v); got[i] != want {
 								t.Fatalf("replacement %s[%d] = %g, want %g", name, i, got[i], want)
 							}
 						}
@@ -317,7 +317,7 @@ func refEmbeddingDoubleRound(m refLoRA, dt tensor.DType) []float64 {
 			for k := 0; k < m.r; k++ {
 				d += float64(m.b[j*m.r+k]) * float64(m.a[k*m.rows+i])
 			}
-			out[i*m.cols+j] = float64(m.w[i*m.cols+j]) + float64(roundTo(dt, float32(m.s*d)))
+			out[i*m.cols+j] = float64(m.w[i*m.cols+j]) + float64(tensor.RoundTo(dt, float32(m.s*d)))
 		}
 	}
 	return out

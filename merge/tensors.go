@@ -111,7 +111,7 @@ func (mm *modMath) computeV(b *block, sec *io.SectionReader, inSize int) error {
 	lowRank(d, mm.L[b.start*mm.r:(b.start+n)*mm.r], mm.R, n, mm.r, cols)
 	if mm.doubleRound != "" {
 		for j := range d {
-			d[j] = roundTo(mm.doubleRound, float32(d[j]*mm.s))
+			d[j] = tensor.RoundTo(mm.doubleRound, float32(d[j]*mm.s))
 		}
 		for j := range d {
 			d[j] = w[j] + d[j]
@@ -120,17 +120,6 @@ func (mm *modMath) computeV(b *block, sec *io.SectionReader, inSize int) error {
 	}
 	addScaled(d, w, d, mm.s)
 	return nil
-}
-
-// roundTo rounds f to dtype d and back (RNE).
-func roundTo(d tensor.DType, f float32) float32 {
-	switch d {
-	case tensor.BF16:
-		return tensor.BF16ToFloat32(tensor.Float32ToBF16(f))
-	case tensor.F16:
-		return tensor.F16ToFloat32(tensor.Float32ToF16(f))
-	}
-	return f
 }
 
 // mergeTensor streams one merged weight to w, from row block first on (the

@@ -62,6 +62,18 @@ func Float32ToF16(f float32) uint16 {
 	return sign | uint16(h)
 }
 
+// RoundTo rounds f to dtype d (RNE) and widens it back: the value a
+// d-typed operation leaves. F32 and other dtypes leave f as it is.
+func RoundTo(d DType, f float32) float32 {
+	switch d {
+	case BF16:
+		return BF16ToFloat32(Float32ToBF16(f))
+	case F16:
+		return F16ToFloat32(Float32ToF16(f))
+	}
+	return f
+}
+
 // F16ToFloat32 widens an IEEE binary16 bit pattern; this is exact.
 func F16ToFloat32(h uint16) float32 { return f16Table()[h] }
 
