@@ -85,19 +85,22 @@ cross:
 # test runs it, with -short (fewer of the slowest cases; the full set runs
 # natively). Without qemu-aarch64 this fails when CI=true (.ci/run
 # installs Debian's qemu-user) and says loudly that it skips otherwise.
+# An entry PKG:REGEX runs only that package's tests matching REGEX.
 QEMU      ?= qemu-aarch64
 QEMU_PKGS := ./gguf/quant
+QEMU_PKGS += ./mlxpack:^TestAffine
 qemu:
 	@if ! command -v $(QEMU) >/dev/null; then \
 		if [ "$$CI" = true ]; then echo "qemu: $(QEMU) not found (Debian: apt-get install qemu-user)" >&2; exit 1; fi; \
 		echo "qemu: $(QEMU) not found: SKIPPING the linux/arm64 tests of $(QEMU_PKGS) (Debian: apt-get install qemu-user)" >&2; \
 		exit 0; \
 	fi; \
-	set -e; mkdir -p bin/qemu; for p in $(QEMU_PKGS); do \
+	set -e; mkdir -p bin/qemu; for e in $(QEMU_PKGS); do \
+		p=$${e%%:*}; run=.; case $$e in *:*) run=$${e#*:};; esac; \
 		bin=$(CURDIR)/bin/qemu/$$(echo $${p#./} | tr / _).test; \
 		GOOS=linux GOARCH=arm64 $(GO) test -c -vet=off $(CROSSFLAGS) -gcflags=$$p= -o $$bin $$p; \
-		echo "qemu: $$p tests on linux/arm64"; \
-		(cd $$p && $(QEMU) $$bin -test.count=1 -test.short -test.timeout=5m); \
+		echo "qemu: $$p tests ($$run) on linux/arm64"; \
+		(cd $$p && $(QEMU) $$bin -test.count=1 -test.short -test.timeout=5m -test.run "$$run"); \
 	done
 
 test: vet unit fuzz-smoke cross qemu
