@@ -203,7 +203,9 @@ func packGroup(dst []byte, x []float32, scale, bias, nBins float32, bits int) {
 // them, scales and biases of dtype dt. Each element is q·scale + bias
 // computed as MLX's CPU backend does it for dt: the product rounded to dt,
 // then the sum rounded to dt, so dst holds values of dt widened to float32,
-// identical to mx.dequantize's.
+// identical to mx.dequantize's. As there, a float16 product beyond 65504
+// is ±Inf even where the sum would fit, and an exact zero, which quantizes
+// to the grid's zero code, can come back as ±1 ulp (q·s+b rounds).
 func AffineDequantize(wq, scales, biases []byte, cols, groupSize, bits int, dt tensor.DType, dst []float32) error {
 	groups, width, err := affineSizes(len(dst), cols, groupSize, bits, dt, wq, scales, biases)
 	if err != nil {
