@@ -1,0 +1,274 @@
+package sshconn
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/agent"
+	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/sshdtest"
+)
+
+// isolate keeps the machine's own ssh setup out of a test: HOME is an
+// empty directory (no ~/.ssh/config, no default identities, no
+// known_hosts) and no agent.
+func isolate(t *testing.T) string {
+	t.Helper()
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("SSH_AUTH_SOCK", "")
+	return home
+}
+
+func writeFile(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// mustWork checks that c is an authenticated connection that serves
+// channels: it opens a session and the SFTP subsystem (served inside
+// sshd, so no login shell runs).
+func mustWork(t *testing.T, c *ssh.Client) {
+	t.Helper()
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatalf("session: %v", err)
+	}
+	defer sess.Close()
+	if err := sess.RequestSubsystem("sftp"); err != nil {
+		t.Fatalf("sftp subsystem: %v", err)
+	}
+}
+
+func dial(t *testing.T, target string, o Options) (*ssh.Client, error) {
+	t.Helper()
+	tg, err := ParseHost(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, tg, o)
+	if err == nil {
+		t.Cleanup(func() { c.Close() })
+	}
+	return c, err
+}
+
+// One server, many ways to reach it and be refused by it.
+func TestDial(t *testing.T) {
+	home := isolate(t)
+	s := sshdtest.Start(t)
+	port := strconv.Itoa(s.Port)
+
+	t.Run("alias from the written config", func(t *testing.T) {
+		c, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath})
+		if err != nil {
+			t.Fatalf("Dial %s: %v", s.Alias, err)
+		}
+		mustWork(t, c)
+	})
+
+	t.Run("explicit identity and known_hosts, no config", func(t *testing.T) {
+		c, err := dial(t, s.User+"@127.0.0.1:"+port, Options{SSHConfigPath: "none",
+			IdentityFiles: []string{s.ClientKeyPath}, KnownHostsPath: s.KnownHostsPath})
+		if err != nil {
+			t.Fatalf("Dial: %v", err)
+		}
+		mustWork(t, c)
+	})
+
+	t.Run("source address", func(t *testing.T) {
+		c, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}})
+		if err != nil {
+			t.Fatalf("Dial: %v", err)
+		}
+		if got := c.LocalAddr().(*net.TCPAddr).IP; !got.Equal(net.IPv4(127, 0, 0, 1)) {
+			t.Errorf("local address %v, want 127.0.0.1", got)
+		}
+	})
+
+	t.Run("unknown host refused with fingerprint and command", func(t *testing.T) {
+		kh := filepath.Join(t.TempDir(), "known_hosts") // does not exist
+		_, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh})
+		var he *HostKeyError
+		if !errors.As(err, &he) || !errors.Is(err, ErrHostKeyUnknown) {
+			t.Fatalf("err = %v, want an unknown host key", err)
+		}
+		msg := err.Error()
+		for _, want := range []string{ssh.FingerprintSHA256(s.HostKey), "ssh-keyscan -p " + port + " -t ed25519 127.0.0.1 >> " + kh, "--accept-new"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("message lacks %q:\n%s", want, msg)
+			}
+		}
+		if k := errkind.Of(err); k != errkind.VerifyFailed {
+			t.Errorf("kind %v, want %v", k, errkind.VerifyFailed)
+		}
+		if _, err := os.Stat(kh); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a refused host wrote %s (%v)", kh, err)
+		}
+	})
+
+	t.Run("accept-new records the key, then it is known", func(t *testing.T) {
+		kh := filepath.Join(t.TempDir(), "sub", "known_hosts")
+		c, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh, AcceptNew: true})
+		if err != nil {
+			t.Fatalf("Dial --accept-new: %v", err)
+		}
+		mustWork(t, c)
+		b, err := os.ReadFile(kh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := string(b), s.KnownHostsLine()+"\n"; got != want {
+			t.Errorf("known_hosts:\n%q\nwant\n%q", got, want)
+		}
+		// Known now: a strict dial succeeds and the file is unchanged.
+		if _, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh}); err != nil {
+			t.Fatalf("second Dial: %v", err)
+		}
+		if b2, _ := os.ReadFile(kh); string(b2) != string(b) {
+			t.Errorf("second dial changed known_hosts:\n%s", b2)
+		}
+	})
+
+	t.Run("changed key refused even with accept-new", func(t *testing.T) {
+		_, other, _ := ed25519.GenerateKey(rand.Reader)
+		otherPub, _ := ssh.NewPublicKey(other.Public())
+		dir := t.TempDir()
+		kh := writeFile(t, dir, "known_hosts", "# a comment\notherhost "+string(ssh.MarshalAuthorizedKey(otherPub))+
+			knownhosts.Line([]string{knownhosts.Normalize(s.Addr())}, otherPub)+"\n")
+		_, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh, AcceptNew: true})
+		if !errors.Is(err, ErrHostKeyChanged) {
+			t.Fatalf("err = %v, want a changed host key", err)
+		}
+		for _, want := range []string{kh + ":3", ssh.FingerprintSHA256(s.HostKey), ssh.FingerprintSHA256(otherPub)} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("message lacks %q:\n%v", want, err)
+			}
+		}
+		if b, _ := os.ReadFile(kh); strings.Count(string(b), "\n") != 3 {
+			t.Errorf("a refused key changed known_hosts:\n%s", b)
+		}
+	})
+
+	t.Run("hashed known_hosts entry", func(t *testing.T) {
+		kh := writeFile(t, t.TempDir(), "known_hosts",
+			knownhosts.Line([]string{knownhosts.HashHostname(knownhosts.Normalize(s.Addr()))}, s.HostKey)+"\n")
+		c, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh})
+		if err != nil {
+			t.Fatalf("Dial with a hashed entry: %v", err)
+		}
+		mustWork(t, c)
+	})
+
+	t.Run("unauthorized key: auth failure names host and user", func(t *testing.T) {
+		_, k, _ := ed25519.GenerateKey(rand.Reader)
+		p := filepath.Join(t.TempDir(), "id_other")
+		if _, err := sshdtest.WriteKey(p, k, nil); err != nil {
+			t.Fatal(err)
+		}
+		_, err := dial(t, s.User+"@127.0.0.1:"+port, Options{SSHConfigPath: "none",
+			IdentityFiles: []string{p}, KnownHostsPath: s.KnownHostsPath})
+		if !errors.Is(err, ErrAuth) {
+			t.Fatalf("err = %v, want an authentication failure", err)
+		}
+		for _, want := range []string{s.User + "@127.0.0.1:" + port, p} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("message lacks %q:\n%v", want, err)
+			}
+		}
+		if k := errkind.Of(err); k == errkind.Retryable {
+			t.Errorf("an auth failure is %v", k)
+		}
+	})
+
+	t.Run("missing -i file is bad input", func(t *testing.T) {
+		_, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, IdentityFiles: []string{filepath.Join(home, "nope")}})
+		if err == nil || errkind.Of(err) != errkind.BadInput || !strings.Contains(err.Error(), "nope") {
+			t.Fatalf("err = %v (kind %v), want bad input naming the file", err, errkind.Of(err))
+		}
+	})
+}
+
+// Nothing listens: the refusal is a retryable error naming the host.
+func TestDialRefused(t *testing.T) {
+	isolate(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	_, err = dial(t, "root@"+addr, Options{SSHConfigPath: "none"})
+	if err == nil || errkind.Of(err) != errkind.Retryable || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("err = %v (kind %v), want a retryable refusal naming %s", err, errkind.Of(err), addr)
+	}
+}
+
+// Keys in an agent (x/crypto's keyring served on a unix socket, spoken to
+// through SSH_AUTH_SOCK) authenticate.
+func TestDialAgent(t *testing.T) {
+	isolate(t)
+	_, k, _ := ed25519.GenerateKey(rand.Reader)
+	pub, _ := ssh.NewPublicKey(k.Public())
+	s := sshdtest.Start(t, sshdtest.Authorize(pub))
+	sock := serveAgent(t, k)
+	t.Setenv("SSH_AUTH_SOCK", sock)
+	// Only the agent holds an authorized key: IdentityFile none.
+	cfg := writeFile(t, t.TempDir(), "config", "Host box\n HostName 127.0.0.1\n Port "+strconv.Itoa(s.Port)+
+		"\n User "+s.User+"\n UserKnownHostsFile "+s.KnownHostsPath+"\n")
+	c, err := dial(t, "box", Options{SSHConfigPath: cfg})
+	if err != nil {
+		t.Fatalf("Dial with the agent: %v", err)
+	}
+	mustWork(t, c)
+}
+
+func serveAgent(t *testing.T, keys ...ed25519.PrivateKey) string {
+	t.Helper()
+	kr := agent.NewKeyring()
+	for _, k := range keys {
+		if err := kr.Add(agent.AddedKey{PrivateKey: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A short path: unix socket names are limited to ~100 bytes.
+	dir, err := os.MkdirTemp("", "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "s")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _ = agent.ServeAgent(kr, c); c.Close() }()
+		}
+	}()
+	return sock
+}
