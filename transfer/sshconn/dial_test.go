@@ -272,3 +272,126 @@ func serveAgent(t *testing.T, keys ...ed25519.PrivateKey) string {
 	}()
 	return sock
 }
+
+// A host reachable only through another: ProxyJump in the config, each
+// hop resolved through the config, closing the client closes the chain.
+func TestDialProxyJump(t *testing.T) {
+	isolate(t)
+	// DEBUG1 logs each forwarded connection: the proof that a hop went
+	// through the jump host.
+	jump := sshdtest.Start(t, sshdtest.SSHDConfig("LogLevel DEBUG1"))
+	target := sshdtest.Start(t)
+	kh := writeFile(t, t.TempDir(), "known_hosts", jump.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n")
+	cfg := writeFile(t, t.TempDir(), "config",
+		jump.HostBlock("jump", "UserKnownHostsFile "+kh)+
+			target.HostBlock("target", "ProxyJump jump", "UserKnownHostsFile "+kh)+
+			target.HostBlock("twice", "ProxyJump jump,jump2", "UserKnownHostsFile "+kh)+
+			jump.HostBlock("jump2", "UserKnownHostsFile "+kh))
+	forwarded := func(port int) int {
+		return strings.Count(jump.Log(), "server_request_direct_tcpip: originator 0.0.0.0 port 0, target 127.0.0.1 port "+strconv.Itoa(port)+"\n")
+	}
+	for _, tc := range []struct {
+		host   string
+		toJump int // forwards through jump to jump2 (the same sshd)
+	}{{"target", 0}, {"twice", 1}} {
+		t.Run(tc.host, func(t *testing.T) {
+			before, beforeJ := forwarded(target.Port), forwarded(jump.Port)
+			c, err := dial(t, tc.host, Options{SSHConfigPath: cfg})
+			if err != nil {
+				t.Fatalf("Dial %s: %v\njump log:\n%s", tc.host, err, jump.Log())
+			}
+			mustWork(t, c)
+			if n := forwarded(target.Port) - before; n != 1 {
+				t.Errorf("the jump host forwarded %d connections to the target, want 1:\n%s", n, jump.Log())
+			}
+			if n := forwarded(jump.Port) - beforeJ; n != tc.toJump {
+				t.Errorf("the jump host forwarded %d connections to itself (jump2), want %d", n, tc.toJump)
+			}
+		})
+	}
+
+	// A jump host that refuses us: the error names the jump host.
+	bad := writeFile(t, t.TempDir(), "config",
+		"Host jump\n HostName 127.0.0.1\n Port "+strconv.Itoa(jump.Port)+"\n User "+jump.User+"\n IdentityFile none\n UserKnownHostsFile "+kh+"\n"+
+			target.HostBlock("target", "ProxyJump jump", "UserKnownHostsFile "+kh))
+	_, err := dial(t, "target", Options{SSHConfigPath: bad})
+	if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "jump host") {
+		t.Fatalf("err = %v, want an auth failure at the jump host", err)
+	}
+}
+
+// A passphrase-protected identity file the server accepts: asked on the
+// terminal (a real pseudo-terminal here), or through Options.Passphrase;
+// with no terminal the error says what to do.
+func TestDialPassphrase(t *testing.T) {
+	isolate(t)
+	_, k, _ := ed25519.GenerateKey(rand.Reader)
+	keyPath := filepath.Join(t.TempDir(), "id_locked")
+	pub, err := sshdtest.WriteKey(keyPath, k, []byte("open sesame"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sshdtest.Start(t, sshdtest.Authorize(pub))
+	opts := func() Options {
+		return Options{SSHConfigPath: "none", KnownHostsPath: s.KnownHostsPath, IdentityFiles: []string{keyPath}}
+	}
+	target := s.User + "@" + s.Addr()
+	saved := terminalPath
+	t.Cleanup(func() { terminalPath = saved })
+
+	t.Run("no terminal", func(t *testing.T) {
+		terminalPath = writeFile(t, t.TempDir(), "not-a-tty", "")
+		_, err := dial(t, target, opts())
+		if !errors.Is(err, ErrPassphrase) {
+			t.Fatalf("err = %v, want ErrPassphrase", err)
+		}
+		for _, want := range []string{keyPath, "no terminal", "ssh-add " + keyPath, s.Addr()} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("message lacks %q:\n%v", want, err)
+			}
+		}
+	})
+
+	t.Run("hook", func(t *testing.T) {
+		o := opts()
+		var asked []string
+		o.Passphrase = func(prompt string) ([]byte, error) {
+			asked = append(asked, prompt)
+			return []byte("open sesame"), nil
+		}
+		c, err := dial(t, target, o)
+		if err != nil {
+			t.Fatalf("Dial: %v", err)
+		}
+		mustWork(t, c)
+		if len(asked) != 1 || !strings.Contains(asked[0], keyPath) {
+			t.Errorf("asked %q, want one prompt naming %s", asked, keyPath)
+		}
+		o.Passphrase = func(string) ([]byte, error) { return []byte("wrong"), nil }
+		if _, err := dial(t, target, o); !errors.Is(err, ErrPassphrase) || !strings.Contains(err.Error(), "wrong passphrase") {
+			t.Errorf("wrong passphrase: err = %v", err)
+		}
+	})
+
+	t.Run("terminal", func(t *testing.T) {
+		testTerminalPassphrase(t, func() {
+			c, err := dial(t, target, opts())
+			if err != nil {
+				t.Fatalf("Dial: %v", err)
+			}
+			mustWork(t, c)
+		}, "open sesame")
+	})
+
+	// The agent holds the key: no passphrase is asked.
+	t.Run("agent first", func(t *testing.T) {
+		t.Setenv("SSH_AUTH_SOCK", serveAgent(t, k))
+		o := opts()
+		o.Passphrase = func(string) ([]byte, error) { t.Error("asked for a passphrase"); return nil, ErrPassphrase }
+		c, err := dial(t, target, o)
+		if err != nil {
+			t.Fatalf("Dial: %v", err)
+		}
+		mustWork(t, c)
+	})
+}
