@@ -87,6 +87,7 @@ var terminalPath = "/dev/tty"
 // needed.
 type auth struct {
 	e        *Endpoint
+	d        *Dialer
 	prompt   PassphraseFunc
 	signers  []ssh.Signer
 	sources  []string // per signer: "agent" or the identity file
@@ -101,8 +102,9 @@ type auth struct {
 // does (the ones that exist).
 var defaultIdentities = []string{"~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa"}
 
-func newAuth(e *Endpoint, o Options) (*auth, error) {
-	a := &auth{e: e, prompt: o.Passphrase}
+func newAuth(e *Endpoint, d *Dialer) (*auth, error) {
+	o := d.o
+	a := &auth{e: e, d: d, prompt: o.Passphrase}
 	if a.prompt == nil {
 		a.prompt = TerminalPassphrase
 	}
@@ -236,51 +238,64 @@ func (a *auth) loadIdentity(path string) (ssh.Signer, ssh.PublicKey, error) {
 			}
 		}
 	}
-	ls := &lockedSigner{path: path, pem: pem, pub: pub, a: a}
+	ls := &lockedSigner{path: path, pem: pem, pub: pub, a: a, k: a.d.unlocked(path)}
 	if pub == nil {
 		// Without the public key the file must be opened now to offer it.
 		if err := ls.unlock(); err != nil {
 			return nil, nil, err
 		}
-		return ls.signer, ls.signer.PublicKey(), nil
+		return ls.k.signer, ls.k.signer.PublicKey(), nil
 	}
 	return ls, pub, nil
 }
 
 // lockedSigner is an encrypted identity file, decrypted on first use.
 type lockedSigner struct {
-	path   string
-	pem    []byte
-	pub    ssh.PublicKey
-	a      *auth
+	path string
+	pem  []byte
+	pub  ssh.PublicKey
+	a    *auth
+	k    *unlockedKey
+}
+
+// unlockedKey is an encrypted identity file's key once decrypted, shared
+// by every connection of a Dialer, so its passphrase is asked once; or
+// why it could not be (also asked once: a missing terminal or a wrong
+// passphrase will not change between connections).
+type unlockedKey struct {
 	once   sync.Once
 	signer ssh.Signer
-	err    error
+	err    error // names the file, not the endpoint
 }
 
 func (l *lockedSigner) unlock() error {
-	l.once.Do(func() {
+	k := l.k
+	k.once.Do(func() {
 		prompt := fmt.Sprintf("Enter passphrase for key '%s': ", l.path)
 		pass, err := l.a.prompt(prompt)
 		if err != nil {
-			l.err = errkind.Errorf(errkind.Failure, "%s: identity file %s is passphrase-protected and the server accepts it, but %w; load it into ssh-agent (ssh-add %s) or run from a terminal", l.a.e, l.path, err, shellQuote(l.path))
+			k.err = errkind.Errorf(errkind.Failure, "identity file %s is passphrase-protected and the server accepts it, but %w; load it into ssh-agent (ssh-add %s) or run from a terminal", l.path, err, shellQuote(l.path))
 			if !errors.Is(err, ErrPassphrase) {
-				l.err = fmt.Errorf("%s: identity file %s: reading its passphrase: %w", l.a.e, l.path, err)
+				k.err = fmt.Errorf("identity file %s: reading its passphrase: %w", l.path, err)
 			}
 			return
 		}
 		s, err := ssh.ParsePrivateKeyWithPassphrase(l.pem, pass)
 		clear(pass)
 		if err != nil {
-			l.err = fmt.Errorf("%s: identity file %s: %w (wrong passphrase?): %v", l.a.e, l.path, ErrPassphrase, err)
+			k.err = fmt.Errorf("identity file %s: %w (wrong passphrase?): %v", l.path, ErrPassphrase, err)
 			return
 		}
-		l.signer = s
+		k.signer = s
 	})
-	if l.err != nil && l.a.signErr == nil {
-		l.a.signErr = l.err
+	if k.err != nil {
+		err := fmt.Errorf("%s: %w", l.a.e, k.err)
+		if l.a.signErr == nil {
+			l.a.signErr = err
+		}
+		return err
 	}
-	return l.err
+	return nil
 }
 
 func (l *lockedSigner) PublicKey() ssh.PublicKey { return l.pub }
@@ -289,17 +304,17 @@ func (l *lockedSigner) Sign(rand io.Reader, data []byte) (*ssh.Signature, error)
 	if err := l.unlock(); err != nil {
 		return nil, err
 	}
-	return l.signer.Sign(rand, data)
+	return l.k.signer.Sign(rand, data)
 }
 
 func (l *lockedSigner) SignWithAlgorithm(rand io.Reader, data []byte, algorithm string) (*ssh.Signature, error) {
 	if err := l.unlock(); err != nil {
 		return nil, err
 	}
-	if as, ok := l.signer.(ssh.AlgorithmSigner); ok {
+	if as, ok := l.k.signer.(ssh.AlgorithmSigner); ok {
 		return as.SignWithAlgorithm(rand, data, algorithm)
 	}
-	return l.signer.Sign(rand, data)
+	return l.k.signer.Sign(rand, data)
 }
 
 // Algorithms lists the signature algorithms of the key's type, so that

@@ -78,27 +78,61 @@ var Ciphers = []string{
 	ssh.CipherAES128CTR, ssh.CipherAES192CTR, ssh.CipherAES256CTR,
 }
 
-// Dial resolves t through the ssh_config and connects, through its
-// ProxyJump hosts if it has any. Closing the client closes the whole
-// chain.
-func Dial(ctx context.Context, t Target, o Options) (*ssh.Client, error) {
-	e, err := Resolve(t, o)
+// Dialer opens connections with one set of Options: the ssh_config is
+// read once, and an encrypted identity file's passphrase is asked at most
+// once, however many connections (streams, hosts) it opens, concurrently
+// or not. Its methods are safe for concurrent use.
+type Dialer struct {
+	o  Options
+	r  *resolver
+	mu sync.Mutex
+	// keys holds encrypted identity files once decrypted, by path.
+	keys map[string]*unlockedKey
+}
+
+// NewDialer reads the ssh_config files o names.
+func NewDialer(o Options) (*Dialer, error) {
+	r, err := newResolver(o)
 	if err != nil {
 		return nil, err
 	}
-	return DialEndpoint(ctx, e, o)
+	return &Dialer{o: o, r: r, keys: map[string]*unlockedKey{}}, nil
+}
+
+func (d *Dialer) unlocked(path string) *unlockedKey {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := d.keys[path]
+	if k == nil {
+		k = &unlockedKey{}
+		d.keys[path] = k
+	}
+	return k
+}
+
+// Resolve is the endpoint for t (see the package function Resolve).
+func (d *Dialer) Resolve(t Target) (*Endpoint, error) { return d.r.resolve(t, 0, true) }
+
+// Dial resolves t and connects, through its ProxyJump hosts if it has
+// any. Closing the client closes the whole chain.
+func (d *Dialer) Dial(ctx context.Context, t Target) (*ssh.Client, error) {
+	e, err := d.Resolve(t)
+	if err != nil {
+		return nil, err
+	}
+	return d.DialEndpoint(ctx, e)
 }
 
 // DialEndpoint connects to a resolved endpoint (see Dial).
-func DialEndpoint(ctx context.Context, e *Endpoint, o Options) (*ssh.Client, error) {
+func (d *Dialer) DialEndpoint(ctx context.Context, e *Endpoint) (*ssh.Client, error) {
 	var via *ssh.Client
 	for i, j := range e.Jumps {
 		var c *ssh.Client
 		var err error
 		if i == 0 {
-			c, err = DialEndpoint(ctx, j, o)
+			c, err = d.DialEndpoint(ctx, j)
 		} else {
-			c, err = hop(ctx, via, j, o)
+			c, err = d.hop(ctx, via, j)
 		}
 		if err != nil {
 			if via != nil {
@@ -108,16 +142,27 @@ func DialEndpoint(ctx context.Context, e *Endpoint, o Options) (*ssh.Client, err
 		}
 		via = c
 	}
-	c, err := hop(ctx, via, e, o)
+	c, err := d.hop(ctx, via, e)
 	if err != nil && via != nil {
 		via.Close()
 	}
 	return c, err
 }
 
+// Dial connects to t with a Dialer of its own: for one connection. Open
+// several through one Dialer.
+func Dial(ctx context.Context, t Target, o Options) (*ssh.Client, error) {
+	d, err := NewDialer(o)
+	if err != nil {
+		return nil, err
+	}
+	return d.Dial(ctx, t)
+}
+
 // hop opens a TCP connection to e, directly (via nil) or through via, and
 // runs the SSH handshake on it.
-func hop(ctx context.Context, via *ssh.Client, e *Endpoint, o Options) (*ssh.Client, error) {
+func (d *Dialer) hop(ctx context.Context, via *ssh.Client, e *Endpoint) (*ssh.Client, error) {
+	o := d.o
 	timeout := o.Timeout
 	if e.ConnectTimeout > 0 {
 		timeout = e.ConnectTimeout
@@ -132,7 +177,7 @@ func hop(ctx context.Context, via *ssh.Client, e *Endpoint, o Options) (*ssh.Cli
 	if err != nil {
 		return nil, err
 	}
-	a, err := newAuth(e, o)
+	a, err := newAuth(e, d)
 	if err != nil {
 		return nil, err
 	}

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -394,4 +396,70 @@ func TestDialPassphrase(t *testing.T) {
 		}
 		mustWork(t, c)
 	})
+}
+
+// Streams: one Dialer opening several connections at once asks for a
+// passphrase once and records a new host key once (the known_hosts
+// append is locked and re-checked), hashed when the config says
+// HashKnownHosts yes.
+func TestDialerConcurrent(t *testing.T) {
+	isolate(t)
+	_, k, _ := ed25519.GenerateKey(rand.Reader)
+	keyPath := filepath.Join(t.TempDir(), "id_locked")
+	pub, err := sshdtest.WriteKey(keyPath, k, []byte("pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sshdtest.Start(t, sshdtest.Authorize(pub))
+	kh := filepath.Join(t.TempDir(), "known_hosts")
+	cfg := writeFile(t, t.TempDir(), "config", "Host box\n HostName 127.0.0.1\n Port "+strconv.Itoa(s.Port)+
+		"\n User "+s.User+"\n IdentityFile "+keyPath+"\n HashKnownHosts yes\n")
+	var mu sync.Mutex
+	asked := 0
+	d, err := NewDialer(Options{SSHConfigPath: cfg, KnownHostsPath: kh, AcceptNew: true,
+		Passphrase: func(string) ([]byte, error) {
+			mu.Lock()
+			asked++
+			mu.Unlock()
+			return []byte("pw"), nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const streams = 4
+	errs := make(chan error, streams)
+	for range streams {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			c, err := d.Dial(ctx, Target{Host: "box"})
+			if err == nil {
+				c.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range streams {
+		if err := <-errs; err != nil {
+			t.Errorf("Dial: %v", err)
+		}
+	}
+	if asked != 1 {
+		t.Errorf("asked for the passphrase %d times, want 1", asked)
+	}
+	b, err := os.ReadFile(kh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "|1|") {
+		t.Fatalf("known_hosts after %d concurrent --accept-new dials:\n%s\nwant one hashed line", streams, b)
+	}
+	// The hashed line is OpenSSH's: ssh-keygen finds the host in it.
+	if keygen, err := exec.LookPath("ssh-keygen"); err == nil {
+		out, err := exec.Command(keygen, "-F", "["+"127.0.0.1"+"]:"+strconv.Itoa(s.Port), "-f", kh).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "|1|") {
+			t.Errorf("ssh-keygen -F does not find the host in the line we wrote: %v\n%s", err, out)
+		}
+	}
 }

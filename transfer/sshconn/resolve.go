@@ -89,11 +89,11 @@ const maxJumpDepth = 8
 // endpoint for t: t.User and t.Port override the config's, as on the ssh
 // command line.
 func Resolve(t Target, o Options) (*Endpoint, error) {
-	r, err := newResolver(o)
+	d, err := NewDialer(o)
 	if err != nil {
 		return nil, err
 	}
-	return r.resolve(t, 0, true)
+	return d.Resolve(t)
 }
 
 type resolver struct {
