@@ -107,6 +107,9 @@ func newQuantize(p *Params) (Stage, error) {
 		if seen[ft] {
 			return nil, p.Errorf("types", "%s twice", ft)
 		}
+		if ft == quant.FileQ2_K_S {
+			return nil, p.Errorf("types", "%s needs an importance matrix, which this stage does not take yet", ft)
+		}
 		seen[ft] = true
 		s.Types[i] = ft.String() // canonical: q4_k and Q4_K_M are one stage key
 		o := base

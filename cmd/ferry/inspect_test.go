@@ -50,7 +50,14 @@ type ferryRun struct {
 // execFerry runs ferry as a child process.
 func execFerry(t testing.TB, env []string, args ...string) ferryRun {
 	t.Helper()
+	return execFerryIn(t, "", env, args...)
+}
+
+// execFerryIn is execFerry in directory dir ("": the test's).
+func execFerryIn(t testing.TB, dir string, env []string, args ...string) ferryRun {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
+	cmd.Dir = dir
 	cmd.Env = append(append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1"), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -2,13 +2,14 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/ferry-llm/ferry/gguf"
-	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/gguf/quantize"
 	"github.com/ferry-llm/ferry/internal/progress"
 )
@@ -19,27 +20,30 @@ func quantizeCommand() *cli.Command {
 		Usage:     "quantize a GGUF file (F32/F16/BF16) to Q8_0 or a K-quant mix, byte-identical to llama-quantize",
 		ArgsUsage: "IN.gguf OUT.gguf TYPE [NTHREADS]",
 		Description: "llama-quantize's argument order. TYPE is Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M,\n" +
-			"Q3_K_S or Q2_K (Q3_K, Q4_K and Q5_K are the _M mixes), case-insensitive; the tensor types, order, metadata\n" +
-			"and bytes are llama-quantize's (llama.cpp 34af94c, no importance matrix). A trailing NTHREADS, as\n" +
-			"llama-quantize takes it, is the same as --jobs.\n\n" +
+			"Q3_K_S, Q2_K or Q2_K_S (needs --imatrix), or a legacy Q4_0, Q4_1, Q5_0, Q5_1 (Q3_K, Q4_K and Q5_K are the _M\n" +
+			"mixes), case-insensitive; the tensor types, order, metadata and bytes are llama-quantize's (llama.cpp\n" +
+			"34af94c). A trailing NTHREADS, as llama-quantize takes it, is the same as --jobs.\n\n" +
+			"--imatrix, --include-weights, --exclude-weights, --tensor-type, --output-tensor-type,\n" +
+			"--token-embedding-type, --pure and --leave-output-tensor are llama-quantize's, with its semantics and\n" +
+			"bytes. Tensors the matrix has no entry for are quantized without one, as llama-quantize does (the\n" +
+			"summary lists them); where llama-quantize would fail on one mid-run (Q2_K_S), ferry refuses before\n" +
+			"writing and lists them all. llama-imatrix never runs a Qwen3.5 MTP block, so its tensors have no\n" +
+			"entries: --mtp-type TYPE (ferry's own) gives every quantizable MTP/NextN tensor TYPE, leaving every\n" +
+			"other tensor as without it (the MTP norms stay F32).\n\n" +
 			"Before a byte is written it checks the type, every tensor's input type (a quantized input needs\n" +
 			"--allow-requantize), the input's integrity (truncated, tensor data past the end), a header that\n" +
-			"promises NextN/MTP layers whose blk.N.nextn.* tensors are missing, and the free disk space. Then it\n" +
-			"quantizes in row blocks (never a whole tensor in memory) into OUT.gguf.partial and renames it to\n" +
-			"OUT.gguf; the bytes are the same whatever --jobs. An interrupted run (Ctrl-C, kill) resumes:\n" +
-			"OUT.gguf.journal lists the tensors already durable, and the same command run again writes only the\n" +
-			"others (another input, type or option starts over). Both are removed once OUT.gguf is complete.",
-		Flags: []cli.Flag{
-			&cli.BoolFlag{Name: "allow-requantize", Usage: "quantize tensors that are already quantized (decoded first; quality suffers)"},
-			&cli.StringFlag{Name: "output-tensor-type", Usage: "ggml `TYPE` for output.weight (e.g. q8_0)"},
-			&cli.StringFlag{Name: "token-embedding-type", Usage: "ggml `TYPE` for token_embd.weight (e.g. q8_0)"},
-			&cli.BoolFlag{Name: "leave-output-tensor", Usage: "leave output.weight as it is in the input"},
-			&cli.BoolFlag{Name: "pure", Usage: "give every quantized tensor TYPE's default type (no mix, no larger types)"},
+			"promises NextN/MTP layers whose blk.N.nextn.* tensors are missing, the importance matrix, and the\n" +
+			"free disk space. Then it quantizes in row blocks (never a whole tensor in memory) into\n" +
+			"OUT.gguf.partial and renames it to OUT.gguf; the bytes are the same whatever --jobs. An interrupted\n" +
+			"run (Ctrl-C, kill) resumes: OUT.gguf.journal lists the tensors already durable, and the same command\n" +
+			"run again writes only the others (another input, type, option or matrix starts over). Both are\n" +
+			"removed once OUT.gguf is complete.",
+		Flags: append(quantizeOptionFlags(),
 			jobsFlag("quantization workers"),
 			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the input and print every tensor's type, write nothing"},
 			jsonFlag("print the result (or the plan with --dry-run) as JSON: every tensor's name, shape, input and output type and bytes, and the totals"),
 			lockWaitFlag("the output"),
-		},
+		),
 		Action: runQuantize,
 	}
 }
@@ -51,6 +55,12 @@ type quantizeTensor struct {
 	InputType  string   `json:"input_type"`
 	OutputType string   `json:"output_type"`
 	Bytes      int64    `json:"bytes"`
+	// Imatrix: quantized with an importance vector.
+	Imatrix bool `json:"imatrix,omitempty"`
+	// SetBy names the option that set output_type (--tensor-type
+	// PATTERN, --output-tensor-type, --token-embedding-type,
+	// --leave-output-tensor, --mtp-type); absent for the type rules.
+	SetBy string `json:"set_by,omitempty"`
 }
 
 // quantizeResult is what quantize prints.
@@ -68,6 +78,8 @@ type quantizeResult struct {
 	Resumed      int              `json:"resumed_tensors,omitempty"`
 	Seconds      float64          `json:"seconds,omitempty"`
 	DryRun       bool             `json:"dry_run,omitempty"`
+	Imatrix      *quantizeImatrix `json:"imatrix,omitempty"`
+	Overrides    []string         `json:"overrides,omitempty"`
 	TensorList   []quantizeTensor `json:"tensor_list"`
 }
 
@@ -90,23 +102,12 @@ func quantizeArgs(c *cli.Context) (in, out string, o quantize.Options, jobs int,
 		}
 		jobs = n
 	}
+	if o, err = quantizeOptions(c); err != nil {
+		return "", "", o, 0, err
+	}
 	if o.FileType, err = quantize.ParseType(c.Args().Get(2)); err != nil {
 		return "", "", o, 0, fmt.Errorf("quantize: %w", err)
 	}
-	for _, f := range []struct {
-		flag string
-		dst  **quant.Type
-	}{{"output-tensor-type", &o.OutputType}, {"token-embedding-type", &o.TokenEmbdType}} {
-		if !c.IsSet(f.flag) {
-			continue
-		}
-		t, ok := quant.ParseType(c.String(f.flag))
-		if !ok || !t.CanEncode() {
-			return "", "", o, 0, usageErrorf("quantize: --%s %q: not a ggml type ferry can write", f.flag, c.String(f.flag))
-		}
-		*f.dst = &t
-	}
-	o.AllowRequantize, o.LeaveOutput, o.Pure = c.Bool("allow-requantize"), c.Bool("leave-output-tensor"), c.Bool("pure")
 	return in, out, o, jobs, nil
 }
 
@@ -126,13 +127,13 @@ func runQuantize(c *cli.Context) error {
 	}
 	res := quantizeResult{Input: in, Out: out, Type: plan.FileType.String(), FileType: uint32(plan.FileType),
 		Architecture: plan.Arch, MTPLayers: plan.MTPLayers, Tensors: len(plan.Tensors),
-		InputBytes: plan.InputBytes, Bytes: plan.Layout.Size}
+		InputBytes: plan.InputBytes, Bytes: plan.Layout.Size, Imatrix: imatrixUse(plan), Overrides: overrideLines(plan)}
 	for _, t := range plan.Tensors {
 		if !t.Copy() {
 			res.Quantized++
 		}
 		res.TensorList = append(res.TensorList, quantizeTensor{Name: t.Name, Shape: t.Dims,
-			InputType: t.InType.String(), OutputType: t.Type.String(), Bytes: t.Bytes})
+			InputType: t.InType.String(), OutputType: t.Type.String(), Bytes: t.Bytes, Imatrix: t.Weights != nil, SetBy: t.By})
 	}
 	if c.Bool("dry-run") {
 		res.DryRun = true
@@ -176,9 +177,30 @@ func printQuantize(c *cli.Context, res quantizeResult) error {
 		}
 		fmt.Fprintf(w, "plan: %s → %s (%s), %d tensors (%d quantized), %d bytes, nextn_predict_layers %d (nothing written)\n",
 			res.Input, res.Type, res.Architecture, res.Tensors, res.Quantized, res.Bytes, res.MTPLayers)
+		printQuantizeChoices(w, res)
 		return nil
 	}
 	fmt.Fprintf(w, "%s: %s (%s), %d tensors (%d quantized), %d bytes from %d, nextn_predict_layers %d, %.1fs\n",
 		res.Out, res.Type, res.Architecture, res.Tensors, res.Quantized, res.Bytes, res.InputBytes, res.MTPLayers, res.Seconds)
+	printQuantizeChoices(w, res)
 	return nil
+}
+
+// printQuantizeChoices says which importance matrix was used and which
+// options set tensor types.
+func printQuantizeChoices(w io.Writer, res quantizeResult) {
+	if m := res.Imatrix; m != nil {
+		fmt.Fprintf(w, "imatrix: %s (%s, %d entries, %d chunks", m.File, m.Format, m.Entries, m.Chunks)
+		if m.Dataset != "" {
+			fmt.Fprintf(w, ", dataset %s", m.Dataset)
+		}
+		fmt.Fprintf(w, "): %d tensors weighted", m.Weighted)
+		if len(m.Unweighted) > 0 {
+			fmt.Fprintf(w, ", %d without an entry (quantized unweighted, as llama-quantize does): %s", len(m.Unweighted), strings.Join(m.Unweighted, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+	for _, l := range res.Overrides {
+		fmt.Fprintf(w, "override %s\n", l)
+	}
 }

@@ -141,25 +141,30 @@ func TestQuantizeCLIErrors(t *testing.T) {
 		{"output over the input through a link", []string{in, link, "Q8_0"}, []string{"output over an input"}},
 		{"output directory missing", []string{in, filepath.Join(dir, "no", "out.gguf"), "Q8_0"}, []string{"does not exist"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := execFerry(t, nil, append([]string{"quantize"}, tc.args...)...)
-			if r.code != exitBadInput {
-				t.Errorf("exit %d, want %d: %s", r.code, exitBadInput, r.stderr)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(r.stderr, w) {
-					t.Errorf("stderr does not say %q: %s", w, r.stderr)
-				}
-			}
-			for _, p := range []string{out, out + ".partial", out + ".journal", out + ".lock"} {
-				if exists(p) {
-					t.Errorf("the refused run left %s", p)
-				}
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { quantizeRefused(t, out, tc.args, tc.want) })
 	}
 	if fileDigest(t, in) != sha256.Sum256(b) {
 		t.Error("the input changed")
+	}
+}
+
+// quantizeRefused runs `ferry quantize args` and checks that it exits 2
+// with a message saying every want, leaving nothing at out.
+func quantizeRefused(t *testing.T, out string, args, want []string) {
+	t.Helper()
+	r := execFerry(t, nil, append([]string{"quantize"}, args...)...)
+	if r.code != exitBadInput {
+		t.Errorf("exit %d, want %d: %s", r.code, exitBadInput, r.stderr)
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("stderr does not say %q: %s", w, r.stderr)
+		}
+	}
+	for _, p := range []string{out, out + ".partial", out + ".journal", out + ".lock"} {
+		if exists(p) {
+			t.Errorf("the refused run left %s", p)
+		}
 	}
 }
 

@@ -93,6 +93,26 @@ type MixOptions struct {
 	// HasImatrix says an importance matrix will be used (--imatrix): it
 	// allows Q2_K_S and takes the Q4_0/Q5_0 ffn_down rule.
 	HasImatrix bool
+	// MTPType, if set, is the type of every quantizable tensor of the
+	// NextN/MTP blocks: blocks MTPFirst and up (block_count −
+	// nextn_predict_layers) and any tensor whose name holds ".nextn.".
+	// It is applied after the rules, so every other tensor's type (and
+	// every counter) is what it is without it; the fallback still applies
+	// (rows its blocks do not divide), and tensors never quantized (norms,
+	// 1-D tensors) keep their input type. No llama-quantize flag does
+	// this: it is ferry's --mtp-type.
+	MTPType  *Type
+	MTPFirst int
+}
+
+// Choice is one tensor's type as Mix chose it, and which option chose it.
+type Choice struct {
+	Type Type
+	// By names the option that set the type ("--tensor-type PATTERN",
+	// "--output-tensor-type", "--token-embedding-type",
+	// "--leave-output-tensor", "--mtp-type"), "" when the type rules
+	// (or --pure's default) did.
+	By string
 }
 
 // TensorType is one --tensor-type override: the first whose Pattern
@@ -221,6 +241,7 @@ type mixState struct {
 	iFFNGate int
 	iFFNUp   int
 	patterns []*regexp.Regexp
+	by       string // the option that set the last typeOf's type
 }
 
 // Mix returns the type each tensor is written as, llama-quantize's choice
@@ -238,6 +259,20 @@ type mixState struct {
 // count like any other: block_count includes them, and so do the attn_v
 // and ffn_down counters.
 func Mix(f FileType, m Model, ts []Source, o MixOptions) ([]Type, error) {
+	cs, err := MixChoices(f, m, ts, o)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Type, len(cs))
+	for i, c := range cs {
+		out[i] = c.Type
+	}
+	return out, nil
+}
+
+// MixChoices is Mix, saying for each tensor which option, if any, set its
+// type.
+func MixChoices(f FileType, m Model, ts []Source, o MixOptions) ([]Choice, error) {
 	def, ok := f.Default()
 	if !ok {
 		if name, known := unsupportedFileTypes[f]; known {
@@ -267,31 +302,54 @@ func Mix(f FileType, m Model, ts []Source, o MixOptions) ([]Type, error) {
 			st.tied = false
 		}
 	}
-	out := make([]Type, len(ts))
+	out := make([]Choice, len(ts))
 	for i, s := range ts {
 		t, err := st.typeOf(s, def)
 		if err != nil {
 			return nil, fmt.Errorf("tensor %q: %w", s.Name, err)
 		}
-		if !o.HasImatrix && allowsQuantization(s, &o) && needsImatrix(f, s.Name, t) {
-			return nil, fmt.Errorf("tensor %q as %s: %w", s.Name, t, ErrNeedsImatrix)
+		c := Choice{Type: t, By: st.by}
+		if o.MTPType != nil && allowsQuantization(s, &o) && isMTP(s.Name, o.MTPFirst) {
+			if c.Type, err = fallback(s, *o.MTPType); err != nil {
+				return nil, fmt.Errorf("tensor %q: --mtp-type: %w", s.Name, err)
+			}
+			c.By = "--mtp-type"
 		}
-		out[i] = t
+		if !o.HasImatrix && allowsQuantization(s, &o) && NeedsImatrix(f, s.Name, c.Type) {
+			return nil, fmt.Errorf("tensor %q as %s: %w", s.Name, c.Type, ErrNeedsImatrix)
+		}
+		out[i] = c
 	}
 	return out, nil
+}
+
+// isMTP reports whether tensor name belongs to a NextN/MTP block: block
+// first or later, or a name holding ".nextn.".
+func isMTP(name string, first int) bool {
+	if strings.Contains(name, ".nextn.") {
+		return true
+	}
+	b, ok := blockOf(name)
+	return ok && int(b) >= first
 }
 
 // typeOf is llama_tensor_get_type: overrides, then the mix rules, then
 // the fallback for rows the type's blocks do not divide.
 func (st *mixState) typeOf(s Source, def Type) (Type, error) {
+	st.by = ""
 	if !allowsQuantization(s, st.o) {
+		if st.o.LeaveOutput && s.Name == "output.weight" {
+			st.by = "--leave-output-tensor"
+		}
 		return s.Type, nil
 	}
 	c := categoryOf(s.Name)
 	if st.o.TokenEmbdType != nil && c == catTokenEmbd {
+		st.by = "--token-embedding-type"
 		return *st.o.TokenEmbdType, nil
 	}
 	if st.o.OutputType != nil && c == catOutput {
+		st.by = "--output-tensor-type"
 		return *st.o.OutputType, nil
 	}
 	t := def
@@ -302,6 +360,7 @@ func (st *mixState) typeOf(s Source, def Type) (Type, error) {
 	for i, re := range st.patterns {
 		if re.MatchString(s.Name) {
 			t, manual = st.o.TensorTypes[i].Type, true
+			st.by = "--tensor-type " + st.o.TensorTypes[i].Pattern
 			break
 		}
 	}
@@ -361,6 +420,7 @@ func (st *mixState) rules(s Source, c category, t Type) (Type, error) {
 	case c == catOutput || (st.tied && c == catTokenEmbd):
 		switch {
 		case st.o.OutputType != nil:
+			st.by = "--output-tensor-type"
 			return *st.o.OutputType, nil
 		case falcon || s.ne(0)%uint64(t.BlockSize()) != 0:
 			return Q8_0, nil
@@ -518,11 +578,11 @@ func (st *mixState) layer(counter int, name string) (int, int, error) {
 	return int(l), n, nil
 }
 
-// needsImatrix is tensor_requires_imatrix: whether llama-quantize refuses
+// NeedsImatrix is tensor_requires_imatrix: whether llama-quantize refuses
 // to write tensor name as type t in a file of type f without an
-// importance matrix. Of the supported file types only Q2_K_S needs one
+// importance matrix (and fails when the matrix has no entry for it). Of the supported file types only Q2_K_S needs one
 // (for its Q2_K tensors); token_embd and output never do.
-func needsImatrix(f FileType, name string, t Type) bool {
+func NeedsImatrix(f FileType, name string, t Type) bool {
 	if c := categoryOf(name); c == catOutput || c == catTokenEmbd {
 		return false
 	}

@@ -46,6 +46,7 @@ var goldens = []struct {
 	{"qwen3", "Q2_K", "Q2_K", Options{}},
 	{"qwen3", "Q4_K_M-out_q8_0-embd_q8_0", "Q4_K_M", Options{OutputType: typePtr(quant.Q8_0), TokenEmbdType: typePtr(quant.Q8_0)}},
 	{"qwen3", "Q4_K_M-pure", "Q4_K_M", Options{Pure: true}},
+	{"qwen3", "Q4_K_M-attnv_q8_0-ffndown_q5_k", "Q4_K_M", Options{TensorTypes: []quant.TensorType{{Pattern: "attn_v", Type: quant.Q8_0}, {Pattern: "ffn_down", Type: quant.Q5_K}}}},
 	{"qwen35", "Q6_K", "Q6_K", Options{}},
 	{"qwen35", "Q5_K_M", "Q5_K_M", Options{}},
 	{"qwen35", "Q4_K_M", "Q4_K_M", Options{}},
@@ -77,10 +78,6 @@ func quantizeFile(t testing.TB, in, out string, o Options, ro RunOptions) *Plan 
 func TestGolden(t *testing.T) {
 	for _, g := range goldens {
 		t.Run(g.model+"-"+g.name, func(t *testing.T) {
-			want, err := goldenfile.Load(filepath.Join(quantTestdata, "golden", g.model+"-base-"+g.name+".json"))
-			if err != nil {
-				t.Fatal(err)
-			}
 			ft, err := ParseType(g.ftype)
 			if err != nil {
 				t.Fatal(err)
@@ -88,22 +85,35 @@ func TestGolden(t *testing.T) {
 			o := g.opts
 			o.FileType = ft
 			out := filepath.Join(t.TempDir(), "out.gguf")
-			quantizeFile(t, input(g.model), out, o, RunOptions{Jobs: 2, ChunkElems: 1 << 14})
-			got, err := goldenfile.Dump(out, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.SHA256 == want.SHA256 && got.Size == want.Size {
+			if _, same := goldenRun(t, input(g.model), out, filepath.Join(quantTestdata, "golden", g.model+"-base-"+g.name+".json"), o, 1<<14); same {
 				if err := ggufcheck.Check(out); err != nil {
 					t.Error(err)
 				}
-				requireMTP(t, out)
-				return
 			}
-			t.Errorf("sha256 %s (%d bytes), llama-quantize's %s (%d bytes)", got.SHA256, got.Size, want.SHA256, want.Size)
-			diffDump(t, got, want)
+			requireMTP(t, out)
 		})
 	}
+}
+
+// goldenRun quantizes in into out with o and compares the whole file with
+// the dump at golden (sha256 and size), naming the first differences.
+func goldenRun(t *testing.T, in, out, golden string, o Options, chunk int64) (p *Plan, same bool) {
+	t.Helper()
+	want, err := goldenfile.Load(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = quantizeFile(t, in, out, o, RunOptions{Jobs: 2, ChunkElems: chunk})
+	got, err := goldenfile.Dump(out, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.SHA256 == want.SHA256 && got.Size == want.Size {
+		return p, true
+	}
+	t.Errorf("sha256 %s (%d bytes), llama-quantize's %s (%d bytes)", got.SHA256, got.Size, want.SHA256, want.Size)
+	diffDump(t, got, want)
+	return p, false
 }
 
 // diffDump names the first few differences between two dumps.
@@ -146,24 +156,12 @@ var (
 // dump at golden.
 func compareGolden(t *testing.T, in, golden, ftype string) {
 	t.Helper()
-	want, err := goldenfile.Load(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ft, err := ParseType(ftype)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "out.gguf")
-	quantizeFile(t, in, out, Options{FileType: ft}, RunOptions{Jobs: 2, ChunkElems: 1 << 12})
-	got, err := goldenfile.Dump(out, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.SHA256 != want.SHA256 || got.Size != want.Size {
-		t.Errorf("sha256 %s (%d bytes), llama-quantize's %s (%d bytes)", got.SHA256, got.Size, want.SHA256, want.Size)
-		diffDump(t, got, want)
-	}
+	goldenRun(t, in, out, golden, Options{FileType: ft}, 1<<12)
 	requireMTP(t, out)
 }
 

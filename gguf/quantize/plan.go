@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/imatrix"
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/inputerr"
@@ -47,6 +48,13 @@ var (
 	// ErrNonFinite: a quantized block's scale came out NaN or infinite
 	// (llama-quantize: "quantized data validation failed").
 	ErrNonFinite = errors.New("quantized data validation failed")
+	// ErrImatrixMissing: tensors whose type needs importance data (the
+	// Q2_K tensors of a Q2_K_S file) that the matrix has no entries for.
+	ErrImatrixMissing = errkind.New(errkind.Usage, "missing importance matrix entries")
+	// ErrImatrix: an importance matrix that does not fit the model.
+	ErrImatrix = errkind.New(errkind.BadInput, "importance matrix does not fit the model")
+	// ErrMTPType: --mtp-type for a model without NextN/MTP layers.
+	ErrMTPType = errkind.New(errkind.Usage, "no MTP block to keep")
 )
 
 // Options say what to make.
@@ -63,7 +71,25 @@ type Options struct {
 	// Pure gives every quantized tensor the default type of FileType
 	// (--pure).
 	Pure bool
+	// TensorTypes are the --tensor-type REGEX=TYPE overrides, in the
+	// order given: the first pattern found in a tensor's name sets its
+	// type (quant.TensorType).
+	TensorTypes []quant.TensorType
+	// MTPType, if set, is the type of every quantizable tensor of the
+	// NextN/MTP blocks (--mtp-type; quant.MixOptions.MTPType): tensors
+	// that are never quantized (norms, 1-D tensors) stay as they are.
+	MTPType *quant.Type
+	// Imatrix is the importance matrix (--imatrix, already filtered by
+	// --include-weights/--exclude-weights), nil for none. A matrix with
+	// no entries is no matrix, as in llama-quantize.
+	Imatrix *imatrix.Matrix
+	// ImatrixFile is the matrix's name as given on the command line,
+	// written as quantize.imatrix.file (default: Imatrix.Path()).
+	ImatrixFile string
 }
+
+// hasImatrix reports whether a matrix with entries is given.
+func (o *Options) hasImatrix() bool { return o.Imatrix != nil && o.Imatrix.Len() > 0 }
 
 // TensorPlan is one output tensor.
 type TensorPlan struct {
@@ -73,6 +99,12 @@ type TensorPlan struct {
 	Type   quant.Type      // the type written; == InType: copied byte for byte
 	In     gguf.TensorInfo // the input tensor
 	Bytes  int64           // output bytes, without padding
+	// Weights is the importance vector the tensor is quantized with
+	// (ne0 values per expert, imatrix.Matrix.Weights), nil for none.
+	Weights []float32
+	// By names the option that set Type (quant.Choice.By), "" for the
+	// type rules.
+	By string
 }
 
 // Copy reports whether the tensor is copied unchanged.
@@ -93,11 +125,16 @@ type Plan struct {
 	InputBytes int64
 	// MTPLayers is {arch}.nextn_predict_layers (0 when none).
 	MTPLayers int
+	// Unweighted lists the tensors quantized without importance data
+	// although a matrix is given (it has no entry for them; for a
+	// Qwen3.5 model, the MTP block, which llama-imatrix never runs), as
+	// llama-quantize does ("did not find weights for …").
+	Unweighted []string
 }
 
 // ParseType is the file type named s (llama-quantize's names and aliases,
-// case-insensitive), refused as ErrFileType when unknown or when it needs
-// an importance matrix.
+// case-insensitive), refused as ErrFileType when unknown or not supported.
+// Q2_K_S is accepted: NewPlan refuses it without an importance matrix.
 func ParseType(s string) (quant.FileType, error) {
 	f, err := quant.LookupFileType(s)
 	if err != nil {
@@ -110,10 +147,6 @@ func ParseType(s string) (quant.FileType, error) {
 }
 
 func checkFileType(f quant.FileType) error {
-	if f == quant.FileQ2_K_S {
-		// llama-quantize refuses these without an importance matrix.
-		return fmt.Errorf("%w: %s needs an importance matrix (--imatrix), which ferry does not support yet", ErrFileType, f)
-	}
 	if !f.Known() {
 		return fmt.Errorf("%w: file type %d", ErrFileType, uint32(f))
 	}
@@ -147,6 +180,9 @@ func quantized(t quant.Type) bool {
 func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 	if err := checkFileType(o.FileType); err != nil {
 		return nil, err
+	}
+	if o.Imatrix != nil && o.ImatrixFile == "" {
+		o.ImatrixFile = o.Imatrix.Path()
 	}
 	arch := f.Architecture()
 	p := &Plan{Input: f.Path, Arch: arch, FileType: o.FileType, Options: o}
@@ -185,19 +221,33 @@ func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 		t := f.Tensors[i]
 		srcs[k] = quant.Source{Name: t.Name, Dims: slices.Clone(t.Dims), Type: t.Type}
 	}
-	types, err := quant.Mix(o.FileType, p.Model, srcs, quant.MixOptions{
+	if o.hasImatrix() {
+		if err := o.Imatrix.Finite(); err != nil {
+			return nil, err
+		}
+	}
+	mtpFirst := int(p.Model.NLayerAll) - p.MTPLayers
+	if o.MTPType != nil && p.MTPLayers == 0 && !slices.ContainsFunc(srcs, func(s quant.Source) bool { return strings.Contains(s.Name, ".nextn.") }) {
+		return nil, fmt.Errorf("%s: %w: --mtp-type %s, but the model has no NextN/MTP layers (%s.nextn_predict_layers is not set)", f.Path, ErrMTPType, *o.MTPType, arch)
+	}
+	choices, err := quant.MixChoices(o.FileType, p.Model, srcs, quant.MixOptions{
 		OutputType: o.OutputType, TokenEmbdType: o.TokenEmbdType, LeaveOutput: o.LeaveOutput, Pure: o.Pure,
+		TensorTypes: o.TensorTypes, HasImatrix: o.hasImatrix(), MTPType: o.MTPType, MTPFirst: mtpFirst,
 	})
 	if err != nil {
+		if errors.Is(err, quant.ErrNeedsImatrix) {
+			err = fmt.Errorf("%w (%s needs --imatrix)", err, o.FileType)
+		}
 		return nil, errkind.Mark(errkind.Usage, fmt.Errorf("%s: %w", f.Path, err))
 	}
-	if len(types) != len(srcs) {
-		return nil, fmt.Errorf("%s: internal error: %d types for %d tensors", f.Path, len(types), len(srcs))
+	if len(choices) != len(srcs) {
+		return nil, fmt.Errorf("%s: internal error: %d types for %d tensors", f.Path, len(choices), len(srcs))
 	}
+	var missing []string // need importance data the matrix lacks
 	specs := make([]gguf.TensorSpec, len(order))
 	for k, i := range order {
 		in := f.Tensors[i]
-		tp := TensorPlan{Name: in.Name, Dims: nDims(in.Dims), InType: in.Type, Type: types[k], In: in}
+		tp := TensorPlan{Name: in.Name, Dims: nDims(in.Dims), InType: in.Type, Type: choices[k].Type, By: choices[k].By, In: in}
 		off := f.DataOffset + int64(in.Offset)
 		if !tp.Copy() {
 			if !decodable(in.Type) {
@@ -209,6 +259,17 @@ func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 			if !tp.Type.CanEncode() {
 				return nil, fmt.Errorf("%s: tensor %q: %w", f.Path, in.Name, quant.ErrNoEncoder)
 			}
+			if o.hasImatrix() {
+				if tp.Weights, err = weightsOf(o.Imatrix, in); err != nil {
+					return nil, err
+				}
+				if tp.Weights == nil {
+					p.Unweighted = append(p.Unweighted, in.Name)
+					if quant.NeedsImatrix(o.FileType, in.Name, tp.Type) {
+						missing = append(missing, in.Name)
+					}
+				}
+			}
 		}
 		if _, ok := tp.Type.RowSize(ne0(in.Dims)); !ok {
 			return nil, fmt.Errorf("%s: tensor %q: internal error: %s chosen for rows of %d values", f.Path, in.Name, tp.Type, ne0(in.Dims))
@@ -217,7 +278,13 @@ func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 		specs[k] = gguf.TensorSpec{Name: tp.Name, Dims: tp.Dims, Type: tp.Type}
 		p.InputBytes += in.Size()
 	}
+	if len(missing) > 0 {
+		return nil, missingError(f.Path, &o, missing, mtpFirst)
+	}
 	p.KVs = outputKVs(f.KVs, o.FileType)
+	if o.hasImatrix() {
+		p.KVs = setKVs(p.KVs, o.Imatrix.KVs(o.ImatrixFile))
+	}
 	layout, err := gguf.PlanLayout(p.KVs, specs, f.Alignment)
 	if err != nil {
 		return nil, inputerr.Wrap(f.Path, err)
@@ -227,6 +294,81 @@ func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 		p.Tensors[i].Bytes = layout.Tensors[i].Size()
 	}
 	return p, nil
+}
+
+// weightsOf is the importance vector of input tensor in, as llama-quantize
+// picks it (imatrix.Matrix.Weights). A weighted tensor of more than three
+// dimensions is refused: llama-quantize quantizes only its first ne2
+// matrices, writing garbage after them.
+func weightsOf(m *imatrix.Matrix, in gguf.TensorInfo) ([]float32, error) {
+	w, err := m.Weights(in.Name, in.Dims)
+	if err != nil || w == nil {
+		return nil, err
+	}
+	for _, d := range in.Dims[min(len(in.Dims), 3):] {
+		if d != 1 {
+			return nil, fmt.Errorf("%s: tensor %q: %w: an importance vector for a %d-dimensional tensor", m.Path(), in.Name, ErrImatrix, len(in.Dims))
+		}
+	}
+	return w, nil
+}
+
+// missingError is the refusal of a quantization whose matrix lacks entries
+// for tensors whose type needs one (llama-quantize fails on the first, mid
+// run: "Missing importance matrix for tensor … in a very low-bit
+// quantization"): it lists them all, the MTP ones as such, and the ways
+// out.
+func missingError(path string, o *Options, missing []string, mtpFirst int) error {
+	var mtp, other []string
+	for _, n := range missing {
+		if b, ok := blockNum(n); strings.Contains(n, ".nextn.") || (ok && b >= mtpFirst) {
+			mtp = append(mtp, n)
+		} else {
+			other = append(other, n)
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %d tensors of this %s file need importance data (llama-quantize fails on the first, \"Missing importance matrix for tensor … in a very low-bit quantization\"), and %s has no entries for them:",
+		path, len(missing), o.FileType, o.ImatrixFile)
+	if len(mtp) > 0 {
+		fmt.Fprintf(&b, "\n  MTP/NextN tensors (llama-imatrix does not run the MTP block): %s", strings.Join(mtp, ", "))
+	}
+	if len(other) > 0 {
+		fmt.Fprintf(&b, "\n  %s", strings.Join(other, ", "))
+	}
+	b.WriteString("\nwhat to do:")
+	if len(mtp) > 0 {
+		b.WriteString(" keep the MTP block at a type that needs no matrix (--mtp-type Q8_0);")
+	}
+	if len(other) > 0 {
+		b.WriteString(" give the other tensors a type that needs none (--tensor-type PATTERN=q4_k), or use a matrix computed on this model;")
+	}
+	b.WriteString(" or choose a file type that does not need one (Q2_K instead of Q2_K_S)")
+	return fmt.Errorf("%w: %s", ErrImatrixMissing, b.String())
+}
+
+// blockNum is N of a "blk.N." name.
+func blockNum(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "blk.")
+	if !ok {
+		return 0, false
+	}
+	num, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(num)
+	return n, err == nil
+}
+
+// setKVs sets each of kvs in list as gguf_set_val does: an existing pair of
+// the same key is removed from its place, and the new one appended.
+func setKVs(list, kvs []gguf.KV) []gguf.KV {
+	for _, kv := range kvs {
+		list = slices.DeleteFunc(list, func(x gguf.KV) bool { return x.Key == kv.Key })
+		list = append(list, kv)
+	}
+	return list
 }
 
 // outputKVs is llama-quantize's KV section (§3.7): every input KV in order,

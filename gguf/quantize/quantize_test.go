@@ -219,7 +219,7 @@ func TestBadInput(t *testing.T) {
 		{"quantized input", q8, Options{FileType: quant.FileQ8_0, TokenEmbdType: typePtr(quant.F16)}, ErrRequantize, []string{q8, `tensor "token_embd.weight"`, "--allow-requantize"}},
 		{"nextn promised, stripped", noNextN, Options{FileType: quant.FileQ8_0}, ErrMTPMissing, []string{noNextN, "qwen35.nextn_predict_layers", "blk.4.nextn.eh_proj.weight"}},
 		{"nextn eh_proj missing", noEh, Options{FileType: quant.FileQ8_0}, ErrMTPMissing, []string{"blk.4.nextn.eh_proj.weight"}},
-		{"needs an imatrix", f16, Options{FileType: quant.FileQ2_K_S}, ErrFileType, []string{"importance matrix"}},
+		{"needs an imatrix", f16, Options{FileType: quant.FileQ2_K_S}, quant.ErrNeedsImatrix, []string{"importance matrix", "--imatrix"}},
 		{"unknown file type", f16, Options{FileType: 99}, ErrFileType, []string{"99"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -240,8 +240,9 @@ func TestBadInput(t *testing.T) {
 	if _, err := ParseType("Q9_K"); !errors.Is(err, ErrFileType) || errkind.Of(err) != errkind.Usage {
 		t.Errorf("ParseType(Q9_K): %v", err)
 	}
-	if _, err := ParseType("q2_k_s"); !errors.Is(err, ErrFileType) {
-		t.Errorf("ParseType(q2_k_s): %v", err)
+	// Q2_K_S parses; NewPlan refuses it without a matrix (TestImatrixRequired).
+	if ft, err := ParseType("q2_k_s"); err != nil || ft != quant.FileQ2_K_S {
+		t.Errorf("ParseType(q2_k_s): %v, %v", ft, err)
 	}
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 7 {

@@ -3,9 +3,11 @@ package quantize
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -103,6 +105,19 @@ func Stamp(f *gguf.File, p *Plan) string {
 		mt = st.ModTime().UnixNano()
 	}
 	fmt.Fprintf(h, "\x00%s\x00%d\x00%d", f.Path, f.Size, mt)
+	// The importance vectors: another matrix under the same name writes
+	// other bytes.
+	var b [4]byte
+	for _, t := range p.Tensors {
+		if t.Weights == nil {
+			continue
+		}
+		fmt.Fprintf(h, "\x00%s\x00%d\x00", t.Name, len(t.Weights))
+		for _, w := range t.Weights {
+			binary.LittleEndian.PutUint32(b[:], math.Float32bits(w))
+			h.Write(b[:])
+		}
+	}
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -220,7 +235,7 @@ func quantizeUnit(f *gguf.File, t *TensorPlan, u gguf.Unit, b *buffers) (data []
 		return nil, 0, fmt.Errorf("%s: tensor %q: %w", f.Path, t.Name, err)
 	}
 	b.out = grow(b.out, n*int64(outRow))
-	if err := quant.Encode(t.Type, b.out, b.f32); err != nil {
+	if err := encode(t, b.out, b.f32, u.R0, u.R1); err != nil {
 		return nil, 0, fmt.Errorf("tensor %q: %w", t.Name, err)
 	}
 	if nf, bad := quant.Validate(t.Type, b.out); bad {
@@ -231,6 +246,32 @@ func quantizeUnit(f *gguf.File, t *TensorPlan, u gguf.Unit, b *buffers) (data []
 			"row %d quantizes to a non-finite %s %s (a NaN or an infinity in the input)", row, t.Type, nf.Field)
 	}
 	return b.out, off, nil
+}
+
+// encode quantizes rows [r0, r1) of tensor t, src, into dst: with its
+// importance vector when it has one, each row with the vector of the
+// matrix (expert) it belongs to, as llama-quantize quantizes each of a
+// tensor's ne2 matrices with its own.
+func encode(t *TensorPlan, dst []byte, src []float32, r0, r1 int64) error {
+	if t.Weights == nil {
+		return quant.Encode(t.Type, dst, src)
+	}
+	cols := int64(ne0(t.In.Dims))
+	perMatrix := int64(1)
+	if len(t.In.Dims) > 1 {
+		perMatrix = max(int64(t.In.Dims[1]), 1)
+	}
+	outRow, _ := t.Type.RowSize(uint64(cols))
+	for r := r0; r < r1; {
+		m := r / perMatrix
+		end := min(r1, (m+1)*perMatrix)
+		i, j := r-r0, end-r0
+		if err := quant.EncodeWeighted(t.Type, dst[i*int64(outRow):j*int64(outRow)], src[i*cols:j*cols], int(cols), t.Weights[m*cols:(m+1)*cols]); err != nil {
+			return err
+		}
+		r = end
+	}
+	return nil
 }
 
 // decode converts src, whole rows of type t, to float32 exactly as ggml
