@@ -135,7 +135,10 @@ func rint(x float32) float32 { return float32(math.RoundToEven(float64(x))) }
 // MLX computes from the input promoted to float32, so for a BF16 or F16
 // tensor w must hold exactly its values widened to float32 (as
 // tensor.BF16ToF32 and tensor.F16ToF32 give): the result is then
-// mx.quantize's on that tensor, byte for byte.
+// mx.quantize's on that tensor, byte for byte. mlx_lm.convert casts the
+// weights to the model dtype before it quantizes, so a weight stored in
+// another dtype (an F32 checkpoint, or --dtype f16 over BF16) must first be
+// rounded to out (tensor.RoundTo) to give mlx-lm's bytes.
 func AffineQuantize(w []float32, cols, groupSize, bits int, out tensor.DType, wq, scales, biases []byte) error {
 	groups, width, err := affineSizes(len(w), cols, groupSize, bits, out, wq, scales, biases)
 	if err != nil {
