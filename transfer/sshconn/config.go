@@ -17,10 +17,11 @@ import (
 const (
 	maxConfigSize   = 1 << 20 // bytes per file
 	maxLineLen      = 16 << 10
-	maxArgs         = 256 // arguments on one line
-	maxIncludeDepth = 16  // OpenSSH's READCONF_MAX_DEPTH
-	maxConfigFiles  = 256 // files read in all, through Include
-	maxConfigLines  = 100000
+	maxArgs         = 256    // arguments on one line
+	maxIncludeDepth = 16     // OpenSSH's READCONF_MAX_DEPTH
+	maxConfigFiles  = 256    // files read in all, through Include
+	maxConfigLines  = 100000 // lines with a keyword, in all files
+	maxJumps        = 16     // hosts in one ProxyJump list
 )
 
 // Config is a parsed ssh_config: its lines in order, Include expanded in
@@ -53,8 +54,14 @@ var ErrConfig = errors.New("ssh_config")
 // Include lines are resolved against home/.ssh for relative paths when
 // user is true (a user's config), /etc/ssh otherwise, as OpenSSH does.
 func ParseConfig(r io.Reader, name, home string, user bool) (*Config, error) {
+	return parseConfig(r, name, home, user, true)
+}
+
+// parseConfig is ParseConfig; with follow false, Include lines are kept
+// but not read (the fuzz target's parser must not wander the disk).
+func parseConfig(r io.Reader, name, home string, user, follow bool) (*Config, error) {
 	c := &Config{}
-	p := parser{c: c, home: home, user: user}
+	p := parser{c: c, home: home, user: user, noFollow: !follow}
 	if err := p.parse(r, name, 0, -1); err != nil {
 		return nil, err
 	}
@@ -76,10 +83,11 @@ func LoadConfig(path, home string, user, missingOK bool) (*Config, error) {
 }
 
 type parser struct {
-	c     *Config
-	home  string
-	user  bool
-	files int
+	c        *Config
+	home     string
+	user     bool
+	noFollow bool
+	files    int
 }
 
 func (p *parser) errorf(file string, line int, format string, args ...any) error {
@@ -104,8 +112,8 @@ func (p *parser) parse(r io.Reader, name string, depth, parent int) error {
 	section := parent
 	for n, text := range strings.Split(string(data), "\n") {
 		lineNo := n + 1
-		if lineNo > maxConfigLines {
-			return p.errorf(name, lineNo, "more than %d lines", maxConfigLines)
+		if len(p.c.lines) >= maxConfigLines {
+			return p.errorf(name, lineNo, "more than %d lines in all", maxConfigLines)
 		}
 		if len(text) > maxLineLen {
 			return p.errorf(name, lineNo, "line longer than %d bytes", maxLineLen)
@@ -139,6 +147,9 @@ func (p *parser) parse(r io.Reader, name string, depth, parent int) error {
 			p.c.lines = append(p.c.lines, cl)
 			incSection := len(p.c.lines) - 1
 			for _, pat := range args {
+				if p.noFollow {
+					break
+				}
 				if err := p.include(pat, name, lineNo, depth, incSection); err != nil {
 					return err
 				}

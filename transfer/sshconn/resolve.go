@@ -284,6 +284,9 @@ func (r *resolver) resolve(t Target, depth int, ownJumps bool) (*Endpoint, error
 			return nil, bad("hostname", "%v", err)
 		}
 		e.HostName = strings.TrimSuffix(strings.TrimPrefix(hn, "["), "]")
+		if e.HostName == "" || strings.ContainsFunc(e.HostName, unsafeRune) {
+			return nil, bad("hostname", "%q is not a host name", hn)
+		}
 	}
 	e.Port = 22
 	if p, ok := get("port"); ok {
@@ -298,6 +301,9 @@ func (r *resolver) resolve(t Target, depth int, ownJumps bool) (*Endpoint, error
 	}
 	e.User = r.localUser
 	if u, ok := get("user"); ok {
+		if u == "" || strings.ContainsFunc(u, unsafeRune) {
+			return nil, bad("user", "%q is not a user name", u)
+		}
 		e.User = u
 	}
 	if t.User != "" {
@@ -417,6 +423,9 @@ func (r *resolver) resolve(t Target, depth int, ownJumps bool) (*Endpoint, error
 	}
 	if hasPJ && ownJumps && !strings.EqualFold(pj, "none") {
 		hops := strings.Split(pj, ",")
+		if len(hops) > maxJumps {
+			return nil, bad("proxyjump", "more than %d hosts", maxJumps)
+		}
 		for i, h := range hops {
 			ht, err := parseJump(h)
 			if err != nil {
@@ -433,6 +442,10 @@ func (r *resolver) resolve(t Target, depth int, ownJumps bool) (*Endpoint, error
 	}
 	return e, nil
 }
+
+// unsafeRune is a character no host or user name holds: blanks and
+// control characters.
+func unsafeRune(r rune) bool { return r <= ' ' || r == 0x7f }
 
 // parseJump reads one ProxyJump hop: [user@]host[:port] or
 // ssh://[user@]host[:port].
