@@ -16,6 +16,7 @@ package sshdtest
 import (
 	"bufio"
 	"bytes"
+	"crypto"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
@@ -50,8 +51,9 @@ type Server struct {
 	ClientKeyPath  string // the client's private key (OpenSSH format, no passphrase)
 	SSHDConfigPath string // the sshd_config sshd runs with
 
-	HostKey   ssh.PublicKey // the server's host key
-	ClientKey ssh.Signer    // the key in ClientKeyPath, authorized on the server
+	HostKey   ssh.PublicKey   // the server's host key (ed25519)
+	HostKeys  []ssh.PublicKey // all its host keys: HostKey, then those of ExtraHostKey
+	ClientKey ssh.Signer      // the key in ClientKeyPath, authorized on the server
 
 	cmd  *exec.Cmd
 	log  *syncBuffer
@@ -67,6 +69,7 @@ type settings struct {
 	sshdLines  []string
 	authorized []ssh.PublicKey
 	hostKey    ed25519.PrivateKey
+	extraKeys  []crypto.Signer
 }
 
 // Alias names the server in the client ssh_config (default "sshdtest").
@@ -89,6 +92,13 @@ func Authorize(keys ...ssh.PublicKey) Option {
 // (two servers, one key; or a restart with the same identity).
 func HostKey(k ed25519.PrivateKey) Option { return func(s *settings) { s.hostKey = k } }
 
+// ExtraHostKey gives the server another host key (an ECDSA or RSA one),
+// offered beside the ed25519 one: a client then negotiates which one it
+// is shown.
+func ExtraHostKey(k crypto.Signer) Option {
+	return func(s *settings) { s.extraKeys = append(s.extraKeys, k) }
+}
+
 // Addr is "127.0.0.1:Port".
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)) }
 
@@ -109,7 +119,8 @@ func (s *Server) HostBlock(host string, extra ...string) string {
 	return b.String()
 }
 
-// KnownHostsLine is the known_hosts line for the server's host key.
+// KnownHostsLine is the known_hosts line for the server's ed25519 host
+// key (the known_hosts file Start writes holds this line only).
 func (s *Server) KnownHostsLine() string {
 	return knownhosts.Line([]string{knownhosts.Normalize(s.Addr())}, s.HostKey)
 }
@@ -185,6 +196,17 @@ func Start(t testing.TB, opts ...Option) *Server {
 	if s.HostKey, err = WriteKey(hostKeyPath, hk, nil); err != nil {
 		t.Fatal(err)
 	}
+	s.HostKeys = []ssh.PublicKey{s.HostKey}
+	hostKeyPaths := []string{hostKeyPath}
+	for i, k := range set.extraKeys {
+		p := filepath.Join(dir, fmt.Sprintf("ssh_host_extra%d_key", i))
+		pub, err := WriteKey(p, k, nil)
+		if err != nil {
+			t.Fatalf("sshdtest: extra host key: %v", err)
+		}
+		s.HostKeys = append(s.HostKeys, pub)
+		hostKeyPaths = append(hostKeyPaths, p)
+	}
 	_, ck, _ := ed25519.GenerateKey(rand.Reader)
 	if _, err = WriteKey(s.ClientKeyPath, ck, nil); err != nil {
 		t.Fatal(err)
@@ -210,7 +232,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 			t.Fatalf("sshdtest: no free port on 127.0.0.1: %v", err)
 		}
 		s.Port = port
-		cfg := sshdConfig(&set, s, hostKeyPath, akPath)
+		cfg := sshdConfig(&set, s, hostKeyPaths, akPath)
 		if err := os.WriteFile(s.SSHDConfigPath, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -234,15 +256,17 @@ func Start(t testing.TB, opts ...Option) *Server {
 	return s
 }
 
-func sshdConfig(set *settings, s *Server, hostKeyPath, akPath string) string {
+func sshdConfig(set *settings, s *Server, hostKeyPaths []string, akPath string) string {
 	var b strings.Builder
 	for _, l := range set.sshdLines {
 		b.WriteString(l + "\n")
 	}
+	for _, p := range hostKeyPaths {
+		b.WriteString("HostKey " + p + "\n")
+	}
 	// MaxStartups and MaxSessions are high so that parallel streams (many
 	// connections, many channels each) are not throttled by the server.
 	fmt.Fprintf(&b, `ListenAddress 127.0.0.1:%d
-HostKey %s
 AuthorizedKeysFile %s
 PidFile %s
 UsePAM no
@@ -255,7 +279,7 @@ MaxStartups 256
 MaxSessions 256
 LogLevel VERBOSE
 Subsystem sftp internal-sftp
-`, s.Port, hostKeyPath, akPath, filepath.Join(s.Dir, "sshd.pid"))
+`, s.Port, akPath, filepath.Join(s.Dir, "sshd.pid"))
 	return b.String()
 }
 
@@ -355,10 +379,11 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// WriteKey writes k as an OpenSSH private key file (mode 0600), encrypted
+// WriteKey writes k (ed25519.PrivateKey, *ecdsa.PrivateKey,
+// *rsa.PrivateKey) as an OpenSSH private key file (mode 0600), encrypted
 // with passphrase when it is not empty, and returns its public key: for
 // tests of identity files.
-func WriteKey(path string, k ed25519.PrivateKey, passphrase []byte) (ssh.PublicKey, error) {
+func WriteKey(path string, k crypto.Signer, passphrase []byte) (ssh.PublicKey, error) {
 	var blk *pem.Block
 	var err error
 	if len(passphrase) == 0 {

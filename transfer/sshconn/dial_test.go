@@ -2,7 +2,9 @@ package sshconn
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rand"
 	"errors"
 	"net"
@@ -309,6 +311,10 @@ func TestDialProxyJump(t *testing.T) {
 			if n := forwarded(jump.Port) - beforeJ; n != tc.toJump {
 				t.Errorf("the jump host forwarded %d connections to itself (jump2), want %d", n, tc.toJump)
 			}
+			// AES-GCM is negotiated first (Ciphers).
+			if !strings.Contains(jump.Log(), "kex: client->server cipher: aes128-gcm@openssh.com") {
+				t.Errorf("the jump host did not negotiate aes128-gcm:\n%s", jump.Log())
+			}
 		})
 	}
 
@@ -461,5 +467,39 @@ func TestDialerConcurrent(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), "|1|") {
 			t.Errorf("ssh-keygen -F does not find the host in the line we wrote: %v\n%s", err, out)
 		}
+	}
+}
+
+// A server with an ed25519 and an ECDSA host key, and known_hosts holding
+// only one of them: the handshake asks for the known one, instead of
+// taking the library's first preference (ECDSA) and calling the host's
+// key changed (golang/go#29286).
+func TestDialKnownKeyType(t *testing.T) {
+	isolate(t)
+	ec, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sshdtest.Start(t, sshdtest.ExtraHostKey(ec))
+	for i, k := range s.HostKeys {
+		t.Run(k.Type(), func(t *testing.T) {
+			kh := writeFile(t, t.TempDir(), "known_hosts", knownhosts.Line([]string{knownhosts.Normalize(s.Addr())}, s.HostKeys[i])+"\n")
+			c, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh})
+			if err != nil {
+				t.Fatalf("Dial with only the %s key known: %v", k.Type(), err)
+			}
+			mustWork(t, c)
+		})
+	}
+}
+
+// @revoked refuses the key, naming the line, even with --accept-new.
+func TestDialRevoked(t *testing.T) {
+	isolate(t)
+	s := sshdtest.Start(t)
+	kh := writeFile(t, t.TempDir(), "known_hosts", s.KnownHostsLine()+"\n@revoked * "+string(ssh.MarshalAuthorizedKey(s.HostKey)))
+	_, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh, AcceptNew: true})
+	if !errors.Is(err, ErrHostKeyRevoked) || !strings.Contains(err.Error(), kh+":2") || errkind.Of(err) != errkind.VerifyFailed {
+		t.Fatalf("err = %v, want a revoked key naming %s:2", err, kh)
 	}
 }

@@ -57,9 +57,9 @@ func (e *HostKeyError) Error() string {
 		for _, k := range e.Known {
 			fmt.Fprintf(&b, "; %s:%d has %s", k.Filename, k.Line, keyDesc(k.Key))
 		}
-		fmt.Fprintf(&b, ". Someone may be intercepting the connection, or the host was reinstalled. If you know the new key is right, remove the old one (ssh-keygen -R %s", e.Host)
+		fmt.Fprintf(&b, ". Someone may be intercepting the connection, or the host was reinstalled. If you know the new key is right, remove the old one (ssh-keygen -R %s", shellQuote(e.Host))
 		if len(e.Known) > 0 {
-			fmt.Fprintf(&b, " -f %s", e.Known[0].Filename)
+			fmt.Fprintf(&b, " -f %s", shellQuote(e.Known[0].Filename))
 		}
 		b.WriteString(") and connect again; ferry never replaces a changed key itself")
 		return b.String()

@@ -42,6 +42,11 @@ Match originalhost matched
 Match exec "false"
     Port 9
 
+# Included for cond only: the Host * in it never matches another host
+# (OpenSSH's SSHCONF_NEVERMATCH).
+Host cond
+    Include cond.conf
+
 Host *.corp
     User corpuser
 
@@ -72,6 +77,7 @@ func TestResolve(t *testing.T) {
 	}
 	writeFile(t, ssh, "config", userConfig)
 	writeFile(t, filepath.Join(ssh, "conf.d"), "jump.conf", snippet)
+	writeFile(t, ssh, "cond.conf", "Port 4444\nHost *\n    User conduser\n")
 	saved := systemConfig
 	systemConfig = filepath.Join(home, "no-system-config")
 	t.Cleanup(func() { systemConfig = saved })
@@ -94,6 +100,7 @@ func TestResolve(t *testing.T) {
 			jump: []string{"me@hop1.example:2200 (hop1)", "fallback@hop2.example:22 (hop2)"}},
 		{host: "direct", want: Endpoint{Name: "direct", HostName: "direct.example", Port: 22, User: "fallback"}},
 		{host: "matched", want: Endpoint{Name: "matched", HostName: "matched", Port: 1234, User: "fallback"}},
+		{host: "cond", want: Endpoint{Name: "cond", HostName: "cond", Port: 4444, User: "conduser"}},
 		{host: "x.corp", want: Endpoint{Name: "x.corp", HostName: "x.corp", Port: 22, User: "corpuser"}},
 		// Host patterns match case-insensitively.
 		{host: "STUDIO-A", want: Endpoint{Name: "STUDIO-A", HostName: "STUDIO-A.lan", Port: 2222, User: "ml",
