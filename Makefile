@@ -27,7 +27,8 @@ FUZZ_TARGETS := \
 	./mlxpack:FuzzParseCTConfig:200000 \
 	./mlxpack:FuzzReadShape:200000 \
 	./transfer/sshconn:FuzzConfig:60000 \
-	./transfer/sshconn:FuzzTarget:60000
+	./transfer/sshconn:FuzzTarget:60000 \
+	./netcheck:FuzzNetlink:60000
 FUZZSCALE ?= 1
 # The smoke run skips minimising new corpus entries, which would eat its budget.
 FUZZFLAGS ?= -fuzzminimizetime 0

@@ -48,6 +48,7 @@ func newApp() *cli.App {
 			verifyCommand(),
 			pipelineCommand(),
 			storeCommand(),
+			netcheckCommand(),
 		},
 		// Usage errors from flag parsing exit 2, like every bad input.
 		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {

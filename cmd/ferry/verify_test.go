@@ -54,12 +54,7 @@ func TestVerifyMTPCLI(t *testing.T) {
 	absent := genModel(t, testmodel.Qwen3Options{})
 	notModel := filepath.Join(t.TempDir(), "notes.txt")
 	os.WriteFile(notModel, []byte("hello"), 0o644)
-	cases := []struct {
-		name string
-		args []string
-		code int
-		want []string // substrings of the output
-	}{
+	runCLICases(t, []cliCase{
 		{"ok: safetensors and gguf", []string{"verify", "mtp", bundledQwen35, refQ4KM}, exitOK,
 			[]string{"PATH", "VERDICT", "safetensors  qwen-mtp", "gguf         gguf-nextn", "15/15", "14/14", "ok"}},
 		{"dropped", []string{"verify", "mtp", dropped}, exitVerify,
@@ -75,20 +70,7 @@ func TestVerifyMTPCLI(t *testing.T) {
 		{"unknown flag", []string{"verify", "mtp", "--frobnicate", bundledQwen35}, exitBadInput, nil},
 		{"verify without a check", []string{"verify"}, exitBadInput, nil},
 		{"whole-artifact verify is not built", []string{"verify", bundledQwen35}, exitFailure, nil},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			out, code, err := runFerry(t, c.args...)
-			if code != c.code {
-				t.Fatalf("exit %d (%v), want %d\n%s", code, err, c.code, out)
-			}
-			for _, w := range c.want {
-				if !strings.Contains(out, w) && (err == nil || !strings.Contains(err.Error(), w)) {
-					t.Errorf("output lacks %q:\n%s\nerr: %v", w, out, err)
-				}
-			}
-		})
-	}
+	})
 }
 
 func TestVerifyMTPJSON(t *testing.T) {

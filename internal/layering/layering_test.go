@@ -51,6 +51,7 @@ var layers = map[string]kind{
 	"verify":        format,
 	"manifest":      store,
 	"transfer":      store,
+	"netcheck":      store,
 	"internal":      helper,
 }
 
