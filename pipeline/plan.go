@@ -102,7 +102,7 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 	spec, store := r.spec, r.store
 	views := &planViews{store: store}
 	defer views.close()
-	rep := &Report{Pipeline: spec.Name, Store: spec.Store}
+	rep := &Report{Pipeline: spec.Name, Store: spec.Store, Vars: spec.Vars}
 	state := map[string]StageReport{}
 	inputs := map[string]*Input{}
 	previews := map[string]string{} // stage → Preview of its plan

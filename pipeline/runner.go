@@ -81,6 +81,7 @@ type StageReport struct {
 type Report struct {
 	Pipeline string        `json:"pipeline"`
 	Store    string        `json:"store"`
+	Vars     []Var         `json:"vars,omitempty"`
 	Stages   []StageReport `json:"stages"`
 }
 
@@ -497,7 +498,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if cerr := ctx.Err(); cerr != nil && err == nil {
 		err = cerr
 	}
-	rep := &Report{Pipeline: spec.Name, Store: spec.Store}
+	rep := &Report{Pipeline: spec.Name, Store: spec.Store, Vars: spec.Vars}
 	for _, st := range spec.Stages {
 		sr, ok := reports[st.Name]
 		if !ok {

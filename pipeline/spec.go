@@ -27,7 +27,9 @@ type Spec struct {
 	Store  string // absolute store directory
 	Stages []*StageSpec
 	// Kinds are the stage kinds the file was parsed with; runs use them.
-	Kinds  *Kinds
+	Kinds *Kinds
+	// Vars are the file's variables with the values this parse used.
+	Vars   []Var
 	byName map[string]*StageSpec
 }
 
@@ -68,6 +70,7 @@ type LoadOption func(*loadOptions)
 
 type loadOptions struct {
 	kinds *Kinds
+	vars  map[string]string
 }
 
 // WithKinds parses the file against kinds instead of BuiltinKinds (tests
@@ -141,12 +144,36 @@ func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
 	var stagesNode *yaml.Node
 	seen := map[string]int{}
 	for i := 0; i+1 < len(root.Content); i += 2 {
-		k, v := root.Content[i], root.Content[i+1]
+		k := root.Content[i]
 		if l, dup := seen[k.Value]; dup {
 			return nil, fail(k.Line, "%q given twice (first at line %d)", k.Value, l)
 		}
 		seen[k.Value] = k.Line
+	}
+	// Variables first: they are substituted in every other value.
+	var varsNode *yaml.Node
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if root.Content[i].Value == "vars" {
+			varsNode = root.Content[i+1]
+		}
+	}
+	vars, err := readVars(name, varsNode, o.vars)
+	if err != nil {
+		return nil, err
+	}
+	sub := &varSubst{file: name, vars: vars, used: map[string]bool{}}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if root.Content[i].Value != "vars" {
+			if err := sub.node(root.Content[i+1]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	spec.Vars = sortedVars(vars)
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
 		switch k.Value {
+		case "vars": // read above
 		case "name":
 			if v.Kind != yaml.ScalarNode || !stageNameRE.MatchString(v.Value) {
 				return nil, fail(v.Line, "name must be a word of letters, digits, '_', '-' or '.'")
@@ -167,7 +194,7 @@ func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
 			}
 			stagesNode = v
 		default:
-			return nil, fail(k.Line, "unknown key %q (expected name, store, stages)", k.Value)
+			return nil, fail(k.Line, "unknown key %q (expected name, store, vars, stages)", k.Value)
 		}
 	}
 	if spec.Name == "" {

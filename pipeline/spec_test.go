@@ -113,12 +113,15 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
-// FuzzSpec: any bytes give a Spec or a *SpecError with a line, never a panic.
+// FuzzSpec: any bytes give a Spec or a *SpecError with a line, never a
+// panic; with a vars: block, variables are substituted first.
 func FuzzSpec(f *testing.F) {
 	f.Add([]byte(goodSpec))
 	f.Add([]byte("name: x\nstages:\n  - name: a\n    verify_mtp: { from: b }\n  - name: b\n    verify_mtp: { from: a }\n"))
 	f.Add([]byte("name: x\nstages:\n  - name: a\n    import: { path: p\n"))
 	f.Add([]byte("&a [*a]"))
+	f.Add([]byte(varsSpec))
+	f.Add([]byte("name: x\nvars: { L: [a, b], S: &s s }\nstages:\n  - name: a\n    verify_mtp: { from: [\"${L}-$${S}\", *s, \"${S}\"] }\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := Parse("f.yaml", "/d", b)
 		if err != nil {

@@ -42,6 +42,7 @@ type StatusReport struct {
 	Pipeline string             `json:"pipeline"`
 	Store    string             `json:"store"`
 	Lock     *manifest.LockInfo `json:"lock,omitempty"`
+	Vars     []Var              `json:"vars,omitempty"`
 	Stages   []StageStatus      `json:"stages"`
 }
 
@@ -53,7 +54,7 @@ func Status(spec *Spec) (*StatusReport, error) {
 		return nil, err
 	}
 	lock, _ := store.ReadLock()
-	rep := &StatusReport{Pipeline: spec.Name, Store: spec.Store, Lock: lock}
+	rep := &StatusReport{Pipeline: spec.Name, Store: spec.Store, Lock: lock, Vars: spec.Vars}
 	for _, st := range spec.Stages {
 		ss := StageStatus{Stage: st.Name, Kind: st.Kind, View: spec.ViewDir(st)}
 		rec := store.StageRecord(spec.Name, st.Name)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
@@ -10,8 +12,21 @@ import (
 	"github.com/ferry-llm/ferry/pipeline"
 )
 
+// varFlag collects --var KEY=VALUE arguments as given: urfave's string
+// slices split at commas, and a list variable's value is comma-separated.
+type varFlag struct{ args []string }
+
+func (v *varFlag) Set(s string) error { v.args = append(v.args, s); return nil }
+func (v *varFlag) String() string     { return strings.Join(v.args, " ") }
+
+func newVarFlag() cli.Flag {
+	return &cli.GenericFlag{Name: "var", Value: &varFlag{},
+		Usage: "set the pipeline file's variable `NAME=VALUE` (repeatable; a list variable takes comma-separated values)"}
+}
+
 func pipelineCommand() *cli.Command {
 	sel := []cli.Flag{
+		newVarFlag(),
 		&cli.StringSliceFlag{Name: "force", Usage: "re-run stage `NAME` even if it is up to date (repeatable)"},
 		&cli.StringFlag{Name: "only", Usage: "run only stage `NAME` (its inputs must be complete)"},
 		&cli.StringFlag{Name: "from", Usage: "re-run stage `NAME` and every stage that depends on it"},
@@ -45,7 +60,7 @@ func pipelineCommand() *cli.Command {
 				Name:      "status",
 				Usage:     "show each stage's state, outputs, sizes and digests",
 				ArgsUsage: "FILE.yaml",
-				Flags:     []cli.Flag{jsonFlag("print the result as JSON")},
+				Flags:     []cli.Flag{newVarFlag(), jsonFlag("print the result as JSON")},
 				Action:    pipelineStatus,
 			},
 		},
@@ -56,7 +71,20 @@ func loadSpec(c *cli.Context) (*pipeline.Spec, error) {
 	if c.NArg() != 1 {
 		return nil, usageErrorf("%s: want one pipeline file, got %d arguments %q", c.Command.FullName(), c.NArg(), c.Args().Slice())
 	}
-	return pipeline.Load(c.Args().First(), pipeline.WithKinds(stageKinds()))
+	vars := map[string]string{}
+	if v, ok := c.Generic("var").(*varFlag); ok {
+		for _, a := range v.args {
+			k, val, err := pipeline.ParseVarFlag(a)
+			if err != nil {
+				return nil, err
+			}
+			if _, dup := vars[k]; dup {
+				return nil, usageErrorf("--var %s given twice", k)
+			}
+			vars[k] = val
+		}
+	}
+	return pipeline.Load(c.Args().First(), pipeline.WithKinds(stageKinds()), pipeline.WithVars(vars))
 }
 
 func pipelineOptions(c *cli.Context) (pipeline.Options, error) {
@@ -133,6 +161,7 @@ func printReport(c *cli.Context, rep *pipeline.Report, ran bool) error {
 		return printJSON(c, rep)
 	}
 	fmt.Fprintf(w, "pipeline %s (store %s)\n", rep.Pipeline, rep.Store)
+	printVars(w, rep.Vars)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, s := range rep.Stages {
 		why := s.Reason
@@ -165,6 +194,7 @@ func pipelineStatus(c *cli.Context) error {
 		return printJSON(c, rep)
 	}
 	fmt.Fprintf(w, "pipeline %s (store %s)\n", rep.Pipeline, rep.Store)
+	printVars(w, rep.Vars)
 	if rep.Lock != nil {
 		fmt.Fprintf(w, "store locked by pid %d on %s since %s\n", rep.Lock.PID, rep.Lock.Host, rep.Lock.Started.Format("2006-01-02 15:04:05Z07:00"))
 	}
@@ -190,4 +220,20 @@ func pipelineStatus(c *cli.Context) error {
 		tw.Flush()
 	}
 	return nil
+}
+
+// printVars prints the file's variables, one line, each with where its
+// value came from: "vars: BASE=/m (--var), HOSTS=a,b (default)".
+func printVars(w io.Writer, vars []pipeline.Var) {
+	if len(vars) == 0 {
+		return
+	}
+	parts := make([]string, len(vars))
+	for i, v := range vars {
+		parts[i] = fmt.Sprintf("%s=%s (%s)", v.Name, v.String(), v.Source)
+		if v.Value == nil {
+			parts[i] = v.Name + " (not set)"
+		}
+	}
+	fmt.Fprintf(w, "vars: %s\n", strings.Join(parts, ", "))
 }
