@@ -146,11 +146,11 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 		case len(waiting) > 0:
 			switch {
 			case forced[st.Name]:
-				sr.Action, sr.Reason = ActionRun, "forced (after "+strings.Join(waiting, ", ")+")"
+				sr.Action, sr.Reason, sr.Cause = ActionRun, "forced (after "+strings.Join(waiting, ", ")+")", CauseForced
 			case store.StageRecord(spec.Name, st.Name) == nil:
 				// Never run in this pipeline: it runs whatever its inputs
 				// turn out to be.
-				sr.Action, sr.Reason = ActionRun, "new (after "+strings.Join(waiting, ", ")+")"
+				sr.Action, sr.Reason, sr.Cause = ActionRun, "new (after "+strings.Join(waiting, ", ")+")", CauseNew
 			default:
 				sr.Action = ActionPending
 				sr.Reason = fmt.Sprintf("after %s: runs if the outputs it reads change", strings.Join(waiting, ", "))
@@ -184,7 +184,7 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 			if err != nil {
 				return nil, fmt.Errorf("stage %s: %w", st.Name, err)
 			}
-			sr.Action, sr.Reason, sr.Key = d.action, d.reason, d.key
+			sr.Action, sr.Reason, sr.Key, sr.Cause = d.action, d.reason, d.key, d.cause
 			if d.rec != nil {
 				sr.Outputs = d.rec.Outputs
 				in := r.recordInput(st, d.rec)

@@ -63,10 +63,13 @@ const (
 
 // StageReport is one stage's line in a plan or a run.
 type StageReport struct {
-	Stage   string            `json:"stage"`
-	Kind    string            `json:"kind"`
-	Action  Action            `json:"action"`
-	Reason  string            `json:"reason"`
+	Stage  string `json:"stage"`
+	Kind   string `json:"kind"`
+	Action Action `json:"action"`
+	Reason string `json:"reason"`
+	// Cause is why the stage runs, in one word for scripts (see Cause);
+	// "" when it does not run.
+	Cause   Cause             `json:"cause,omitempty"`
 	Key     string            `json:"key,omitempty"`
 	View    string            `json:"view,omitempty"`
 	Outputs []manifest.Output `json:"outputs,omitempty"`
@@ -88,6 +91,7 @@ type Report struct {
 type decision struct {
 	action Action
 	reason string
+	cause  Cause
 	key    string
 	params json.RawMessage
 	ins    []manifest.Input
@@ -251,12 +255,12 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 	}
 	d := decision{action: ActionRun, key: key, params: params, ins: ins}
 	if forced {
-		d.reason = "forced"
+		d.reason, d.cause = "forced", CauseForced
 		return d, nil
 	}
 	rec := r.store.Record(key)
 	if rec == nil {
-		d.reason = r.whyNoRecord(st, params, ins)
+		d.cause, d.reason = r.whyNoRecord(st, params, ins)
 		if p, ok := st.Stage.(Prober); ok {
 			// Say now if the run is bound to fail (a source that is not there).
 			if why, err := p.Probe(nil); err != nil {
@@ -279,30 +283,30 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 			return decision{}, err
 		}
 		if why != "" {
-			d.reason = why
+			d.reason, d.cause = why, CauseSource
 			return d, nil
 		}
 	}
 	for _, o := range rec.Outputs {
 		if why := r.checkOutput(st, o); why != "" {
-			d.reason = fmt.Sprintf("output %s %s", o.Path, why)
+			d.reason, d.cause = fmt.Sprintf("output %s %s", o.Path, why), CauseOutput
 			return d, nil
 		}
 	}
-	d.action, d.reason, d.rec = ActionSkip, "up to date", rec
+	d.action, d.reason, d.cause, d.rec = ActionSkip, "up to date", "", rec
 	return d, nil
 }
 
-func (r *runner) whyNoRecord(st *StageSpec, params json.RawMessage, ins []manifest.Input) string {
+func (r *runner) whyNoRecord(st *StageSpec, params json.RawMessage, ins []manifest.Input) (Cause, string) {
 	prev := r.store.StageRecord(r.spec.Name, st.Name)
 	if prev == nil {
-		return "new"
+		return CauseNew, "new"
 	}
 	if prev.Kind != st.Kind {
-		return fmt.Sprintf("kind changed (%s -> %s)", prev.Kind, st.Kind)
+		return CauseKind, fmt.Sprintf("kind changed (%s -> %s)", prev.Kind, st.Kind)
 	}
 	if !jsonEqual(prev.Params, params) {
-		return "parameters changed"
+		return CauseParams, "parameters changed" + paramDiff(prev.Params, params)
 	}
 	var changed []string
 	for i, in := range ins {
@@ -312,14 +316,14 @@ func (r *runner) whyNoRecord(st *StageSpec, params json.RawMessage, ins []manife
 	}
 	if len(changed) > 0 || len(prev.Inputs) != len(ins) {
 		if len(changed) == 0 {
-			return "inputs changed"
+			return CauseInput, "inputs changed"
 		}
-		return "input changed: " + strings.Join(changed, ", ")
+		return CauseInput, "input changed: " + strings.Join(changed, ", ")
 	}
 	if prev.FerryVersion != r.opts.Version || prev.KindVersion != r.spec.KindOf(st).Version {
-		return fmt.Sprintf("ferry version changed (%s -> %s)", prev.FerryVersion, r.opts.Version)
+		return CauseVersion, fmt.Sprintf("ferry version changed (%s -> %s)", prev.FerryVersion, r.opts.Version)
 	}
-	return "no record for this key"
+	return CauseNew, "no record for this key"
 }
 
 func jsonEqual(a, b json.RawMessage) bool {
@@ -539,9 +543,9 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		sr.Action, sr.Error = ActionFailed, err.Error()
 		return sr, nil, err
 	}
-	sr.Key, sr.Reason = d.key, d.reason
+	sr.Key, sr.Reason, sr.Cause = d.key, d.reason, d.cause
 	if d.action == ActionSkip {
-		sr.Action, sr.Outputs = ActionSkip, d.rec.Outputs
+		sr.Action, sr.Outputs, sr.Cause = ActionSkip, d.rec.Outputs, ""
 		// Journals left by a run killed after its commit are garbage now.
 		if err := r.store.RemoveIngest(d.key); err != nil {
 			return sr, nil, err
@@ -609,7 +613,7 @@ func (r *runner) env(st *StageSpec, key string, ins []Input, prog Progress, veri
 // execute runs one stage and commits its record: blobs first (the stage
 // made them durable), then manifest.json, then the journals go.
 func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []Input, forced bool) (*manifest.Record, error) {
-	damaged := strings.HasPrefix(d.reason, "output ")
+	damaged := d.cause == CauseOutput
 	if forced || damaged {
 		// Start from scratch: a journal could hold the damaged bytes.
 		if err := r.store.RemoveIngest(d.key); err != nil {

@@ -117,6 +117,9 @@ func TestRunSkipAndChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantActions(t, "first plan", rep, map[string]string{"src": "run: new", "syn": "run: new (after src)"})
+	if rep.Stages[0].Cause != CauseNew || rep.Stages[1].Cause != CauseNew {
+		t.Errorf("first plan causes %q %q", rep.Stages[0].Cause, rep.Stages[1].Cause)
+	}
 	rep, err = Run(ctx, spec, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -158,6 +161,9 @@ func TestRunSkipAndChanges(t *testing.T) {
 	os.Chtimes(filepath.Join(dir, "src/config.json"), future, future)
 	rep, _ = Plan(spec, Options{})
 	wantActions(t, "plan after touch", rep, map[string]string{"src": "run: source file changed: config.json", "syn": "pending: after src"})
+	if c := rep.Stages[0].Cause; c != CauseSource {
+		t.Errorf("cause after touch %q", c)
+	}
 	rep, err = Run(ctx, spec, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -173,6 +179,9 @@ func TestRunSkipAndChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantActions(t, "run after edit", rep, map[string]string{"src": "run", "syn": "run: input changed: src"})
+	if c := rep.Stages[1].Cause; c != CauseInput {
+		t.Errorf("cause after edit %q", c)
+	}
 
 	// Added and removed files.
 	writeFile(t, filepath.Join(dir, "src/new.txt"), "n")
@@ -190,7 +199,10 @@ func TestRunSkipAndChanges(t *testing.T) {
 	// Parameters changed.
 	spec2 := loadSpec(t, dir, strings.ReplaceAll(importSpec, "%SEED%", "2"))
 	rep, _ = Plan(spec2, Options{})
-	wantActions(t, "plan after param change", rep, map[string]string{"src": "skip", "syn": "run: parameters changed"})
+	wantActions(t, "plan after param change", rep, map[string]string{"src": "skip", "syn": "run: parameters changed: seed 1 -> 2"})
+	if c := rep.Stages[1].Cause; c != CauseParams || rep.Stages[0].Cause != "" {
+		t.Errorf("causes %q %q", rep.Stages[0].Cause, c)
+	}
 
 	// --force, --only, --from.
 	rep, _ = Plan(spec, Options{Force: []string{"src"}})

@@ -22,14 +22,17 @@ const (
 
 // StageStatus is one stage's line in a status report.
 type StageStatus struct {
-	Stage    string            `json:"stage"`
-	Kind     string            `json:"kind"`
-	State    State             `json:"state"`
-	Detail   string            `json:"detail,omitempty"`
-	Key      string            `json:"key,omitempty"`
-	Finished *time.Time        `json:"finished,omitempty"`
-	View     string            `json:"view"`
-	Outputs  []manifest.Output `json:"outputs,omitempty"`
+	Stage    string     `json:"stage"`
+	Kind     string     `json:"kind"`
+	State    State      `json:"state"`
+	Detail   string     `json:"detail,omitempty"`
+	Key      string     `json:"key,omitempty"`
+	Finished *time.Time `json:"finished,omitempty"`
+	// Seconds is how long the recorded run took; Bytes the outputs' total.
+	Seconds float64           `json:"seconds,omitempty"`
+	Bytes   int64             `json:"bytes,omitempty"`
+	View    string            `json:"view"`
+	Outputs []manifest.Output `json:"outputs,omitempty"`
 	// Error is why the latest run failed (state failed).
 	Error string `json:"error,omitempty"`
 	// Resumable is what an unfinished or failed run left for the next
@@ -85,6 +88,12 @@ func Status(spec *Spec) (*StatusReport, error) {
 			ss.Key, ss.Outputs = rec.Key, rec.Outputs
 			f := rec.Finished
 			ss.Finished = &f
+			if d := rec.Finished.Sub(rec.Started); d > 0 && !rec.Started.IsZero() {
+				ss.Seconds = d.Seconds()
+			}
+			for _, o := range rec.Outputs {
+				ss.Bytes += o.Size
+			}
 			ss.State = StateComplete
 			for _, o := range rec.Outputs {
 				if why := store.CheckBlob(o.Digest, o.Size, false); why != "" {

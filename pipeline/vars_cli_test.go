@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -62,8 +63,16 @@ stages:
 	if r.code != 0 || !strings.Contains(r.stdout, "parameters changed") {
 		t.Errorf("plan with another seed: %q", r.stdout)
 	}
+	r = ferry(t, "pipeline", "plan", "--json", "--var", "SEED=8", "--var", "FROM=a,b", "--var", "SIZE=3000", p)
+	rep = pipeline.Report{}
+	if json.Unmarshal([]byte(r.stdout), &rep) != nil || rep.Stages[2].Cause != pipeline.CauseParams ||
+		rep.Stages[2].Reason != "parameters changed: seed 7 -> 8" || rep.Stages[0].Cause != "" || len(rep.Vars) != 3 {
+		t.Errorf("plan --json: %q", r.stdout)
+	}
+	// status: each stage's time, outputs and bytes; each output's size and digest.
 	r = ferry(t, "pipeline", "status", "--var", "SEED=7", p)
-	if r.code != 0 || !strings.Contains(r.stdout, "s (synth): complete") {
+	if r.code != 0 || !regexp.MustCompile(`(?m)^s \(synth\): complete, finished \S+ \S+ \(took [0-9.]+s\), 1 output, 3.0 KB$`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^\s+synth.bin\s+3.0 KB\s+3000\s+sha256:[0-9a-f]{64}$`).MatchString(r.stdout) {
 		t.Errorf("status: %q %q", r.stdout, r.stderr)
 	}
 }

@@ -180,3 +180,18 @@ func TestVarsExpansionBound(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestParamDiff(t *testing.T) {
+	tests := []struct{ a, b, want string }{
+		{`{"bits":4,"group_size":64}`, `{"bits":6,"group_size":64}`, ": bits 4 -> 6"},
+		{`{"bits":4}`, `{"bits":4,"recipe":"mixed_3_6"}`, `: recipe (none) -> "mixed_3_6"`},
+		{`{"to":["a:/x","b:/x"],"z":1}`, `{"to":["a:/x"]}`, `: to ["a:/x","b:/x"] -> ["a:/x"], z 1 -> (none)`},
+		{`{"a":1}`, `{"a":1}`, ""},
+		{`{"p":"` + strings.Repeat("x", 100) + `"}`, `{"p":"y"}`, `: p "` + strings.Repeat("x", 56) + `... -> "y"`},
+	}
+	for _, tt := range tests {
+		if got := paramDiff([]byte(tt.a), []byte(tt.b)); got != tt.want {
+			t.Errorf("%s vs %s: %q, want %q", tt.a, tt.b, got, tt.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -202,6 +203,10 @@ func pipelineStatus(c *cli.Context) error {
 		line := fmt.Sprintf("%s (%s): %s", s.Stage, s.Kind, s.State)
 		if s.Finished != nil {
 			line += ", finished " + s.Finished.Format("2006-01-02 15:04:05Z07:00")
+			if s.Seconds > 0 {
+				line += fmt.Sprintf(" (took %s)", formatSeconds(s.Seconds))
+			}
+			line += fmt.Sprintf(", %s, %s", plural(len(s.Outputs), "output"), pipeline.FormatBytes(s.Bytes))
 		}
 		switch {
 		case s.State == pipeline.StatePartial: // partial (266 MB resumable)
@@ -215,7 +220,7 @@ func pipelineStatus(c *cli.Context) error {
 		}
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, o := range s.Outputs {
-			fmt.Fprintf(tw, "    %s\t%d\t%s\n", o.Path, o.Size, o.Digest)
+			fmt.Fprintf(tw, "    %s\t%s\t%d\t%s\n", o.Path, pipeline.FormatBytes(o.Size), o.Size, o.Digest)
 		}
 		tw.Flush()
 	}
@@ -236,4 +241,26 @@ func printVars(w io.Writer, vars []pipeline.Var) {
 		}
 	}
 	fmt.Fprintf(w, "vars: %s\n", strings.Join(parts, ", "))
+}
+
+// formatSeconds prints a duration for people: 0.42s, 12.3s, 4m05s, 1h02m.
+func formatSeconds(sec float64) string {
+	d := time.Duration(sec * float64(time.Second))
+	switch {
+	case d < 10*time.Second:
+		return fmt.Sprintf("%.2fs", sec)
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", sec)
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	}
+	return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+}
+
+// plural writes "1 output", "3 outputs".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
