@@ -79,7 +79,14 @@ type result struct {
 
 func ferry(t testing.TB, args ...string) result {
 	t.Helper()
+	return ferryEnv(t, nil, args...)
+}
+
+// ferryEnv runs ferry with env added to the environment.
+func ferryEnv(t testing.TB, env []string, args ...string) result {
+	t.Helper()
 	cmd := exec.Command(ferryBinary(t), args...)
+	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -42,7 +42,12 @@ type Options struct {
 	// Progress makes the progress reporter of a running stage; if it also
 	// implements io.Closer it is closed when the stage ends.
 	Progress func(stage string) Progress
-	Log      *slog.Logger
+	// Events, if set, receives the run's events (see Event) one at a
+	// time, in the order they happen; it must not block for long. The
+	// runner's own stage start, skip and done log lines are then at Debug
+	// level: the events say the same.
+	Events func(Event)
+	Log    *slog.Logger
 }
 
 // Action is what a plan or a run does with a stage; it marshals as its
@@ -111,6 +116,42 @@ type runner struct {
 	// output): each must be whole again when the run ends.
 	damagedMu sync.Mutex
 	damaged   map[manifest.Digest]string
+
+	// step is each selected stage's place in the run's order (1-based),
+	// of steps; eventMu keeps events one at a time.
+	step    map[string]int
+	steps   int
+	eventMu sync.Mutex
+}
+
+// emit sends e to Options.Events, with its time and step.
+func (r *runner) emit(e Event) {
+	if r.opts.Events == nil {
+		return
+	}
+	e.Time = time.Now().UTC()
+	if e.Stage != "" {
+		e.Index = r.step[e.Stage]
+	}
+	e.Total = r.steps
+	r.eventMu.Lock()
+	defer r.eventMu.Unlock()
+	r.opts.Events(e)
+}
+
+// lifecycle logs a stage's start, skip or end: at Info level, or at Debug
+// when Options.Events receives the same as events (a display shows them).
+func (r *runner) lifecycle(msg string, args ...any) {
+	level := slog.LevelInfo
+	if r.opts.Events != nil {
+		level = slog.LevelDebug
+	}
+	r.log.Log(context.Background(), level, msg, args...)
+}
+
+// stepOf is "k/n" for stage name, for log lines.
+func (r *runner) stepOf(name string) string {
+	return fmt.Sprintf("%d/%d", r.step[name], r.steps)
 }
 
 // checkOutput is CheckBlob for output o of stage st; a blob found damaged
@@ -429,6 +470,15 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("%w; nothing was run (see 'ferry pipeline plan')", err)
 	}
 
+	r.step = map[string]int{}
+	for _, st := range spec.Order() {
+		if sel[st.Name] {
+			r.steps++
+			r.step[st.Name] = r.steps
+		}
+	}
+	r.emit(Event{Event: EventStart})
+
 	type slot struct {
 		done chan struct{}
 		in   *Input // nil if the stage did not complete
@@ -468,9 +518,11 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 						return gctx.Err()
 					}
 					if ds.in == nil {
+						why := "input " + dep.Name + " did not complete"
 						mu.Lock()
-						reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: "input " + dep.Name + " did not complete"}
+						reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: why}
 						mu.Unlock()
+						r.emit(Event{Event: EventBlocked, Stage: st.Name, Kind: st.Kind, Reason: why})
 						return nil
 					}
 					ins = append(ins, *ds.in)
@@ -510,6 +562,11 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		}
 		rep.Stages = append(rep.Stages, sr)
 	}
+	end := Event{Event: EventEnd, Report: rep}
+	if err != nil {
+		end.Error = err.Error()
+	}
+	r.emit(end)
 	return rep, err
 }
 
@@ -521,6 +578,7 @@ func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, force
 	switch {
 	case err != nil && ctx.Err() == nil:
 		sr.Action, sr.Error = ActionFailed, err.Error()
+		r.emit(Event{Event: EventFailed, Stage: st.Name, Kind: st.Kind, Seconds: sr.Seconds, Error: sr.Error})
 		if ferr := r.store.FailAttempt(r.spec.Name, st.Name, sr.Key, err.Error()); ferr != nil {
 			r.log.Warn("could not record the failure in the manifest", "stage", st.Name, "err", ferr)
 		}
@@ -556,7 +614,8 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		if err := r.store.MakeView(sr.View, d.rec.Outputs); err != nil {
 			return sr, nil, fmt.Errorf("view %s: %w", sr.View, err)
 		}
-		r.log.Info("stage up to date", "stage", st.Name, "key", d.key[:12])
+		r.lifecycle("stage up to date", "stage", st.Name, "step", r.stepOf(st.Name), "key", d.key[:12])
+		r.emit(Event{Event: EventSkip, Stage: st.Name, Kind: st.Kind, Reason: d.reason, View: sr.View, Outputs: sr.Outputs, Bytes: outputBytes(sr.Outputs)})
 		in := r.recordInput(st, d.rec)
 		return sr, &in, nil
 	}
@@ -577,7 +636,8 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	}
 	defer release()
 	sr.Action = ActionRun
-	r.log.Info("stage start", "stage", st.Name, "kind", st.Kind, "why", d.reason, "key", d.key[:12], "memory", FormatBytes(memoryOf(p)))
+	r.lifecycle("stage start", "stage", st.Name, "step", r.stepOf(st.Name), "kind", st.Kind, "why", d.reason, "key", d.key[:12], "memory", FormatBytes(memoryOf(p)))
+	r.emit(Event{Event: EventRun, Stage: st.Name, Kind: st.Kind, Reason: d.reason, Cause: d.cause, View: sr.View})
 	start := time.Now()
 	rec, err := r.execute(ctx, st, d, ins, forced)
 	sr.Seconds = time.Since(start).Seconds()
@@ -591,11 +651,9 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		// the stage still failed: its outputs are not where asked.
 		return sr, nil, fmt.Errorf("view %s: %w", sr.View, err)
 	}
-	var total int64
-	for _, o := range rec.Outputs {
-		total += o.Size
-	}
-	r.log.Info("stage done", "stage", st.Name, "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", sr.Seconds))
+	total := outputBytes(rec.Outputs)
+	r.lifecycle("stage done", "stage", st.Name, "step", r.stepOf(st.Name), "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", sr.Seconds))
+	r.emit(Event{Event: EventDone, Stage: st.Name, Kind: st.Kind, View: sr.View, Outputs: rec.Outputs, Bytes: total, Seconds: sr.Seconds})
 	in := r.recordInput(st, rec)
 	return sr, &in, nil
 }

@@ -3,13 +3,11 @@ package pipeline_test
 import (
 	"bytes"
 	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/ferry-llm/ferry/internal/ptytest"
@@ -22,29 +20,9 @@ func TestCLIProgress(t *testing.T) {
 	p := filepath.Join(dir, "p.yaml")
 	write(t, p, "name: tty\nstages:\n  - name: bigstage\n    synth: { size: 96MiB, units: 48 }\n  - name: other\n    synth: { size: 96MiB, units: 48, seed: 5 }\n")
 
-	master, slave := ptytest.Open(t)
-	defer master.Close()
-	cmd := exec.Command(ferryBinary(t), "pipeline", "run", "-j", "2", p)
-	var stdout bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, slave
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	slave.Close()
-	var tty bytes.Buffer
-	done := make(chan error, 1)
-	go func() {
-		_, err := io.Copy(&tty, master) // ends with EIO once the child's side closes
-		done <- err
-	}()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("run: %v; terminal: %q", err, tty.String())
-	}
-	if err := <-done; err != nil && !errors.Is(err, syscall.EIO) {
-		t.Fatal(err)
-	}
+	tty, stdout := runTTY(t, "pipeline", "run", "-j", "2", p)
 	// One line per running stage, with bytes done / total.
-	s := tty.String()
+	s := tty
 	for _, st := range []string{"bigstage", "other"} {
 		if !regexp.MustCompile(st + `\s+\d+% \|.*\(\d+(\.\d+)?/(101|100\.\d+) MB`).MatchString(s) {
 			t.Errorf("no progress bar for %s on the terminal: %q", st, s)
@@ -53,8 +31,8 @@ func TestCLIProgress(t *testing.T) {
 	if strings.Contains(s, "msg=progress") {
 		t.Errorf("plain progress lines on a terminal: %q", s)
 	}
-	if !strings.Contains(stdout.String(), "bigstage") {
-		t.Errorf("stdout lacks the report: %q", stdout.String())
+	if !strings.Contains(stdout, "bigstage") {
+		t.Errorf("stdout lacks the report: %q", stdout)
 	}
 
 	// Not a terminal: plain log lines.
@@ -131,4 +109,48 @@ func regexpDigest(t *testing.T, s string) string {
 		t.Fatalf("no digest in %q", s)
 	}
 	return s[i : i+71]
+}
+
+// runTTY runs ferry with its stderr on a terminal and returns what the
+// terminal showed and stdout.
+func runTTY(t *testing.T, args ...string) (string, string) {
+	t.Helper()
+	cmd := exec.Command(ferryBinary(t), args...)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	tty, err := ptytest.Run(t, cmd)
+	if err != nil {
+		t.Fatalf("%v: %v; terminal: %q", args, err, tty)
+	}
+	return tty, stdout.String()
+}
+
+// On a terminal a run is one display: the pipeline's stage count, a line
+// per stage as it starts (why) and ends (time, outputs, size, view), a
+// bar named "[k/n] stage" while it runs, skipped stages as up to date;
+// the stage log lines are not repeated beside it.
+func TestCLIDisplay(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, "name: tty\nstages:\n  - name: a\n    synth: { size: 8MiB, units: 8 }\n  - name: b\n    synth: { size: 2000, units: 2, from: a }\n")
+	tty, _ := runTTY(t, "pipeline", "run", "-j", "1", p)
+	for _, re := range []string{
+		`pipeline tty: 2 stages\r?\n`,
+		`  > \[1/2\] a \(synth\): new\r?\n`,
+		`\[1/2\] a\s+\d+% \|`,
+		`  ✓ \[1/2\] a \(synth\): done in [0-9.]+s, 1 output, 8\.4 MB -> ` + regexp.QuoteMeta(filepath.Join(dir, ".ferry/views/a")) + `\r?\n`,
+		`  > \[2/2\] b \(synth\): new\r?\n`,
+		`  ✓ \[2/2\] b \(synth\): done in [0-9.]+s, 1 output, 2\.0 KB -> `,
+	} {
+		if !regexp.MustCompile(re).MatchString(tty) {
+			t.Errorf("terminal lacks %s:\n%q", re, tty)
+		}
+	}
+	if strings.Contains(tty, `msg="stage start"`) {
+		t.Errorf("stage log lines beside the display: %q", tty)
+	}
+	tty, _ = runTTY(t, "pipeline", "run", p)
+	if !regexp.MustCompile(`  = \[2/2\] b \(synth\): up to date, 1 output, 2\.0 KB`).MatchString(tty) {
+		t.Errorf("second run: %q", tty)
+	}
 }

@@ -65,6 +65,11 @@ func stderr(c *cli.Context) io.Writer {
 // 10s) otherwise. summary keeps a last line per task however short
 // (pipeline stages).
 func newProgress(c *cli.Context, summary bool) *progress.Group {
+	return progress.NewGroup(stderr(c), progressOptions(summary))
+}
+
+// progressOptions are the progress options of the environment.
+func progressOptions(summary bool) progress.Options {
 	opts := progress.Options{Summary: summary}
 	if v := os.Getenv(progress.IntervalEnv); v != "" {
 		d, err := time.ParseDuration(v)
@@ -74,5 +79,5 @@ func newProgress(c *cli.Context, summary bool) *progress.Group {
 			opts.Interval = d
 		}
 	}
-	return progress.NewGroup(stderr(c), opts)
+	return opts
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferry-llm/ferry/internal/progress"
 	"github.com/ferry-llm/ferry/pipeline"
 )
 
@@ -47,6 +48,7 @@ func pipelineCommand() *cli.Command {
 					&cli.IntFlag{Name: "stages", Usage: "stages run at once (within --memory)", DefaultText: "core count"},
 					&cli.StringFlag{Name: "memory", Usage: "memory budget the stages running at once share (`SIZE` like 8GB or 16GiB); a stage estimated over it runs alone", DefaultText: "half of RAM"},
 					lockWaitFlag("the store"),
+					&cli.BoolFlag{Name: "events", Usage: "print the run's events on stdout, one JSON object a line (stage start, skip, progress, done, failed; the report last), for scripts"},
 				),
 				Action: pipelineRun,
 			},
@@ -122,13 +124,41 @@ func pipelineRun(c *cli.Context) error {
 	if opts.Workers, err = jobsOf(c); err != nil {
 		return err
 	}
-	pg := newProgress(c, true)
-	opts.Progress = func(stage string) pipeline.Progress { return pg.New(stage, -1, "stage", stage) }
+	var events *eventStream
+	var pg *progress.Group
+	switch {
+	case c.Bool("events") && c.Bool("json"):
+		return usageErrorf("--events and --json: choose one (--events ends with the report)")
+	case c.Bool("events"):
+		events = &eventStream{w: stdout(c)}
+		popts := progressOptions(true)
+		if popts.Interval == 0 {
+			popts.Interval = 2 * time.Second // scripts want more than the log's one line in 10 s
+		}
+		popts.Line = events.progressLine
+		pg = progress.NewGroup(stderr(c), popts)
+		opts.Events = events.event
+		opts.Progress = func(stage string) pipeline.Progress { return pg.New(stage, -1, "stage", stage) }
+	default:
+		pg = newProgress(c, true)
+		opts.Progress = func(stage string) pipeline.Progress { return pg.New(stage, -1, "stage", stage) }
+		if pg.Terminal() {
+			d := &display{pg: pg, name: spec.Name}
+			opts.Events, opts.Progress = d.event, d.bar
+		}
+	}
 	opts.Log = slog.Default() // through the progress bars on a terminal
 	rep, err := pipeline.Run(c.Context, spec, opts)
 	pg.Close()
 	if err != nil && c.Context.Err() != nil {
 		err = fmt.Errorf("interrupted (%w): finished stages are recorded and unfinished ones resume where they stopped; run the same command again", err)
+	}
+	if events != nil {
+		events.end(rep, err)
+		if err == nil {
+			err = events.err
+		}
+		return err
 	}
 	if rep != nil {
 		if perr := printReport(c, rep, true); perr != nil && err == nil {

@@ -15,3 +15,11 @@ func Write(w io.Writer, v any) error {
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
 }
+
+// Line writes v to w as one line of JSON (no indent) and a newline: the
+// layout of event streams, one object per line.
+func Line(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}

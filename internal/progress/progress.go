@@ -42,6 +42,18 @@ type Options struct {
 	// bytes and rate). Without it a task that ends before its first line
 	// logs nothing.
 	Summary bool
+	// Line, if set, receives the plain lines instead of the default
+	// logger (a JSON event stream): the task's attrs and its figures.
+	// The group then never draws bars, terminal or not.
+	Line func(attrs []any, s Snapshot)
+}
+
+// Snapshot is a task's figures at one plain line.
+type Snapshot struct {
+	Done, Total int64 // bytes; Total ≤ 0 when not known
+	Rate        float64
+	ETA         time.Duration // 0 when not known
+	Last        bool          // the line at Close
 }
 
 // Terminal reports whether w is a terminal.
@@ -54,6 +66,7 @@ func Terminal(w io.Writer) bool {
 // the command ends.
 type Group struct {
 	opts    Options
+	out     io.Writer
 	bars    *termBars // nil when out is not a terminal
 	prevLog *slog.Logger
 	mu      sync.Mutex
@@ -68,8 +81,8 @@ func NewGroup(out io.Writer, opts Options) *Group {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
-	g := &Group{opts: opts, stop: make(chan struct{}), done: make(chan struct{}), plain: map[*plainReporter]bool{}}
-	if Terminal(out) {
+	g := &Group{opts: opts, out: out, stop: make(chan struct{}), done: make(chan struct{}), plain: map[*plainReporter]bool{}}
+	if Terminal(out) && opts.Line == nil {
 		g.bars = newTermBars(out)
 		level := slog.LevelInfo
 		if slog.Default().Enabled(context.Background(), slog.LevelDebug) {
@@ -96,6 +109,19 @@ func (g *Group) New(name string, total int64, attrs ...any) Reporter {
 	g.plain[p] = true
 	g.mu.Unlock()
 	return p
+}
+
+// Terminal reports whether g draws bars on a terminal.
+func (g *Group) Terminal() bool { return g.bars != nil }
+
+// Println writes a line to the group's output, above the bars on a
+// terminal.
+func (g *Group) Println(line string) {
+	if g.bars != nil {
+		g.bars.Write([]byte(line + "\n"))
+		return
+	}
+	io.WriteString(g.out, line+"\n")
 }
 
 // Close ends the group: bars are cleared and the default logger restored.
@@ -191,6 +217,14 @@ func (p *plainReporter) line(last bool) {
 	done, total, elapsed := p.done, p.total, time.Since(p.start)
 	p.mu.Unlock()
 	rate := float64(done) / max(elapsed.Seconds(), 1e-9)
+	if p.g.opts.Line != nil {
+		snap := Snapshot{Done: done, Total: total, Rate: rate, Last: last}
+		if total > 0 && done < total && rate > 0 {
+			snap.ETA = time.Duration(float64(total-done) / rate * float64(time.Second))
+		}
+		p.g.opts.Line(p.attrs, snap)
+		return
+	}
 	args := append([]any{}, p.attrs...)
 	args = append(args, "bytes", done)
 	if total > 0 {

@@ -97,3 +97,35 @@ func TestFormatRate(t *testing.T) {
 		}
 	}
 }
+
+// With Line the plain lines go to it, not to the log, with the figures
+// (and the last one at Close, with Summary), even on what could be a
+// terminal.
+func TestLineSink(t *testing.T) {
+	log := captureLog(t)
+	var mu sync.Mutex
+	var got []Snapshot
+	g := NewGroup(&bytes.Buffer{}, Options{Interval: time.Hour, Summary: true, Line: func(attrs []any, s Snapshot) {
+		if len(attrs) != 2 || attrs[1] != "x" {
+			t.Errorf("attrs %v", attrs)
+		}
+		mu.Lock()
+		got = append(got, s)
+		mu.Unlock()
+	}})
+	if g.Terminal() {
+		t.Error("a Line group draws bars")
+	}
+	r := g.New("x", 1000, "stage", "x")
+	r.Add(400)
+	r.Close()
+	g.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || !got[0].Last || got[0].Done != 400 || got[0].Total != 1000 || got[0].Rate <= 0 || got[0].ETA <= 0 {
+		t.Errorf("snapshots %+v", got)
+	}
+	if log.String() != "" {
+		t.Errorf("logged: %q", log.String())
+	}
+}

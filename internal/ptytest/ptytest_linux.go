@@ -1,8 +1,12 @@
 package ptytest
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"syscall"
 	"testing"
 
@@ -34,4 +38,29 @@ func Open(t testing.TB) (master, slave *os.File) {
 	}
 	t.Cleanup(func() { m.Close(); s.Close() })
 	return m, s
+}
+
+// Run runs cmd with its stderr on a new pseudo-terminal (the caller sets
+// cmd.Stdout and cmd.Env) and returns what the terminal showed and the
+// error cmd.Wait gave.
+func Run(t testing.TB, cmd *exec.Cmd) (string, error) {
+	t.Helper()
+	master, slave := Open(t)
+	defer master.Close()
+	cmd.Stderr = slave
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	var tty bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(&tty, master) // ends with EIO once the child's side closes
+		done <- err
+	}()
+	werr := cmd.Wait()
+	if err := <-done; err != nil && !errors.Is(err, syscall.EIO) {
+		t.Fatal(err)
+	}
+	return tty.String(), werr
 }

@@ -1,0 +1,59 @@
+package pipeline
+
+import (
+	"time"
+
+	"github.com/ferry-llm/ferry/manifest"
+)
+
+// EventType names an Event.
+type EventType string
+
+// The events of a run, in the order a stage sees them.
+const (
+	EventStart    EventType = "start"    // the run begins: Total stages selected
+	EventSkip     EventType = "skip"     // a stage is up to date
+	EventRun      EventType = "run"      // a stage starts (Reason, Cause)
+	EventProgress EventType = "progress" // a running stage's bytes (sent by the CLI's progress reporter)
+	EventDone     EventType = "done"     // a stage finished (Seconds, Bytes, Outputs)
+	EventFailed   EventType = "failed"   // a stage failed (Error)
+	EventBlocked  EventType = "blocked"  // a stage cannot run: an input did not complete
+	EventEnd      EventType = "end"      // the run ended (Report, Error)
+)
+
+// Event is one thing that happened in a run, for displays and for the
+// JSON event stream of `ferry pipeline run --events` (one object a line).
+// Index is the stage's place in the run's order among the Total stages
+// selected ("stage 3 of 8"); independent stages may run at once.
+type Event struct {
+	Time    time.Time         `json:"time"`
+	Event   EventType         `json:"event"`
+	Stage   string            `json:"stage,omitempty"`
+	Kind    string            `json:"kind,omitempty"`
+	Index   int               `json:"index,omitempty"`
+	Total   int               `json:"total,omitempty"`
+	Reason  string            `json:"reason,omitempty"`
+	Cause   Cause             `json:"cause,omitempty"`
+	View    string            `json:"view,omitempty"`
+	Outputs []manifest.Output `json:"outputs,omitempty"`
+	Seconds float64           `json:"seconds,omitempty"`
+	// Bytes: outputs' total (done, skip); bytes done so far (progress).
+	Bytes int64 `json:"bytes,omitempty"`
+	// Of, Rate (bytes/s) and ETA (seconds) of a progress event; Of ≤ 0
+	// when the stage does not know its total yet.
+	Of    int64   `json:"of,omitempty"`
+	Rate  float64 `json:"rate,omitempty"`
+	ETA   float64 `json:"eta,omitempty"`
+	Error string  `json:"error,omitempty"`
+	// Report is the run's report (end).
+	Report *Report `json:"report,omitempty"`
+}
+
+// outputBytes is the total size of outs.
+func outputBytes(outs []manifest.Output) int64 {
+	var n int64
+	for _, o := range outs {
+		n += o.Size
+	}
+	return n
+}
