@@ -117,5 +117,13 @@ demo: build
 	$(BIN) pipeline run pipelines/demo.yaml
 	$(BIN) verify mtp pipelines/out/merged pipelines/out/gguf/*.gguf
 
+# The whole Jarvis_2 flow, pipelines/jarvis2.yaml as users copy it, on the
+# bundled tiny example, shipped over SSH to two sshd servers started on
+# 127.0.0.1 for the purpose; a second run must skip every stage, and the
+# outputs are checked locally and on both destinations (pipelines/demo-full.sh).
+.PHONY: demo-full
+demo-full: build
+	FERRY=$(BIN) pipelines/demo-full.sh
+
 clean:
 	rm -rf bin
