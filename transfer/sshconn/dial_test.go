@@ -127,6 +127,29 @@ func TestDial(t *testing.T) {
 		if _, err := os.Stat(kh); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a refused host wrote %s (%v)", kh, err)
 		}
+		// The command the message gives works: run it, and the host is known.
+		_, cmd, _ := strings.Cut(msg, "trust it with: ")
+		cmd, _, _ = strings.Cut(cmd, "   (or")
+		if _, err := exec.LookPath("ssh-keyscan"); err != nil {
+			t.Skip("LOUD SKIP: no ssh-keyscan (openssh-client) to run the suggested command")
+		}
+		if out, err := exec.Command("sh", "-c", cmd).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", cmd, err, out)
+		}
+		c, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh})
+		if err != nil {
+			t.Fatalf("Dial after %s: %v", cmd, err)
+		}
+		mustWork(t, c)
+	})
+
+	t.Run("StrictHostKeyChecking no is only a hint", func(t *testing.T) {
+		dir := t.TempDir()
+		cfg := writeFile(t, dir, "config", s.HostBlock("lax", "StrictHostKeyChecking no", "UserKnownHostsFile "+filepath.Join(dir, "kh")))
+		_, err := dial(t, "lax", Options{SSHConfigPath: cfg})
+		if !errors.Is(err, ErrHostKeyUnknown) || !strings.Contains(err.Error(), "StrictHostKeyChecking no is not followed") {
+			t.Fatalf("err = %v, want an unknown host saying StrictHostKeyChecking is not followed", err)
+		}
 	})
 
 	t.Run("accept-new records the key, then it is known", func(t *testing.T) {
@@ -501,5 +524,55 @@ func TestDialRevoked(t *testing.T) {
 	_, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh, AcceptNew: true})
 	if !errors.Is(err, ErrHostKeyRevoked) || !strings.Contains(err.Error(), kh+":2") || errkind.Of(err) != errkind.VerifyFailed {
 		t.Fatalf("err = %v, want a revoked key naming %s:2", err, kh)
+	}
+}
+
+// A host certificate: trusted through @cert-authority without the host
+// key itself being known; with another CA it falls back to the plain key,
+// known or not, as OpenSSH does.
+func TestDialCertAuthority(t *testing.T) {
+	isolate(t)
+	_, caKey, _ := ed25519.GenerateKey(rand.Reader)
+	ca, _ := ssh.NewSignerFromKey(caKey)
+	_, hostKey, _ := ed25519.GenerateKey(rand.Reader)
+	hostPub, _ := ssh.NewPublicKey(hostKey.Public())
+	cert := &ssh.Certificate{Key: hostPub, CertType: ssh.HostCert, KeyId: "sshconn-test",
+		ValidPrincipals: []string{"127.0.0.1"}, ValidBefore: ssh.CertTimeInfinity}
+	if err := cert.SignCert(rand.Reader, ca); err != nil {
+		t.Fatal(err)
+	}
+	certPath := writeFile(t, t.TempDir(), "host-cert.pub", string(ssh.MarshalAuthorizedKey(cert)))
+	s := sshdtest.Start(t, sshdtest.HostKey(hostKey), sshdtest.SSHDConfig("HostCertificate "+certPath))
+	_, otherCA, _ := ed25519.GenerateKey(rand.Reader)
+	otherPub, _ := ssh.NewPublicKey(otherCA.Public())
+	dir := t.TempDir()
+	// x/crypto's knownhosts reads a pattern without [ ]:port as port 22
+	// only (OpenSSH matches * against "[host]:port" too): name the port.
+	pattern := "[127.0.0.1]:" + strconv.Itoa(s.Port)
+
+	kh := writeFile(t, dir, "ca", "@cert-authority "+pattern+" "+string(ssh.MarshalAuthorizedKey(ca.PublicKey())))
+	c, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh})
+	if err != nil {
+		t.Fatalf("Dial trusting the CA: %v", err)
+	}
+	mustWork(t, c)
+
+	kh = writeFile(t, dir, "other-ca", "@cert-authority "+pattern+" "+string(ssh.MarshalAuthorizedKey(otherPub)))
+	_, err = dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh})
+	if !errors.Is(err, ErrHostKeyUnknown) || !strings.Contains(err.Error(), ssh.FingerprintSHA256(hostPub)) || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("another CA: err = %v, want the plain host key unknown, named by its fingerprint, with the certificate mentioned", err)
+	}
+
+	// --accept-new records the plain key beside the other CA's line.
+	if _, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh, AcceptNew: true}); err != nil {
+		t.Fatalf("another CA, --accept-new: %v", err)
+	}
+	if _, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh}); err != nil {
+		t.Fatalf("another CA, after --accept-new: %v", err)
+	}
+
+	kh = writeFile(t, dir, "other-ca+plain", "@cert-authority "+pattern+" "+string(ssh.MarshalAuthorizedKey(otherPub))+s.KnownHostsLine()+"\n")
+	if _, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, KnownHostsPath: kh}); err != nil {
+		t.Fatalf("another CA, plain key known: %v", err)
 	}
 }

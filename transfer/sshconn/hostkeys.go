@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -39,6 +40,8 @@ type HostKeyError struct {
 	port        int
 	acceptFile  string
 	writeFailed error
+	certErr     error  // why a host certificate was not trusted
+	strict      string // the config's StrictHostKeyChecking, for the hint
 }
 
 func (e *HostKeyError) Unwrap() error { return e.Err }
@@ -71,6 +74,9 @@ func (e *HostKeyError) Error() string {
 	} else {
 		b.WriteString(strings.Join(e.Files, ", "))
 	}
+	if e.certErr != nil {
+		fmt.Fprintf(&b, " (it came in a host certificate that no @cert-authority line vouches for: %v)", e.certErr)
+	}
 	if e.writeFailed != nil {
 		fmt.Fprintf(&b, "; --accept-new could not record it: %v", e.writeFailed)
 		return b.String()
@@ -79,9 +85,26 @@ func (e *HostKeyError) Error() string {
 	if e.port != 22 {
 		scan += " -p " + strconv.Itoa(e.port)
 	}
-	scan += " -t " + strings.TrimPrefix(e.Key.Type(), "ssh-") + " " + e.hostName
+	scan += " -t " + keyscanType(e.Key.Type()) + " " + e.hostName
 	fmt.Fprintf(&b, ". Check the fingerprint on the server (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), then trust it with: %s >> %s   (or rerun with --accept-new)", scan, shellQuote(e.acceptFile))
+	switch strings.ToLower(e.strict) {
+	case "no", "off", "accept-new":
+		fmt.Fprintf(&b, "; ssh_config's StrictHostKeyChecking %s is not followed: ferry trusts a new key only when told to", e.strict)
+	}
 	return b.String()
+}
+
+// keyscanType is ssh-keyscan's -t name for a key type.
+func keyscanType(t string) string {
+	switch {
+	case t == ssh.KeyAlgoED25519:
+		return "ed25519"
+	case t == ssh.KeyAlgoRSA:
+		return "rsa"
+	case strings.HasPrefix(t, "ecdsa-sha2-"):
+		return "ecdsa"
+	}
+	return t
 }
 
 // keyDesc is "ED25519 SHA256:…", as ssh prints a key.
@@ -112,6 +135,8 @@ type hostKeys struct {
 	// err is the last refusal, so Dial returns it rather than the
 	// handshake's wrapping of it.
 	err error
+	// lines caches known_hosts files read to tell @cert-authority lines.
+	lines map[string][]string
 }
 
 func newHostKeys(e *Endpoint, acceptNew bool) (*hostKeys, error) {
@@ -147,23 +172,57 @@ func (h *hostKeys) acceptFile() string {
 	return "~/.ssh/known_hosts"
 }
 
-// known returns the keys known_hosts holds for the endpoint (their
-// algorithms go first in the handshake, so that a host with an ed25519
-// and an RSA key is not refused for showing the one we lack).
-func (h *hostKeys) known() []knownhosts.KnownKey {
+// known returns the host keys and the @cert-authority keys known_hosts
+// holds for the endpoint.
+func (h *hostKeys) known() (keys, cas []knownhosts.KnownKey) {
 	if h.cb == nil {
-		return nil
+		return nil, nil
 	}
-	// Ask with a key no file can hold: the refusal lists every key known
-	// for the host.
+	// Ask with a key no file can hold: the refusal lists every line that
+	// matches the host, @cert-authority lines among them.
 	_, priv, _ := ed25519.GenerateKey(rand.Reader)
 	probe, _ := ssh.NewPublicKey(priv.Public())
-	err := h.cb(h.e.lookupAddr(), probeAddr, probe)
 	var ke *knownhosts.KeyError
-	if errors.As(err, &ke) {
-		return ke.Want
+	if errors.As(h.cb(h.e.lookupAddr(), probeAddr, probe), &ke) {
+		return h.split(ke.Want)
 	}
-	return nil
+	return nil, nil
+}
+
+// split separates @cert-authority lines from host-key lines: the
+// library's KeyError.Want lists both alike (a CA key for the host makes
+// every plain key look like a changed one), so the line itself is read.
+func (h *hostKeys) split(want []knownhosts.KnownKey) (keys, cas []knownhosts.KnownKey) {
+	for _, k := range want {
+		if h.isCALine(k) {
+			cas = append(cas, k)
+		} else {
+			keys = append(keys, k)
+		}
+	}
+	return keys, cas
+}
+
+// maxKnownHostsSize bounds a known_hosts file read for marker lookups.
+const maxKnownHostsSize = 64 << 20
+
+func (h *hostKeys) isCALine(k knownhosts.KnownKey) bool {
+	if h.lines == nil {
+		h.lines = map[string][]string{}
+	}
+	lines, ok := h.lines[k.Filename]
+	if !ok {
+		if f, err := os.Open(k.Filename); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(f, maxKnownHostsSize))
+			f.Close()
+			lines = strings.Split(string(b), "\n")
+		}
+		h.lines[k.Filename] = lines
+	}
+	if k.Line < 1 || k.Line > len(lines) {
+		return false
+	}
+	return strings.HasPrefix(strings.TrimLeft(lines[k.Line-1], " \t"), "@cert-authority")
 }
 
 // probeAddr is the remote address given to the known_hosts callback: it
@@ -171,26 +230,34 @@ func (h *hostKeys) known() []knownhosts.KnownKey {
 // OpenSSH does without CheckHostIP.
 var probeAddr = &net.TCPAddr{IP: net.IPv4zero}
 
-// algorithms is the host-key algorithm preference for the handshake: those
-// of known keys first, then the rest.
+// algorithms is the host-key algorithm preference for the handshake:
+// certificates first when a CA is known for the host, then the types of
+// the keys known for it (so that a host with an ed25519 and an ECDSA key
+// is not refused for showing the one we lack), then the rest.
 func (h *hostKeys) algorithms() []string {
+	keys, cas := h.known()
 	var first []string
-	for _, k := range h.known() {
-		for _, a := range algorithmsFor(k.Key.Type()) {
+	add := func(as ...string) {
+		for _, a := range as {
 			if !slices.Contains(first, a) {
 				first = append(first, a)
 			}
 		}
 	}
+	if len(cas) > 0 {
+		for _, a := range ssh.SupportedAlgorithms().HostKeys {
+			if strings.Contains(a, "-cert-") {
+				add(a)
+			}
+		}
+	}
+	for _, k := range keys {
+		add(algorithmsFor(k.Key.Type())...)
+	}
 	if len(first) == 0 {
 		return nil // the library's default order
 	}
-	rest := ssh.SupportedAlgorithms().HostKeys
-	for _, a := range rest {
-		if !slices.Contains(first, a) {
-			first = append(first, a)
-		}
-	}
+	add(ssh.SupportedAlgorithms().HostKeys...)
 	return first
 }
 
@@ -205,7 +272,8 @@ func algorithmsFor(keyType string) []string {
 // check is the ssh.HostKeyCallback.
 func (h *hostKeys) check(_ string, _ net.Addr, key ssh.PublicKey) error {
 	name := h.e.knownHostsName()
-	herr := &HostKeyError{Host: name, Key: key, Files: h.files, hostName: h.e.HostName, port: h.e.Port, acceptFile: h.acceptFile()}
+	herr := &HostKeyError{Host: name, Key: key, Files: h.files, hostName: h.e.HostName, port: h.e.Port,
+		acceptFile: h.acceptFile(), strict: h.e.StrictHostKeyChecking}
 	if h.e.HostKeyAlias != "" {
 		herr.hostName = h.e.HostKeyAlias
 	}
@@ -218,18 +286,39 @@ func (h *hostKeys) check(_ string, _ net.Addr, key ssh.PublicKey) error {
 	}
 	var ke *knownhosts.KeyError
 	var re *knownhosts.RevokedError
+	if cert, ok := key.(*ssh.Certificate); ok && !errors.As(err, &re) {
+		// A host certificate no @cert-authority line vouches for (or
+		// that is invalid): OpenSSH falls back to the plain key inside
+		// it, and so do we.
+		herr.certErr = err
+		if herr.certErr == nil {
+			herr.certErr = errors.New("no known_hosts file, so no @cert-authority")
+		}
+		key = cert.Key
+		herr.Key = key
+		err = nil
+		if h.cb != nil {
+			if err = h.cb(h.e.lookupAddr(), probeAddr, key); err == nil {
+				return nil
+			}
+		}
+	}
+	var knownKeys []knownhosts.KnownKey
+	if errors.As(err, &ke) {
+		knownKeys, _ = h.split(ke.Want)
+	}
 	switch {
-	case h.cb == nil || errors.As(err, &ke) && len(ke.Want) == 0:
+	case h.cb == nil || ke != nil && len(knownKeys) == 0:
 		herr.Err = ErrHostKeyUnknown
 		if h.acceptNew {
-			if werr := appendKnownHost(h.acceptFile(), name, h.e.lookupAddr(), key, h.e.HashKnownHosts); werr != nil {
+			if werr := h.appendKnownHost(h.acceptFile(), name, h.e.lookupAddr(), key, h.e.HashKnownHosts); werr != nil {
 				herr.writeFailed = werr
 			} else {
 				return nil
 			}
 		}
-	case errors.As(err, &ke):
-		herr.Err, herr.Known = ErrHostKeyChanged, ke.Want
+	case ke != nil:
+		herr.Err, herr.Known = ErrHostKeyChanged, knownKeys
 	case errors.As(err, &re):
 		herr.Err, herr.Known = ErrHostKeyRevoked, []knownhosts.KnownKey{re.Revoked}
 	default:
@@ -244,7 +333,7 @@ func (h *hostKeys) check(_ string, _ net.Addr, key ssh.PublicKey) error {
 // lock; two ferry runs accepting at once must not interleave), after
 // checking again that no line for the host appeared meanwhile, in one
 // write, then fsync.
-func appendKnownHost(file, host, lookup string, key ssh.PublicKey, hashed bool) error {
+func (h *hostKeys) appendKnownHost(file, host, lookup string, key ssh.PublicKey, hashed bool) error {
 	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
 		return err
 	}
@@ -264,8 +353,11 @@ func appendKnownHost(file, host, lookup string, key ssh.PublicKey, hashed bool) 
 			return nil
 		default:
 			var ke *knownhosts.KeyError
-			if errors.As(err, &ke) && len(ke.Want) > 0 {
-				return fmt.Errorf("%s: another key for %s was added meanwhile (%s:%d)", file, host, ke.Want[0].Filename, ke.Want[0].Line)
+			if errors.As(err, &ke) {
+				delete(h.lines, file) // it may have grown since it was read
+				if keys, _ := h.split(ke.Want); len(keys) > 0 {
+					return fmt.Errorf("%s: another key for %s was added meanwhile (%s:%d)", file, host, keys[0].Filename, keys[0].Line)
+				}
 			}
 		}
 	}
