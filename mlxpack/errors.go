@@ -48,3 +48,15 @@ type Error = inputerr.Error
 func errf(path, tensor string, sentinel error, format string, args ...any) error {
 	return inputerr.New(path, tensor, -1, sentinel, format, args...)
 }
+
+// Sentinel errors of mlx quantize; bad-input ones arrive wrapped in *Error.
+var (
+	ErrSanitize          = errors.New("checkpoint does not have the layout mlx-lm's sanitize expects")
+	ErrUnsupportedFamily = errors.New("model type mlx quantize does not convert")
+	ErrQuantized         = errors.New("checkpoint is already quantized")
+	ErrQuantArgs         = errors.New("quantization setting MLX affine cannot express")
+	ErrOutput            = errors.New("output refused")
+)
+
+// ErrUnsupportedDType: a tensor dtype mlx quantize does not convert.
+var ErrUnsupportedDType = errors.New("tensor dtype mlx quantize does not convert")

@@ -130,6 +130,31 @@ func (p *Plan) Close() error {
 // Config is the config.json the repack writes.
 func (p *Plan) Config() []byte { return p.config }
 
+// openSource opens the checkpoint directory src (arg names it in
+// messages), refusing a file or a directory without config.json first.
+func openSource(src, arg string, follow bool) (string, *safetensors.Checkpoint, error) {
+	abs, err := filepath.Abs(src)
+	if err != nil {
+		return "", nil, err
+	}
+	if st, err := os.Stat(abs); err != nil {
+		return "", nil, err
+	} else if !st.IsDir() {
+		return "", nil, errf(abs, "", ErrNoConfig, "not a directory: %s takes a Hugging Face checkpoint directory", arg)
+	}
+	if _, err := os.Stat(filepath.Join(abs, "config.json")); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", nil, errf(abs, "", ErrNoConfig, "a Hugging Face checkpoint directory needs one")
+		}
+		return "", nil, err
+	}
+	ckpt, err := safetensors.OpenDirOptions(abs, safetensors.DirOptions{FollowExternalLinks: follow})
+	if err != nil {
+		return "", nil, err
+	}
+	return abs, ckpt, nil
+}
+
 // maxShapeDims bounds what is read from a weight_shape tensor.
 const maxShapeDims = 8
 
@@ -137,26 +162,11 @@ const maxShapeDims = 8
 // weight_shape tensors) and decides the whole repack; nothing is written.
 // Every bad input is an *Error or a *safetensors.Error (BadInput).
 func PlanRepack(src string, opts Options) (_ *Plan, err error) {
-	abs, err := filepath.Abs(src)
+	abs, ckpt, err := openSource(src, "--src", opts.FollowExternalLinks)
 	if err != nil {
 		return nil, err
-	}
-	if st, err := os.Stat(abs); err != nil {
-		return nil, err
-	} else if !st.IsDir() {
-		return nil, errf(abs, "", ErrNoConfig, "not a directory: --src takes a Hugging Face checkpoint directory")
 	}
 	cfgPath := filepath.Join(abs, "config.json")
-	if _, err := os.Stat(cfgPath); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, errf(abs, "", ErrNoConfig, "a Hugging Face checkpoint directory needs one")
-		}
-		return nil, err
-	}
-	ckpt, err := safetensors.OpenDirOptions(abs, safetensors.DirOptions{FollowExternalLinks: opts.FollowExternalLinks})
-	if err != nil {
-		return nil, err
-	}
 	p := &Plan{Src: abs, ckpt: ckpt, Opts: opts}
 	defer func() {
 		if err != nil {
@@ -188,7 +198,8 @@ func PlanRepack(src string, opts Options) (_ *Plan, err error) {
 	if err := p.quantBlock(cfgPath); err != nil {
 		return nil, err
 	}
-	if p.config, err = newConfig(raw, p.Quantization); err != nil {
+	fixed, _ := FixedConfig(raw)
+	if p.config, err = mlxConfig(fixed, configEdit{quant: p.Quantization}); err != nil {
 		return nil, err
 	}
 	if p.Mode == ModeRewrite {
@@ -441,26 +452,6 @@ func (p *Plan) quantBlock(cfgPath string) error {
 	}
 	p.Quantization = q
 	return nil
-}
-
-// newConfig is the source config plus the quantization block, with
-// quantization_config mirroring it, written as mlx-lm's save_config does
-// (keys sorted, 4-space indent).
-func newConfig(raw map[string]any, q map[string]any) ([]byte, error) {
-	out := make(map[string]any, len(raw)+2)
-	for k, v := range raw {
-		out[k] = v
-	}
-	out["quantization"] = q
-	out["quantization_config"] = q
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "    ")
-	if err := enc.Encode(out); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // planRewrite lays out the new shards: every shard holding a packed-module

@@ -19,3 +19,9 @@ const (
 	MLXQwen35Trunk = "language_model.model."
 	MLXQwen35MTP   = "language_model.mtp."
 )
+
+// MTPDroppedKey is the config.json key where ferry mlx quantize records
+// an MTP head it left out of an MLX directory (an object: layers,
+// tensors, key, reason); verify reads it to tell a deliberate drop from a
+// lost head.
+const MTPDroppedKey = "ferry_mtp_dropped"
