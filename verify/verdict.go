@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -55,6 +56,10 @@ func (a *ckAnalysis) explain() {
 			where, rep.Promised, rep.PromisedBy, rep.Expected)
 	case Absent:
 		rep.Message = "no MTP head: config.json promises none (no mtp_num_hidden_layers or num_nextn_predict_layers) and the weight index has no head tensors"
+		if rec, ok := a.cfg.Raw[modulepaths.MTPDroppedKey].(map[string]any); ok {
+			rep.Message = fmt.Sprintf("no MTP head, left out on purpose: config.json %s records that ferry mlx quantize dropped it (%v layer(s), %v tensors) because released mlx-lm discards it at load, and set %v to 0. "+
+				"Quantize again with --keep-mtp to keep it", modulepaths.MTPDroppedKey, rec["layers"], rec["tensors"], rec["key"])
+		}
 	case Dropped:
 		head := "mtp.* tensor"
 		if rep.Convention == ConvNextN {

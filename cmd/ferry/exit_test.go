@@ -85,7 +85,7 @@ func TestExitCodeTable(t *testing.T) {
 		{"verify not a model", must(verify.MTP(junk, verify.Options{})), errkind.BadInput, exitBadInput},
 		{"verify missing path", must(verify.MTP(filepath.Join(dir, "nope"), verify.Options{})), errkind.BadInput, exitBadInput},
 		{"pipeline file", must(pipeline.Load(badYAML)), errkind.BadInput, exitBadInput},
-		{"mlx quantize not built", must(nil, newApp().Run([]string{"ferry", "mlx", "quantize"})), errkind.NotBuilt, exitFailure},
+		{"mlx quantize without SRC", must(nil, newApp().Run([]string{"ferry", "mlx", "quantize"})), errkind.Usage, exitBadInput},
 		{"verify PATH not built", must(nil, newApp().Run([]string{"ferry", "verify", "x"})), errkind.NotBuilt, exitFailure},
 		{"pipeline kind not built", fmt.Errorf("stage kind is %w yet: quantize", errkind.ErrNotBuilt), errkind.NotBuilt, exitFailure},
 		{"pipeline verify stage", fmt.Errorf("stage c: %w: MTP head dropped", pipeline.ErrVerifyFailed), errkind.VerifyFailed, exitVerify},

@@ -7,7 +7,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/mlxpack"
 )
 
@@ -24,9 +23,10 @@ func mlxCommand() *cli.Command {
 
 func mlxRepackCommand() *cli.Command {
 	return &cli.Command{
-		Name:      "repack",
-		Usage:     "compressed-tensors pack-quantized checkpoint → MLX directory, no weight bytes changed",
-		UsageText: "ferry mlx repack --src DIR --dst DIR [--relative] [--rewrite] [-j N] [--force] [--lock-wait DURATION] [--json]",
+		Name:  "repack",
+		Usage: "compressed-tensors pack-quantized checkpoint → MLX directory, no weight bytes changed",
+		UsageText: "ferry mlx repack SRC --out DIR [--relative] [--rewrite] [-j N] [--force] [--lock-wait DURATION] [--json]\n" +
+			"   (the older form --src SRC --dst DIR still works)",
 		Description: "Writes DST as a farm of symlinks to SRC's files plus a config.json with the MLX\n" +
 			"quantization block derived from SRC's quantization_config. mlx-lm reads the packed\n" +
 			"weights directly for deepseek_v3, kimi_k2, kimi_k25 and joyai_llm_flash; for other\n" +
@@ -35,8 +35,8 @@ func mlxRepackCommand() *cli.Command {
 			"and qwen3_5_moe it writes per-expert packed modules stacked into switch_mlp\n" +
 			"(weight, scales, biases [E, ...] in expert order), as mlx-lm stacks only .weight.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "src", Usage: "source checkpoint directory (compressed-tensors)"},
-			&cli.StringFlag{Name: "dst", Usage: "destination directory (created; an existing one must be empty or an earlier repack)"},
+			&cli.StringFlag{Name: "out", Aliases: []string{"o", "dst"}, Usage: "destination `DIR` (created; an existing one must be empty or an earlier repack)"},
+			&cli.StringFlag{Name: "src", Usage: "source checkpoint `DIR` (compressed-tensors), instead of the SRC argument"},
 			&cli.BoolFlag{Name: "relative", Usage: "relative symlinks (relocatable trees)"},
 			&cli.BoolFlag{Name: "rewrite", Usage: "write MLX-named shards for packed tensors (model types mlx-lm does not rename)"},
 			&cli.BoolFlag{Name: "force", Usage: "accept a destination holding other files (left in place)"},
@@ -53,12 +53,13 @@ func mlxRepackCommand() *cli.Command {
 }
 
 func mlxRepack(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return usageErrorf("mlx repack: unexpected arguments %q (use --src and --dst)", c.Args().Slice())
+	src, err := mlxSource(c, "mlx repack")
+	if err != nil {
+		return err
 	}
-	src, dst := c.String("src"), c.String("dst")
-	if src == "" || dst == "" {
-		return usageErrorf("mlx repack: --src and --dst are required")
+	dst := c.String("out")
+	if dst == "" {
+		return usageErrorf("mlx repack: --out DIR is required")
 	}
 	jobs, err := jobsOf(c)
 	if err != nil {
@@ -128,23 +129,29 @@ func mlxRepack(c *cli.Context) error {
 	return nil
 }
 
+// mlxSource is the SRC argument, or --src (the older form); not both.
+func mlxSource(c *cli.Context, cmd string) (string, error) {
+	flag := ""
+	if c.IsSet("src") {
+		flag = c.String("src")
+	}
+	switch {
+	case c.NArg() > 1:
+		return "", usageErrorf("%s: want one SRC directory, got %q", cmd, c.Args().Slice())
+	case c.NArg() == 1 && flag != "":
+		return "", usageErrorf("%s: give SRC as the argument or as --src, not both", cmd)
+	case c.NArg() == 1:
+		return c.Args().First(), nil
+	case flag != "":
+		return flag, nil
+	}
+	return "", usageErrorf("%s: SRC directory is required ('ferry %s SRC --out DIR')", cmd, cmd)
+}
+
 func quantSummary(q map[string]any) string {
 	s := fmt.Sprintf("bits %v, group_size %v, mode %v", q["bits"], q["group_size"], q["mode"])
 	if n := len(q) - 3; n > 0 {
 		s += fmt.Sprintf(", %d per-layer overrides", n)
 	}
 	return s
-}
-
-// mlxQuantizeCommand is not built yet: it says so and exits 1 rather than
-// pretend.
-func mlxQuantizeCommand() *cli.Command {
-	return &cli.Command{
-		Name:            "quantize",
-		Usage:           "float checkpoint → MLX affine quantized (not built yet)",
-		SkipFlagParsing: true,
-		Action: func(*cli.Context) error {
-			return fmt.Errorf("'ferry mlx quantize' is %w yet", errkind.ErrNotBuilt)
-		},
-	}
 }

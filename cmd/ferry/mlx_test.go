@@ -149,14 +149,15 @@ func TestMLXRepackCLIErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{"missing dst", []string{"mlx", "repack", "--src", good}, exitBadInput, "--dst"},
-		{"stray argument", []string{"mlx", "repack", "--src", good, "--dst", filepath.Join(t.TempDir(), "x"), "extra"}, exitBadInput, "unexpected"},
+		{"missing dst", []string{"mlx", "repack", "--src", good}, exitBadInput, "--out"},
+		{"stray argument", []string{"mlx", "repack", good, "--dst", filepath.Join(t.TempDir(), "x"), "extra"}, exitBadInput, "one SRC"},
+		{"SRC and --src", []string{"mlx", "repack", "--src", good, "--dst", filepath.Join(t.TempDir(), "x"), "extra"}, exitBadInput, "not both"},
 		{"unknown flag", []string{"mlx", "repack", "--bogus"}, exitBadInput, "bogus"},
 		{"no such source", []string{"mlx", "repack", "--src", filepath.Join(t.TempDir(), "nope"), "--dst", filepath.Join(t.TempDir(), "x")}, exitBadInput, "nope"},
 		{"asymmetric", []string{"mlx", "repack", "--src", asymDir, "--dst", filepath.Join(t.TempDir(), "x")}, exitBadInput, "symmetric"},
 		{"foreign files in dst", []string{"mlx", "repack", "--src", good, "--dst", existing}, exitBadInput, "README.md"},
 		{"experts rewrite not built", []string{"mlx", "repack", "--src", moeDir, "--dst", filepath.Join(t.TempDir(), "x"), "--rewrite"}, exitFailure, "not built"},
-		{"quantize not built", []string{"mlx", "quantize", "--src", good}, exitFailure, "not built"},
+		{"quantize a compressed-tensors checkpoint", []string{"mlx", "quantize", "--src", good, "--out", filepath.Join(t.TempDir(), "x")}, exitBadInput, "mlx repack"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
