@@ -45,6 +45,7 @@ func TestStageConformance(t *testing.T) {
 		{"verify_mtp", `verify_mtp: { from: [base], require: true }`, `verify_mtp: { from: [base], require: false }`},
 		{"mlx_repack", `mlx_repack: { from: ct }`, `mlx_repack: { from: ct, rewrite: true }`},
 		{"quantize", `quantize: { from: g, type: Q4_K_M }`, `quantize: { from: g, type: Q6_K }`},
+		{"mlx_quantize", `mlx_quantize: { from: base, bits: 4, group_size: 64 }`, `mlx_quantize: { from: base, bits: 4, group_size: 32 }`},
 	}
 	covered := map[string]bool{}
 	for _, tc := range cases {

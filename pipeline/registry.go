@@ -28,8 +28,8 @@ func BuiltinKinds() *Kinds {
 			Summary: "check that MTP heads are in the weight index (GGUF, safetensors, MLX)"},
 		"mlx_repack": {New: newMLXRepack, Version: "1",
 			Summary: "repack a compressed-tensors checkpoint for MLX (no requantization)"},
-		"mlx_quantize": {NotBuilt: "mlxpack/ (MLX affine quantization; not landed)", RefKeys: []string{"from"},
-			Summary: "MLX affine quantization"},
+		"mlx_quantize": {New: newMLXQuantize, Version: "1",
+			Summary: "convert a safetensors checkpoint to MLX, affine-quantized as mlx_lm.convert -q does"},
 		"transfer": {NotBuilt: "transfer/", RefKeys: []string{"from"},
 			Summary: "send outputs to serving hosts over SSH"},
 	}}
