@@ -47,7 +47,11 @@ func (e *AuthError) Error() string {
 	for _, s := range e.Skipped {
 		fmt.Fprintf(&b, "; %s", s)
 	}
-	b.WriteString(". Add one of them to the server's authorized_keys, name another with -i, or load it into ssh-agent")
+	if len(e.Tried) == 0 {
+		b.WriteString(". Name a key with -i or IdentityFile, or load one into ssh-agent")
+	} else {
+		b.WriteString(". Add one of them to the server's authorized_keys, name another with -i, or load it into ssh-agent")
+	}
 	return b.String()
 }
 
@@ -96,6 +100,10 @@ type auth struct {
 	agentErr error
 	signErr  error // the first identity file that failed to open when asked to sign
 	closer   io.Closer
+	// pause(true) lifts the handshake's deadline while a passphrase is
+	// asked (or another connection of the Dialer asks it); pause(false)
+	// sets it again.
+	pause func(paused bool)
 }
 
 // defaultIdentities are tried when no IdentityFile is configured, as ssh
@@ -136,10 +144,13 @@ func newAuth(e *Endpoint, d *Dialer) (*auth, error) {
 			filePaths = append(filePaths, f)
 		case errors.Is(err, os.ErrNotExist) && !explicit[f]:
 			// ssh skips configured identity files that do not exist.
-		case errors.Is(err, os.ErrNotExist):
+		case explicit[f]:
 			return nil, errkind.Mark(errkind.BadInput, fmt.Errorf("-i %s: %w", f, err))
 		default:
-			return nil, errkind.Mark(errkind.BadInput, fmt.Errorf("identity file %s: %w", f, err))
+			// A configured file ferry cannot use (a FIDO key, a public key
+			// named by mistake) is skipped as ssh skips it, and named if
+			// authentication then fails.
+			a.skipped = append(a.skipped, fmt.Sprintf("identity file %s not used: %v", f, err))
 		}
 	}
 
@@ -270,6 +281,10 @@ type unlockedKey struct {
 
 func (l *lockedSigner) unlock() error {
 	k := l.k
+	if l.a.pause != nil {
+		l.a.pause(true)
+		defer l.a.pause(false)
+	}
 	k.once.Do(func() {
 		prompt := fmt.Sprintf("Enter passphrase for key '%s': ", l.path)
 		pass, err := l.a.prompt(prompt)

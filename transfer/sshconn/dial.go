@@ -170,8 +170,9 @@ func (d *Dialer) hop(ctx context.Context, via *ssh.Client, e *Endpoint) (*ssh.Cl
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	if o.LocalAddr != nil && o.LocalAddr.Port != 0 {
+		return nil, errkind.Errorf(errkind.Usage, "LocalAddr %s: give an address with port 0", o.LocalAddr)
+	}
 
 	hk, err := newHostKeys(e, o.AcceptNew)
 	if err != nil {
@@ -183,23 +184,28 @@ func (d *Dialer) hop(ctx context.Context, via *ssh.Client, e *Endpoint) (*ssh.Cl
 	}
 	defer a.close()
 
+	dialCtx, cancel := context.WithTimeout(ctx, timeout)
 	var conn net.Conn
 	if via == nil {
-		d := net.Dialer{LocalAddr: o.LocalAddr}
-		if o.LocalAddr != nil && o.LocalAddr.Port != 0 {
-			return nil, errkind.Errorf(errkind.Usage, "LocalAddr %s: give an address with port 0", o.LocalAddr)
-		}
-		conn, err = d.DialContext(ctx, "tcp", e.Addr())
+		nd := net.Dialer{LocalAddr: o.LocalAddr}
+		conn, err = nd.DialContext(dialCtx, "tcp", e.Addr())
 	} else {
-		conn, err = via.DialContext(ctx, "tcp", e.Addr())
+		conn, err = via.DialContext(dialCtx, "tcp", e.Addr())
 	}
+	cancel()
 	if err != nil {
 		return nil, connError(ctx, e, err)
 	}
-	// The handshake takes no context: a deadline on the connection, and
-	// closing it when ctx ends, bound it.
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
+	// The handshake takes no context: a deadline on the connection bounds
+	// it, paused while a passphrase is asked (a person types it), and
+	// cancelling ctx closes the connection.
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	a.pause = func(paused bool) {
+		if paused {
+			_ = conn.SetDeadline(time.Time{})
+		} else {
+			_ = conn.SetDeadline(time.Now().Add(timeout))
+		}
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	cfg := &ssh.ClientConfig{

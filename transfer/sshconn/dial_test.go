@@ -226,6 +226,25 @@ func TestDial(t *testing.T) {
 		}
 	})
 
+	t.Run("unusable configured identity is skipped and named", func(t *testing.T) {
+		dir := t.TempDir()
+		pubOnly := writeFile(t, dir, "id.pub", string(ssh.MarshalAuthorizedKey(s.ClientKey.PublicKey())))
+		cfg := writeFile(t, dir, "config", "Host box\n HostName 127.0.0.1\n Port "+port+"\n User "+s.User+
+			"\n IdentityFile "+pubOnly+"\n IdentityFile "+s.ClientKeyPath+"\n UserKnownHostsFile "+s.KnownHostsPath+"\n")
+		c, err := dial(t, "box", Options{SSHConfigPath: cfg})
+		if err != nil {
+			t.Fatalf("a public key as IdentityFile stopped the dial: %v", err)
+		}
+		mustWork(t, c)
+		// Alone, it is named in the failure.
+		cfg = writeFile(t, dir, "config1", "Host box\n HostName 127.0.0.1\n Port "+port+"\n User "+s.User+
+			"\n IdentityFile "+pubOnly+"\n UserKnownHostsFile "+s.KnownHostsPath+"\n")
+		_, err = dial(t, "box", Options{SSHConfigPath: cfg})
+		if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "identity file "+pubOnly+" not used") {
+			t.Fatalf("err = %v, want an auth failure naming the unusable identity file", err)
+		}
+	})
+
 	t.Run("missing -i file is bad input", func(t *testing.T) {
 		_, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, IdentityFiles: []string{filepath.Join(home, "nope")}})
 		if err == nil || errkind.Of(err) != errkind.BadInput || !strings.Contains(err.Error(), "nope") {
@@ -402,6 +421,21 @@ func TestDialPassphrase(t *testing.T) {
 		if _, err := dial(t, target, o); !errors.Is(err, ErrPassphrase) || !strings.Contains(err.Error(), "wrong passphrase") {
 			t.Errorf("wrong passphrase: err = %v", err)
 		}
+	})
+
+	// The handshake's timeout does not run while a person types.
+	t.Run("slower than the timeout", func(t *testing.T) {
+		o := opts()
+		o.Timeout = time.Second
+		o.Passphrase = func(string) ([]byte, error) {
+			time.Sleep(o.Timeout * 3 / 2)
+			return []byte("open sesame"), nil
+		}
+		c, err := dial(t, target, o)
+		if err != nil {
+			t.Fatalf("Dial: %v", err)
+		}
+		mustWork(t, c)
 	})
 
 	t.Run("terminal", func(t *testing.T) {
