@@ -7,7 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/imatrix"
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/gguf/quantize"
 	"github.com/ferry-llm/ferry/internal/fsutil"
@@ -24,9 +27,24 @@ import (
 // after the other: each reads the input once) is a llama-quantize type
 // name, checked when the pipeline file is parsed. output_tensor_type,
 // token_embedding_type, leave_output_tensor, pure and allow_requantize
-// are llama-quantize's options of those names. The from stage must hold
-// exactly one .gguf file; each output is named after it with its type
-// (Jarvis2-27B-F16.gguf → Jarvis2-27B-Q4_K_M.gguf).
+// are llama-quantize's options of those names; tensor_types is its
+// --tensor-type, a mapping { REGEX: TYPE } tried in the order written
+// (the first match wins); mtp_type is `ferry quantize --mtp-type`. The
+// from stage must hold exactly one .gguf file; each output is named after
+// it with its type (Jarvis2-27B-F16.gguf → Jarvis2-27B-Q4_K_M.gguf).
+//
+//	quantize: { from: f16, types: [Q4_K_M, Q2_K_S], imatrix: imat,
+//	            tensor_types: { attn_v: q8_0 }, mtp_type: q8_0 }
+//
+// imatrix is an importance matrix (llama-imatrix's GGUF or .dat output):
+// the name of a stage whose outputs hold it (one file, or one .gguf or
+// .dat file; quantize.imatrix.file is that file's name), or a path (it
+// holds a '/', starts with '~' or ends in .gguf or .dat; relative to the
+// pipeline file; quantize.imatrix.file is the path as written). A path's
+// digest is part of the stage key, read when the pipeline file is loaded,
+// so a changed matrix re-runs the stage; a stage's is, as every input's.
+// include_weights and exclude_weights filter it as llama-quantize's
+// flags do. Q2_K_S is accepted only with a matrix.
 //
 // Resume: quantize.Run, which `ferry quantize` calls too, keeps
 // <file>.partial and <file>.journal in the stage's work dir; the journal
@@ -41,8 +59,21 @@ type quantizeStage struct {
 	LeaveOutput     bool     `json:"leave_output_tensor,omitempty"`
 	Pure            bool     `json:"pure,omitempty"`
 	AllowRequantize bool     `json:"allow_requantize,omitempty"`
+	// TensorTypes are tensor_types in the order written, each
+	// [REGEX, TYPE].
+	TensorTypes [][2]string `json:"tensor_types,omitempty"`
+	MTPType     string      `json:"mtp_type,omitempty"`
+	// Imatrix is the imatrix parameter as written; ImatrixStage is set
+	// when it names a stage, ImatrixDigest when it is a file (its
+	// digest when the pipeline was loaded).
+	Imatrix        string   `json:"imatrix,omitempty"`
+	ImatrixStage   bool     `json:"imatrix_stage,omitempty"`
+	ImatrixDigest  string   `json:"imatrix_digest,omitempty"`
+	IncludeWeights []string `json:"include_weights,omitempty"`
+	ExcludeWeights []string `json:"exclude_weights,omitempty"`
 
-	opts []quantize.Options // one per type
+	imatrixPath string             // the file, for a path
+	opts        []quantize.Options // one per type
 }
 
 var _ Stage = (*quantizeStage)(nil)
@@ -76,18 +107,28 @@ func newQuantize(p *Params) (Stage, error) {
 		key string
 		dst *string
 		to  **quant.Type
-	}{{"output_tensor_type", &s.OutputType, &base.OutputType}, {"token_embedding_type", &s.TokenEmbdType, &base.TokenEmbdType}} {
+	}{{"output_tensor_type", &s.OutputType, &base.OutputType}, {"token_embedding_type", &s.TokenEmbdType, &base.TokenEmbdType},
+		{"mtp_type", &s.MTPType, &base.MTPType}} {
 		if *f.dst, err = p.String(f.key, false); err != nil {
 			return nil, err
 		}
 		if *f.dst == "" {
 			continue
 		}
-		t, ok := quant.ParseType(*f.dst)
-		if !ok || !t.CanEncode() {
-			return nil, p.Errorf(f.key, "%q is not a ggml type ferry can write", *f.dst)
+		t, err := quantize.ParseTensorTypeName(*f.dst)
+		if err != nil {
+			return nil, p.Errorf(f.key, "%v", err)
 		}
 		*f.dst, *f.to = t.String(), &t
+	}
+	if base.TensorTypes, err = tensorTypes(p, "tensor_types"); err != nil {
+		return nil, err
+	}
+	for _, tt := range base.TensorTypes {
+		s.TensorTypes = append(s.TensorTypes, [2]string{tt.Pattern, tt.Type.String()})
+	}
+	if err := s.parseImatrix(p); err != nil {
+		return nil, err
 	}
 	for _, b := range []struct {
 		key string
@@ -107,8 +148,8 @@ func newQuantize(p *Params) (Stage, error) {
 		if seen[ft] {
 			return nil, p.Errorf("types", "%s twice", ft)
 		}
-		if ft == quant.FileQ2_K_S {
-			return nil, p.Errorf("types", "%s needs an importance matrix, which this stage does not take yet", ft)
+		if ft == quant.FileQ2_K_S && s.Imatrix == "" {
+			return nil, p.Errorf("types", "%s needs an importance matrix (imatrix: STAGE_OR_PATH)", ft)
 		}
 		seen[ft] = true
 		s.Types[i] = ft.String() // canonical: q4_k and Q4_K_M are one stage key
@@ -120,6 +161,144 @@ func newQuantize(p *Params) (Stage, error) {
 }
 
 func (s *quantizeStage) Params() any { return s }
+
+// tensorTypes reads a mapping { REGEX: TYPE } in the order written.
+func tensorTypes(p *Params, key string) ([]quant.TensorType, error) {
+	n, err := p.node(key, false)
+	if n == nil || err != nil {
+		return nil, err
+	}
+	if n.Kind != yaml.MappingNode || len(n.Content) == 0 {
+		return nil, p.Errorf(key, "must be a mapping { REGEX: TYPE, … }")
+	}
+	var out []quant.TensorType
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode || v.Kind != yaml.ScalarNode {
+			return nil, p.errAt(k.Line, "%s.%s: every entry must be REGEX: TYPE", p.kind, key)
+		}
+		tt, err := quantize.NewTensorType(k.Value, v.Value)
+		if err != nil {
+			return nil, p.errAt(k.Line, "%s.%s: %v", p.kind, key, err)
+		}
+		out = append(out, tt)
+	}
+	return out, nil
+}
+
+// parseImatrix reads imatrix, include_weights and exclude_weights. A
+// path's file is read now: its digest goes into the stage key.
+func (s *quantizeStage) parseImatrix(p *Params) error {
+	v, err := p.String("imatrix", false)
+	if err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		key string
+		dst *[]string
+	}{{"include_weights", &s.IncludeWeights}, {"exclude_weights", &s.ExcludeWeights}} {
+		if p.Has(f.key) {
+			if *f.dst, err = p.Strings(f.key, true); err != nil {
+				return err
+			}
+		}
+	}
+	switch {
+	case len(s.IncludeWeights) > 0 && len(s.ExcludeWeights) > 0:
+		return p.Errorf("include_weights", "include_weights and exclude_weights cannot be used together")
+	case v == "" && len(s.IncludeWeights)+len(s.ExcludeWeights) > 0:
+		return p.Errorf("imatrix", "include_weights and exclude_weights filter an importance matrix; no imatrix given")
+	case v == "":
+		return nil
+	}
+	s.Imatrix = v
+	if !strings.ContainsRune(v, '/') && !strings.HasPrefix(v, "~") && !strings.HasSuffix(v, ".gguf") && !strings.HasSuffix(v, ".dat") {
+		s.ImatrixStage = true
+		_, err := p.Ref("imatrix", true)
+		return err
+	}
+	if s.imatrixPath, err = p.Path("imatrix", true); err != nil {
+		return err
+	}
+	if _, err := imatrix.Open(s.imatrixPath); err != nil {
+		return p.Errorf("imatrix", "%v", err)
+	}
+	d, _, err := manifest.HashFile(s.imatrixPath)
+	if err != nil {
+		return p.Errorf("imatrix", "%v", err)
+	}
+	s.ImatrixDigest = d.String()
+	return nil
+}
+
+// matrix opens the importance matrix (nil for none), filtered, and says
+// the name quantize.imatrix.file gets.
+func (s *quantizeStage) matrix(env *Env) (*imatrix.Matrix, string, error) {
+	var path, name string
+	switch {
+	case s.Imatrix == "":
+		return nil, "", nil
+	case s.ImatrixStage:
+		in := env.Input(s.Imatrix)
+		if in == nil {
+			return nil, "", fmt.Errorf("quantize: imatrix input %q not given", s.Imatrix)
+		}
+		rel, err := matrixFile(in)
+		if err != nil {
+			return nil, "", err
+		}
+		path, name = filepath.Join(in.Dir, rel), filepath.Base(rel)
+	default:
+		d, _, err := manifest.HashFile(s.imatrixPath)
+		if err != nil {
+			return nil, "", fmt.Errorf("quantize: imatrix: %w", err)
+		}
+		if d.String() != s.ImatrixDigest {
+			return nil, "", fmt.Errorf("quantize: imatrix %s changed since the pipeline file was read (digest %s, then %s): run again", s.imatrixPath, d, s.ImatrixDigest)
+		}
+		path, name = s.imatrixPath, s.Imatrix
+	}
+	m, err := imatrix.Open(path)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(s.ExcludeWeights) > 0 {
+		m = m.Exclude(s.ExcludeWeights)
+	}
+	if len(s.IncludeWeights) > 0 {
+		m = m.Include(s.IncludeWeights)
+	}
+	return m, name, nil
+}
+
+// matrixFile is the importance matrix among a stage's outputs: its one
+// file, or its one .gguf or .dat file.
+func matrixFile(in *Input) (string, error) {
+	var all, found []string
+	for _, o := range in.Outputs {
+		all = append(all, o.Path)
+	}
+	if in.Outputs == nil { // a planning preview: list the directory
+		ents, _ := os.ReadDir(in.Dir)
+		for _, e := range ents {
+			if !e.IsDir() {
+				all = append(all, e.Name())
+			}
+		}
+	}
+	if len(all) == 1 {
+		return all[0], nil
+	}
+	for _, p := range all {
+		if strings.HasSuffix(p, ".gguf") || strings.HasSuffix(p, ".dat") {
+			found = append(found, p)
+		}
+	}
+	if len(found) != 1 {
+		return "", fmt.Errorf("quantize: imatrix stage %s holds %d files (%d .gguf or .dat: %s); want one importance matrix", in.Stage, len(all), len(found), strings.Join(found, ", "))
+	}
+	return found[0], nil
+}
 
 // input finds the one .gguf file of the from stage's view.
 func (s *quantizeStage) input(env *Env) (string, error) {
@@ -163,12 +342,17 @@ func (s *quantizeStage) plans(env *Env) (*gguf.File, []*quantize.Plan, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	m, name, err := s.matrix(env)
+	if err != nil {
+		return nil, nil, err
+	}
 	f, err := gguf.Open(in)
 	if err != nil {
 		return nil, nil, err
 	}
 	var ps []*quantize.Plan
 	for _, o := range s.opts {
+		o.Imatrix, o.ImatrixFile = m, name
 		p, err := quantize.NewPlan(f, o)
 		if err != nil {
 			f.Close()
@@ -244,8 +428,12 @@ func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 	}
 	// quantize.Run holds about ChunkElems (1Mi) values per worker: the
 	// input rows (≤ 4 bytes a value), their float32s and the blocks.
+	summary := fmt.Sprintf("%s (%s) → %s", filepath.Base(f.Path), f.Architecture(), strings.Join(parts, ", "))
+	if o := plans[0].Options; o.Imatrix != nil {
+		summary += fmt.Sprintf(", imatrix %s (%d entries; %d quantized tensors without one)", o.ImatrixFile, o.Imatrix.Len(), len(plans[0].Unweighted))
+	}
 	return &StagePlan{
-		Summary: fmt.Sprintf("%s (%s) → %s", filepath.Base(f.Path), f.Architecture(), strings.Join(parts, ", ")),
+		Summary: summary,
 		Memory:  int64(max(env.Jobs, 1))*(1<<20)*10 + 64<<20,
 	}, nil
 }

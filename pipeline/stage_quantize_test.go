@@ -127,6 +127,14 @@ func TestQuantizeStageRefusals(t *testing.T) {
 		{"type: Q2_K_S", "importance matrix"},
 		{"type: Q8_0, output_tensor_type: q9", "output_tensor_type"},
 		{"types: []", "empty"},
+		{"type: Q4_K_M, tensor_types: [attn_v]", "mapping"},
+		{"type: Q4_K_M, tensor_types: { attn_v: q9_k }", `"q9_k"`},
+		{"type: Q4_K_M, tensor_types: { 'attn_(v': q8_0 }", "attn_(v"},
+		{"type: Q4_K_M, mtp_type: iq2_xs", "mtp_type"},
+		{"type: Q4_K_M, imatrix: nope.gguf", "nope.gguf"},
+		{"type: Q4_K_M, imatrix: f16, include_weights: [a], exclude_weights: [b]", "cannot be used together"},
+		{"type: Q4_K_M, exclude_weights: [b]", "no imatrix given"},
+		{"type: Q4_K_M, imatrix: nosuchstage", "nosuchstage"},
 	} {
 		dir := t.TempDir()
 		p := filepath.Join(dir, "p.yaml")
