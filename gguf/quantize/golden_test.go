@@ -210,24 +210,7 @@ func TestGoldenFamilies(t *testing.T) {
 	models := slices.Sorted(maps.Keys(testmodel.QuantizerFamilies))
 	for _, model := range models {
 		t.Run(model, func(t *testing.T) {
-			work := t.TempDir()
-			ckDir := filepath.Join(work, model) // general.name comes from it
-			if _, err := testmodel.QuantizerFamilies[model](ckDir); err != nil {
-				t.Fatal(err)
-			}
-			ck, err := safetensors.OpenDir(ckDir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ck.Close()
-			cp, err := convert.NewPlan(ck, convert.Options{OutType: convert.OutF16})
-			if err != nil {
-				t.Fatal(err)
-			}
-			in := filepath.Join(work, model+"-F16.gguf")
-			if err := convert.Write(context.Background(), cp, in, convert.WriteOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			in := familyF16(t, t.TempDir(), model)
 			want, err := goldenfile.Load(filepath.Join(dir, model+"-F16.json"))
 			if err != nil {
 				t.Fatal(err)
@@ -256,4 +239,29 @@ func TestGoldenFamilies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// familyF16 writes testmodel.QuantizerFamilies' model as a checkpoint in
+// dir/model (general.name comes from it) and converts it with
+// gguf/convert to dir/model-F16.gguf, returned.
+func familyF16(t *testing.T, dir, model string) string {
+	t.Helper()
+	ckDir := filepath.Join(dir, model)
+	if _, err := testmodel.QuantizerFamilies[model](ckDir); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := safetensors.OpenDir(ckDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	cp, err := convert.NewPlan(ck, convert.Options{OutType: convert.OutF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := filepath.Join(dir, model+"-F16.gguf")
+	if err := convert.Write(context.Background(), cp, in, convert.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return in
 }
