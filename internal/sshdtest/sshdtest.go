@@ -11,6 +11,11 @@
 // names it missing. Where sshd cannot be found or started the test is
 // skipped with the reason, except under CI=true, where it fails: .ci/run
 // installs openssh-server, so a skip there would hide a broken setup.
+//
+// An exec request runs the user's shell, which reads its rc files (bash
+// reads ~/.bashrc under sshd): a heavy one (pyenv init) costs seconds per
+// command. Tests that only need a working channel open the sftp subsystem,
+// served inside sshd (internal-sftp), which starts no shell.
 package sshdtest
 
 import (
