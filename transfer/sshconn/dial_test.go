@@ -285,6 +285,14 @@ func TestDialAgent(t *testing.T) {
 		t.Fatalf("Dial with the agent: %v", err)
 	}
 	mustWork(t, c)
+
+	// IdentitiesOnly: the agent's key is not offered when no identity
+	// file names it.
+	only := writeFile(t, t.TempDir(), "config", "Host box\n HostName 127.0.0.1\n Port "+strconv.Itoa(s.Port)+
+		"\n User "+s.User+"\n UserKnownHostsFile "+s.KnownHostsPath+"\n IdentitiesOnly yes\n IdentityFile ~/.ssh/none\n")
+	if _, err := dial(t, "box", Options{SSHConfigPath: only}); !errors.Is(err, ErrAuth) {
+		t.Fatalf("IdentitiesOnly with the key only in the agent: err = %v, want an auth failure", err)
+	}
 }
 
 func serveAgent(t *testing.T, keys ...ed25519.PrivateKey) string {
