@@ -57,6 +57,11 @@ type Options struct {
 	// LocalAddr binds the first TCP connection (--via: the source address
 	// of an interface); nil lets the kernel choose.
 	LocalAddr *net.TCPAddr
+	// Control is run on the first TCP connection's socket before it
+	// connects (net.Dialer.Control): --via pins the socket to its
+	// interface with it (netcheck.Binding.Control), which LocalAddr alone
+	// does not do on Linux, where the route is chosen by destination.
+	Control func(network, address string, c syscall.RawConn) error
 	// Passphrase asks for an identity file's passphrase; nil asks on the
 	// terminal (TerminalPassphrase) and fails clearly without one.
 	Passphrase PassphraseFunc
@@ -187,7 +192,7 @@ func (d *Dialer) hop(ctx context.Context, via *ssh.Client, e *Endpoint) (*ssh.Cl
 	dialCtx, cancel := context.WithTimeout(ctx, timeout)
 	var conn net.Conn
 	if via == nil {
-		nd := net.Dialer{LocalAddr: o.LocalAddr}
+		nd := net.Dialer{LocalAddr: o.LocalAddr, Control: o.Control}
 		conn, err = nd.DialContext(dialCtx, "tcp", e.Addr())
 	} else {
 		conn, err = via.DialContext(dialCtx, "tcp", e.Addr())

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,6 +97,27 @@ func TestDial(t *testing.T) {
 			t.Fatalf("Dial: %v", err)
 		}
 		mustWork(t, c)
+	})
+
+	t.Run("socket control (--via pins the interface with it)", func(t *testing.T) {
+		var got []string
+		ctl := func(network, address string, c syscall.RawConn) error {
+			got = append(got, network+" "+address)
+			return nil
+		}
+		c, err := dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, Control: ctl})
+		if err != nil {
+			t.Fatalf("Dial: %v", err)
+		}
+		mustWork(t, c)
+		if want := "tcp4 " + s.Addr(); len(got) != 1 || got[0] != want {
+			t.Errorf("Control ran for %q, want once for %q", got, want)
+		}
+		refuse := errors.New("interface gone")
+		_, err = dial(t, s.Alias, Options{SSHConfigPath: s.ConfigPath, Control: func(string, string, syscall.RawConn) error { return refuse }})
+		if !errors.Is(err, refuse) {
+			t.Errorf("Dial with a failing Control: %v, want its error", err)
+		}
 	})
 
 	t.Run("source address", func(t *testing.T) {
