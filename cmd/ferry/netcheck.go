@@ -1,11 +1,10 @@
 package main
 
 import (
-	"strings"
-
 	"github.com/urfave/cli/v2"
 
 	"github.com/ferry-llm/ferry/netcheck"
+	"github.com/ferry-llm/ferry/transfer/sshconn"
 )
 
 func netcheckCommand() *cli.Command {
@@ -13,8 +12,10 @@ func netcheckCommand() *cli.Command {
 		Name:      "netcheck",
 		Usage:     "check the route, interface, MTU and Wi-Fi to each host before a transfer",
 		ArgsUsage: "HOST...",
-		Description: "For each HOST (as 'ferry transfer' takes it): the resolved address; the route the kernel would use\n" +
-			"(egress interface, source, gateway, route MTU); whether that interface is Wi-Fi, its MTU and link speed;\n" +
+		Description: "For each HOST ([user@]host[:port], or a transfer destination host:DIR; ssh_config aliases are\n" +
+			"resolved as 'ferry transfer' resolves them, and with ProxyJump the first jump host is checked):\n" +
+			"the resolved address; the route the kernel would use (egress interface, source, gateway, route MTU);\n" +
+			"whether that interface is Wi-Fi, its MTU and link speed;\n" +
 			"the path MTU to the host (DF-set UDP probes to a closed port; no root needed) and the TCP round trip to\n" +
 			"its SSH port; every default route and which wins. Each problem is one line with what to do.\n\n" +
 			"Exit 0 when every requirement holds, 3 when one fails (no route, --via, --expect-mtu, --require-wired),\n" +
@@ -23,7 +24,7 @@ func netcheckCommand() *cli.Command {
 			&cli.StringFlag{Name: "via", Usage: "the interface transfers must leave by: fail when no route to a host goes through it"},
 			&cli.IntFlag{Name: "expect-mtu", Usage: "fail unless the egress interface MTU and the path MTU are this"},
 			&cli.BoolFlag{Name: "require-wired", Usage: "fail when a host's route leaves by Wi-Fi"},
-			&cli.IntFlag{Name: "port", Value: 22, Usage: "SSH port to time"},
+			&cli.StringFlag{Name: "ssh-config", Usage: "the ssh_config file that resolves host aliases (default ~/.ssh/config, then /etc/ssh/ssh_config; none: no file)"},
 			jsonFlag("print the report as JSON"),
 		},
 		Action: runNetcheck,
@@ -37,16 +38,9 @@ func runNetcheck(c *cli.Context) error {
 	if c.Int("expect-mtu") < 0 || (c.IsSet("expect-mtu") && c.Int("expect-mtu") < 68) {
 		return usageErrorf("--expect-mtu %d: an MTU is at least 68", c.Int("expect-mtu"))
 	}
-	if p := c.Int("port"); p < 1 || p > 65535 {
-		return usageErrorf("--port %d: not a TCP port", p)
-	}
-	var targets []netcheck.Target
-	for _, a := range c.Args().Slice() {
-		t, err := netcheckTarget(a, c.Int("port"))
-		if err != nil {
-			return err
-		}
-		targets = append(targets, t)
+	targets, err := netcheckTargets(c.Args().Slice(), c.String("ssh-config"))
+	if err != nil {
+		return err
 	}
 	opts := netcheck.Options{Via: c.String("via"), ExpectMTU: c.Int("expect-mtu"), RequireWired: c.Bool("require-wired")}
 	rep, err := netcheck.Check(c.Context, targets, opts)
@@ -64,22 +58,29 @@ func runNetcheck(c *cli.Context) error {
 	return rep.Err()
 }
 
-// netcheckTarget reads HOST as 'ferry transfer' names a host: [user@]host
-// with an optional :DIR, which netcheck does not need.
-func netcheckTarget(arg string, port int) (netcheck.Target, error) {
-	host := arg
-	if i := strings.LastIndexByte(host, '@'); i >= 0 {
-		host = host[i+1:]
+// netcheckTargets resolves HOST arguments as 'ferry transfer' names
+// hosts: [user@]host[:port], or a transfer destination [user@]host[:port]:DIR,
+// with ssh_config aliases resolved (HostName, Port; ProxyJump's first
+// hop) by sshconn.
+func netcheckTargets(args []string, sshConfig string) ([]netcheck.Target, error) {
+	d, err := sshconn.NewDialer(sshconn.Options{SSHConfigPath: sshConfig})
+	if err != nil {
+		return nil, err
 	}
-	if strings.HasPrefix(host, "[") {
-		if j := strings.IndexByte(host, ']'); j > 0 {
-			host = host[1:j]
+	var out []netcheck.Target
+	for _, a := range args {
+		t, err := sshconn.ParseHost(a)
+		if err != nil && sshconn.LooksRemote(a) {
+			t, err = sshconn.ParseTarget(a)
 		}
-	} else if i := strings.IndexByte(host, ':'); i >= 0 && strings.Count(host, ":") == 1 {
-		host = host[:i]
+		if err != nil {
+			return nil, err
+		}
+		e, err := d.Resolve(t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, netcheck.SSHTarget(e))
 	}
-	if host == "" {
-		return netcheck.Target{}, usageErrorf("netcheck: %q names no host", arg)
-	}
-	return netcheck.Target{Name: host, Host: host, Port: port}, nil
+	return out, nil
 }

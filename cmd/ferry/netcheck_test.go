@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -10,17 +12,23 @@ import (
 // machine's loopback (the network-namespace cases are in package
 // netcheck).
 func TestNetcheckCLI(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "ssh_config")
+	os.WriteFile(cfg, []byte("Host studio\n  HostName 127.0.0.1\n  Port 2222\n  User ml\n"+
+		"Host behind\n  HostName 10.0.0.2\n  ProxyJump bastion\nHost bastion\n  HostName 127.0.0.1\n  Port 2200\n"), 0o644)
 	runCLICases(t, []cliCase{
-		{"loopback", []string{"netcheck", "127.0.0.1"}, exitOK, []string{"127.0.0.1", "this machine's own address", "path MTU", "default routes", "ok: every check passed"}},
-		{"user@host:dir as transfer takes it", []string{"netcheck", "me@127.0.0.1:/models"}, exitOK, []string{"127.0.0.1"}},
+		{"loopback", []string{"netcheck", "--ssh-config", "none", "127.0.0.1"}, exitOK, []string{"127.0.0.1", "this machine's own address", "path MTU", "default routes", "ok: every check passed"}},
+		{"user@host:dir as transfer takes it", []string{"netcheck", "--ssh-config", "none", "me@127.0.0.1:/models"}, exitOK, []string{"127.0.0.1"}},
+		{"ssh_config alias", []string{"netcheck", "--ssh-config", cfg, "studio:/models"}, exitOK, []string{"studio (127.0.0.1) port 2222", "tcp/2222"}},
+		{"ProxyJump: the first hop is checked", []string{"netcheck", "--ssh-config", cfg, "behind"}, exitOK, []string{"behind, first hop bastion (127.0.0.1) port 2200"}},
+		{"port on the command line", []string{"netcheck", "--ssh-config", cfg, "studio:2223"}, exitOK, []string{"studio (127.0.0.1) port 2223"}},
 		{"no host", []string{"netcheck"}, exitBadInput, []string{"needs at least one HOST"}},
-		{"bad --expect-mtu", []string{"netcheck", "--expect-mtu", "10", "127.0.0.1"}, exitBadInput, []string{"at least 68"}},
-		{"unknown interface", []string{"netcheck", "--via", "nosuch0", "127.0.0.1"}, exitBadInput, []string{`interface "nosuch0"`}},
+		{"bad --expect-mtu", []string{"netcheck", "--ssh-config", "none", "--expect-mtu", "10", "127.0.0.1"}, exitBadInput, []string{"at least 68"}},
+		{"unknown interface", []string{"netcheck", "--ssh-config", "none", "--via", "nosuch0", "127.0.0.1"}, exitBadInput, []string{`interface "nosuch0"`}},
 		// "a..b" is not a domain name: the resolver refuses it without a query.
-		{"unknown host", []string{"netcheck", "a..b"}, exitBadInput, []string{"unknown host a..b"}},
+		{"unknown host", []string{"netcheck", "--ssh-config", "none", "a..b"}, exitBadInput, []string{"unknown host a..b"}},
 	})
 
-	out, code, err := runFerry(t, "netcheck", "--json", "127.0.0.1")
+	out, code, err := runFerry(t, "netcheck", "--ssh-config", "none", "--json", "127.0.0.1")
 	if code != exitOK {
 		t.Fatalf("--json: exit %d (%v)\n%s", code, err, out)
 	}
