@@ -66,6 +66,7 @@ var exceptions = map[[2]string]string{
 	{"gguf/imatrix", "gguf/quant"}:        "the in_sum2 and counts tensors must be ggml F32",
 	{"gguf/quantize", "gguf"}:             "the quantizer reads and writes GGUF files",
 	{"gguf/quantize", "gguf/quant"}:       "the quantizer encodes into ggml types chosen by quant.Mix",
+	{"gguf/quantize", "gguf/imatrix"}:     "--imatrix reads llama-imatrix output to weight the quantization error",
 	{"merge", "safetensors"}:              "a merge reads a safetensors base and adapter and writes a safetensors checkpoint",
 	{"mlxpack", "safetensors"}:            "an MLX checkpoint is safetensors shards plus config.json",
 	{"verify", "safetensors"}:             "verify checks the files every stage writes, whatever made them",
