@@ -1,0 +1,188 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/ferry-llm/ferry/internal/progress"
+	"github.com/ferry-llm/ferry/internal/sshdtest"
+)
+
+// toxic is an in-process toxiproxy in front of the test sshd.
+type toxic struct {
+	t     testing.TB
+	proxy *toxiproxy.Proxy
+}
+
+func newToxic(t testing.TB, upstream string) *toxic {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	p := toxiproxy.NewProxy(srv, "sshd", "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	return &toxic{t: t, proxy: p}
+}
+
+func (x *toxic) addr() string { return x.proxy.Listen }
+
+// add adds a toxic: typ, stream ("upstream": towards sshd), attributes.
+func (x *toxic) add(name, typ, stream string, attrs string) {
+	x.t.Helper()
+	js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"attributes":%s}`, name, typ, stream, attrs)
+	if _, err := x.proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+		x.t.Fatal(err)
+	}
+}
+
+func (x *toxic) remove(name string) {
+	if err := x.proxy.Toxics.RemoveToxic(context.Background(), name); err != nil {
+		x.t.Error(err)
+	}
+}
+
+// Through a proxy that misbehaves, the copy retries, resumes and ends
+// byte-identical, and the data crosses the link about once.
+func TestFaults(t *testing.T) {
+	s := startSSHD(t)
+	cases := []struct {
+		name  string
+		setup func(x *toxic)
+		// during runs while the copy runs
+		during func(x *toxic)
+	}{
+		{name: "reset mid-chunk", setup: func(x *toxic) {
+			// Every connection is cut after 700 kB towards the server,
+			// inside the third 256 KiB chunk it carries.
+			x.add("cut", "limit_data", "upstream", `{"bytes":700000}`)
+		}},
+		{name: "latency and bandwidth", setup: func(x *toxic) {
+			x.add("lat", "latency", "upstream", `{"latency":10}`)
+			x.add("lat2", "latency", "downstream", `{"latency":10}`)
+			x.add("bw", "bandwidth", "upstream", `{"rate":8000}`)
+		}},
+		{name: "stall", setup: func(x *toxic) {
+			x.add("bw", "bandwidth", "upstream", `{"rate":4000}`)
+		}, during: func(x *toxic) {
+			time.Sleep(300 * time.Millisecond)
+			x.add("stall", "timeout", "upstream", `{"timeout":0}`)
+			time.Sleep(1500 * time.Millisecond)
+			x.remove("stall")
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			x := newToxic(t, s.Addr())
+			src := filepath.Join(t.TempDir(), "w.bin")
+			want := randomFile(t, src, 4<<20+77, 11)
+			tc.setup(x)
+			dst := t.TempDir()
+			p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: 256 << 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := Destination{Name: "proxied:" + dst, Host: "proxied", Dir: dst, Dial: testDialer(s, x.addr())}
+			if tc.during != nil {
+				go tc.during(x)
+			}
+			rep, err := Run(context.Background(), p, []Destination{d}, Options{
+				StateDir: t.TempDir(), Log: testLog(t), Streams: 3,
+				Backoff: 20 * time.Millisecond, StallTimeout: 500 * time.Millisecond, DialTimeout: 2 * time.Second, Retries: 20,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(filepath.Join(dst, "w.bin"))
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("remote file differs (%v)", err)
+			}
+			h := rep.Hosts[0]
+			if !h.OK || !h.Files[0].Verified {
+				t.Errorf("report: %+v", h)
+			}
+			// A chunk cut off is sent again, whole; verified chunks are not.
+			if h.Sent < int64(len(want)) || h.Sent > int64(len(want))+int64(3*4)*(256<<10) {
+				t.Errorf("sent %d bytes for a %d-byte file", h.Sent, len(want))
+			}
+		})
+	}
+}
+
+// A chunk altered on the remote side after it was written and journaled
+// is found by the final check and sent again, alone.
+func TestRepairAlteredChunk(t *testing.T) {
+	s := startSSHD(t)
+	src := filepath.Join(t.TempDir(), "w.bin")
+	want := randomFile(t, src, 3<<20, 12)
+	dst := t.TempDir()
+	state := t.TempDir()
+	const cs = 256 << 10
+	p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Destination{Name: "t:" + dst, Host: "t", Dir: dst, Dial: testDialer(s, s.Addr())}
+	// First run: cancelled once half the bytes are on their way.
+	ctx, cancel := context.WithCancel(context.Background())
+	var seen atomic.Int64
+	_, err = Run(ctx, p, []Destination{d}, Options{StateDir: state, Log: testLog(t), Streams: 1,
+		Progress: func(string, int64) progressReporter {
+			return &cancelAt{n: &seen, at: int64(len(want)) / 2, cancel: cancel}
+		}})
+	if err == nil {
+		t.Fatal("cancelled run succeeded")
+	}
+	part := filepath.Join(dst, "w.bin.partial")
+	if _, err := os.Stat(filepath.Join(dst, "w.bin")); err == nil {
+		t.Fatal("a cancelled run left the file under its name")
+	}
+	// Alter a byte of the first chunk, which the journal says is there.
+	f, err := os.OpenFile(part, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{want[1000] ^ 0xff}, 1000)
+	f.Close()
+	rep, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: state, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dst, "w.bin"))
+	if !bytes.Equal(got, want) {
+		t.Fatal("remote file differs after the repair")
+	}
+	fr := rep.Hosts[0].Files[0]
+	if !fr.Resumed || fr.Repaired != 1 || fr.Sent >= int64(len(want)) {
+		t.Errorf("want a resumed file with 1 repaired chunk and less than the whole sent; got %+v", fr)
+	}
+}
+
+type progressReporter = progress.Reporter
+
+// cancelAt cancels once n reaches at.
+type cancelAt struct {
+	n      *atomic.Int64
+	at     int64
+	cancel func()
+}
+
+func (c *cancelAt) SetTotal(int64) {}
+func (c *cancelAt) Close() error   { return nil }
+func (c *cancelAt) Add(k int64) {
+	if c.n.Add(k) >= c.at {
+		c.cancel()
+	}
+}
+
+var _ = sshdtest.Start
