@@ -32,7 +32,7 @@ var emptySHA256 = func() string { s := sha256.Sum256(nil); return hex.EncodeToSt
 const ReadBack = "read-back"
 
 // shellQuote quotes s for a POSIX shell: single quotes, each ' written as
-// '\''. A relative path gets "./" in front so that no tool takes a name
+// '\”. A relative path gets "./" in front so that no tool takes a name
 // starting with "-" for an option.
 func shellQuote(s string) string {
 	if !strings.HasPrefix(s, "/") {

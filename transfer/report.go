@@ -19,16 +19,16 @@ type Report struct {
 
 // HostReport is one destination.
 type HostReport struct {
-	Destination string  `json:"destination"` // as given ([user@]host:dir)
-	Host        string  `json:"host"`
-	Dir         string  `json:"dir"`
-	OK          bool    `json:"ok"`
-	Error       string  `json:"error,omitempty"`
-	HashCommand string  `json:"hash_command,omitempty"` // remote tool that verified, or "read-back"
-	Bytes       int64   `json:"bytes"`                  // bytes of the files verified there
-	Sent        int64   `json:"sent"`                   // bytes written by this run (chunks, repairs)
-	Seconds     float64 `json:"seconds"`
-	MBps        float64 `json:"mb_per_s"` // Sent / Seconds, in 10⁶ bytes per second
+	Destination string       `json:"destination"` // as given ([user@]host:dir)
+	Host        string       `json:"host"`
+	Dir         string       `json:"dir"`
+	OK          bool         `json:"ok"`
+	Error       string       `json:"error,omitempty"`
+	HashCommand string       `json:"hash_command,omitempty"` // remote tool that verified, or "read-back"
+	Bytes       int64        `json:"bytes"`                  // bytes of the files verified there
+	Sent        int64        `json:"sent"`                   // bytes written by this run (chunks, repairs)
+	Seconds     float64      `json:"seconds"`
+	MBps        float64      `json:"mb_per_s"` // Sent / Seconds, in 10⁶ bytes per second
 	Files       []FileReport `json:"files"`
 	Links       []string     `json:"links,omitempty"` // links made or found right
 }
