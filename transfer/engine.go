@@ -122,9 +122,11 @@ func isTransient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false
 	}
+	// An error that knows its kind decides (a host key or login refused
+	// is never retried, whatever it wraps).
 	var k errkind.Kinded
-	if errors.As(err, &k) && k.Kind() == errkind.Retryable {
-		return true
+	if errors.As(err, &k) {
+		return k.Kind() == errkind.Retryable
 	}
 	for _, e := range []error{sftp.ErrSSHFxConnectionLost, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed,
 		syscall.ECONNRESET, syscall.EPIPE, syscall.ECONNREFUSED, syscall.ETIMEDOUT, os.ErrDeadlineExceeded, context.DeadlineExceeded} {

@@ -49,6 +49,7 @@ func newApp() *cli.App {
 			pipelineCommand(),
 			storeCommand(),
 			netcheckCommand(),
+			transferCommand(),
 		},
 		// Usage errors from flag parsing exit 2, like every bad input.
 		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {

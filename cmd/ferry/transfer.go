@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/ferry-llm/ferry/internal/progress"
+	"github.com/ferry-llm/ferry/pipeline"
+	"github.com/ferry-llm/ferry/transfer"
+	"github.com/ferry-llm/ferry/transfer/sshconn"
+)
+
+func transferCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "transfer",
+		Usage:     "copy files and directories to one or more hosts over SSH: parallel, sha256-verified, resumable",
+		ArgsUsage: "SRC... [user@]HOST:DIR [[user@]HOST2:DIR ...]",
+		Description: `Each source (a file, or a directory sent as DIR/<its name>) goes to every
+destination. Every file is hashed (sha256) before it is sent, written by
+--streams SSH connections at once into NAME.partial, checked on the remote
+host (openssl, sha256sum or shasum over SSH; reading it back where none
+works), and renamed into place only when its digest matches. A file
+already there with the right digest is skipped. Chunks whose bytes are
+durable on the remote side are journaled (in --state-dir), so a run that
+was interrupted, or lost its connection, sends only what is missing when
+run again. One destination failing does not stop the others; the error
+and the --json report say which failed.`,
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "streams", Value: 4, Usage: "SSH connections per destination"},
+			&cli.BoolFlag{Name: "dereference", Usage: "copy what symlinks point to (links inside a source tree are otherwise recreated as links, and links leaving it refused)"},
+			&cli.StringFlag{Name: "chunk-size", Value: "16MiB", Usage: "unit of parallel writes, of the resume journal and of repair"},
+			&cli.StringFlag{Name: "state-dir", Usage: "where resume journals are kept (default: the user cache directory's ferry/transfer)"},
+			&cli.BoolFlag{Name: "verify", Usage: "re-hash remote files an earlier run verified, instead of trusting their size"},
+			&cli.StringFlag{Name: "ssh-config", Usage: "read only this ssh_config (\"none\": no config)"},
+			&cli.StringFlag{Name: "known-hosts", Usage: "the known_hosts file to check (and with --accept-new, to add to)"},
+			&cli.StringSliceFlag{Name: "identity", Aliases: []string{"i"}, Usage: "identity file (private key), tried before the config's"},
+			&cli.BoolFlag{Name: "accept-new", Usage: "trust and record the key of a host not in known_hosts yet (a changed key is always refused)"},
+			jobsFlag("files hashed at once before sending"),
+			jsonFlag("print the report (per destination and file: bytes, seconds, MB/s, digest, verified) as JSON"),
+		},
+		Action: runTransfer,
+	}
+}
+
+// transferPreFlight, when set, checks each destination's route before a
+// byte is sent to it (netcheck: --via, MTU, Wi-Fi); a failure fails that
+// destination only. It is the seam where netcheck plugs into the command
+// and the pipeline stage (pipeline.TransferPreFlight).
+var transferPreFlight func(c *cli.Context, o sshconn.Options) (func(ctx context.Context, d transfer.Destination) error, error)
+
+func runTransfer(c *cli.Context) error {
+	args := c.Args().Slice()
+	var srcs, dsts []string
+	for i, a := range args {
+		if sshconn.LooksRemote(a) {
+			dsts = args[i:]
+			break
+		}
+		srcs = append(srcs, a)
+	}
+	for _, d := range dsts {
+		if !sshconn.LooksRemote(d) {
+			return usageErrorf("transfer: %q after a destination: sources come first, then [user@]HOST:DIR destinations", d)
+		}
+	}
+	if len(srcs) == 0 || len(dsts) == 0 {
+		return usageErrorf("transfer: want SRC... [user@]HOST:DIR [HOST2:DIR ...]")
+	}
+	jobs, err := jobsOf(c)
+	if err != nil {
+		return err
+	}
+	streams := c.Int("streams")
+	if streams < 1 || streams > 64 {
+		return usageErrorf("transfer: --streams must be between 1 and 64")
+	}
+	cs, ok := pipeline.ParseSize(c.String("chunk-size"))
+	if !ok || cs < 64<<10 || cs > 1<<30 {
+		return usageErrorf("transfer: --chunk-size %q: want a size from 64KiB to 1GiB", c.String("chunk-size"))
+	}
+	so := sshconn.Options{SSHConfigPath: c.String("ssh-config"), KnownHostsPath: c.String("known-hosts"),
+		IdentityFiles: c.StringSlice("identity"), AcceptNew: c.Bool("accept-new")}
+	dialer, err := sshconn.NewDialer(so)
+	if err != nil {
+		return err
+	}
+	dests, err := transferDestinations(dialer, dsts)
+	if err != nil {
+		return err
+	}
+	state := c.String("state-dir")
+	if state == "" {
+		if state, err = transferStateDir(); err != nil {
+			return err
+		}
+	}
+	pg := newProgress(c, false)
+	hashBar := pg.New("hashing", 0, "task", "hash")
+	plan, err := transfer.NewPlan(c.Context, srcs, transfer.PlanOptions{Dereference: c.Bool("dereference"), ChunkSize: cs, Jobs: jobs, Hashed: hashBar.Add})
+	hashBar.Close()
+	if err != nil {
+		pg.Close()
+		return err
+	}
+	o := transfer.Options{Streams: streams, StateDir: state, Verify: c.Bool("verify"),
+		Progress: func(dest string, total int64) progress.Reporter { return pg.New(dest, total, "dest", dest) }}
+	if transferPreFlight != nil {
+		if o.PreFlight, err = transferPreFlight(c, so); err != nil {
+			pg.Close()
+			return err
+		}
+	}
+	rep, err := transfer.Run(c.Context, plan, dests, o)
+	pg.Close()
+	if rep != nil {
+		if perr := printTransfer(c, rep); perr != nil && err == nil {
+			err = perr
+		}
+	}
+	if r := interruptedResume(c.Context, err, "nothing unverified was renamed into place"); r != nil {
+		return r
+	}
+	return err
+}
+
+// transferDestinations parses the [user@]HOST:DIR arguments into
+// destinations that dial through d.
+func transferDestinations(d *sshconn.Dialer, args []string) ([]transfer.Destination, error) {
+	seen := map[string]bool{}
+	var out []transfer.Destination
+	for _, a := range args {
+		t, err := sshconn.ParseTarget(a)
+		if err != nil {
+			return nil, err
+		}
+		if seen[t.String()] {
+			return nil, usageErrorf("transfer: destination %s given twice", a)
+		}
+		seen[t.String()] = true
+		out = append(out, transfer.Destination{Name: t.String(), Host: t.HostString(), Dir: t.Dir,
+			Dial: func(ctx context.Context) (*ssh.Client, error) { return d.Dial(ctx, t) }})
+	}
+	return out, nil
+}
+
+// transferStateDir is where the CLI keeps transfer journals.
+func transferStateDir() (string, error) {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("transfer: no cache directory for resume journals (give --state-dir): %w", err)
+	}
+	return filepath.Join(dir, "ferry", "transfer"), nil
+}
+
+func printTransfer(c *cli.Context, rep *transfer.Report) error {
+	if c.Bool("json") {
+		return printJSON(c, rep)
+	}
+	w := stdout(c)
+	for _, h := range rep.Hosts {
+		var sent, skipped, verified int
+		for _, f := range h.Files {
+			switch {
+			case f.Skipped:
+				skipped++
+			case f.Sent > 0:
+				sent++
+			}
+			if f.Verified {
+				verified++
+			}
+		}
+		status := "ok"
+		if !h.OK {
+			status = "FAILED"
+		}
+		fmt.Fprintf(w, "%s: %s, %d of %d files verified (%s), %d sent, %d already there, %d bytes sent in %.1fs (%.1f MB/s)\n",
+			h.Destination, status, verified, rep.Files, h.HashCommand, sent, skipped, h.Sent, h.Seconds, h.MBps)
+		if h.Error != "" {
+			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(h.Error, "\n", "\n  "))
+		}
+	}
+	return nil
+}
