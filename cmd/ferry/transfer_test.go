@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/ed25519"
+	crand "crypto/rand"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/ferry-llm/ferry/internal/sshdtest"
+	"github.com/ferry-llm/ferry/transfer"
+)
+
+// startTransferSSHD starts the test sshd with a HOME of its own for its
+// sessions, so the remote hash commands do not source the machine's shell
+// rc files (a ~/.bashrc initialising pyenv cost 5 s per command on one).
+func startTransferSSHD(t *testing.T) *sshdtest.Server {
+	return sshdtest.Start(t, sshdtest.SSHDConfig("SetEnv HOME="+t.TempDir()))
+}
+
+func writeRandom(t testing.TB, path string, n int, seed uint64) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(seed, 1))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func transferReport(t *testing.T, r ferryRun) transfer.Report {
+	t.Helper()
+	var rep transfer.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("--json output: %v\n%s\nstderr: %s", err, r.stdout, r.stderr)
+	}
+	return rep
+}
+
+func TestTransferCLI(t *testing.T) {
+	s := startTransferSSHD(t)
+	src := filepath.Join(t.TempDir(), "model")
+	want := writeRandom(t, filepath.Join(src, "model.gguf"), 1<<20+5, 1)
+	writeRandom(t, filepath.Join(src, "config.json"), 300, 2)
+	if err := os.Symlink("model.gguf", filepath.Join(src, "latest.gguf")); err != nil {
+		t.Fatal(err)
+	}
+	dst, state := t.TempDir(), t.TempDir()
+	base := []string{"transfer", "--ssh-config", s.ConfigPath, "--state-dir", state, "--json"}
+
+	// A file in a directory that is not there yet, and a fan-out to a
+	// second destination whose directory is a file: that one fails, the
+	// first finishes, exit 2 (bad input), and the report says which.
+	notDir := filepath.Join(dst, "notdir")
+	os.WriteFile(notDir, []byte("x"), 0o644)
+	good := s.Alias + ":" + filepath.Join(dst, "a", "b")
+	bad := s.Alias + ":" + notDir
+	r := execFerry(t, nil, append(base, src, good, bad)...)
+	if r.code != exitBadInput {
+		t.Fatalf("exit %d, want %d; stderr: %s", r.code, exitBadInput, r.stderr)
+	}
+	rep := transferReport(t, r)
+	if len(rep.Hosts) != 2 || !rep.Hosts[0].OK || rep.Hosts[1].OK || !strings.Contains(r.stderr, bad) {
+		t.Fatalf("report %+v, stderr %s", rep, r.stderr)
+	}
+	got, err := os.ReadFile(filepath.Join(dst, "a", "b", "model", "model.gguf"))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("remote file differs (%v)", err)
+	}
+	if l, err := os.Readlink(filepath.Join(dst, "a", "b", "model", "latest.gguf")); err != nil || l != "model.gguf" {
+		t.Errorf("link: %q, %v", l, err)
+	}
+	for _, f := range rep.Hosts[0].Files {
+		if !f.Verified || f.Digest == "" {
+			t.Errorf("file %+v not verified", f)
+		}
+	}
+
+	// Again: nothing is sent.
+	r = execFerry(t, nil, append(base, src, good)...)
+	if r.code != 0 {
+		t.Fatalf("rerun: exit %d: %s", r.code, r.stderr)
+	}
+	if rep := transferReport(t, r); rep.Hosts[0].Sent != 0 {
+		t.Errorf("rerun sent %d bytes", rep.Hosts[0].Sent)
+	}
+
+	// Usage: no destination, exit 2.
+	if r := execFerry(t, nil, "transfer", src); r.code != exitBadInput {
+		t.Errorf("no destination: exit %d", r.code)
+	}
+}
+
+// A host key that does not match known_hosts, and a key the server does
+// not accept, each fail before anything is written, naming the host.
+func TestTransferCLIRefused(t *testing.T) {
+	s := startTransferSSHD(t)
+	src := filepath.Join(t.TempDir(), "w.bin")
+	writeRandom(t, src, 1000, 3)
+	dst := t.TempDir()
+
+	_, other, _ := ed25519.GenerateKey(crand.Reader)
+	otherPub, _ := ssh.NewPublicKey(other.Public())
+	wrongKH := filepath.Join(t.TempDir(), "known_hosts")
+	os.WriteFile(wrongKH, []byte(knownhosts.Line([]string{knownhosts.Normalize(s.Addr())}, otherPub)+"\n"), 0o600)
+
+	stranger := filepath.Join(t.TempDir(), "id_stranger")
+	if _, err := sshdtest.WriteKey(stranger, other, nil); err != nil {
+		t.Fatal(err)
+	}
+	strangerCfg := filepath.Join(t.TempDir(), "ssh_config")
+	block := strings.Replace(s.HostBlock(s.Alias), s.ClientKeyPath, stranger, 1)
+	os.WriteFile(strangerCfg, []byte(block), 0o600)
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"host key mismatch", []string{"--ssh-config", s.ConfigPath, "--known-hosts", wrongKH}, exitVerify, "HOST KEY CHANGED"},
+		{"auth failure", []string{"--ssh-config", strangerCfg}, exitFailure, "auth"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append([]string{"transfer", "--state-dir", t.TempDir()}, tc.args...), src, s.Alias+":"+dst)
+			r := execFerry(t, nil, args...)
+			if r.code != tc.code || !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, s.Alias+":"+dst) {
+				t.Errorf("exit %d (want %d), stderr %q (want %q and the destination)", r.code, tc.code, r.stderr, tc.want)
+			}
+			if ents, _ := os.ReadDir(dst); len(ents) != 0 {
+				t.Errorf("destination has %d entries", len(ents))
+			}
+		})
+	}
+}
+
+// ferry transfer SIGKILLed at random moments, and run again after each,
+// ends with the file byte-identical, and no run sends a chunk that the
+// journal said was already there when it started.
+func TestTransferKillAtRandomPoints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a transfer 10 times; not in -short")
+	}
+	s := startTransferSSHD(t)
+	src := filepath.Join(t.TempDir(), "w.bin")
+	const size = 3<<20 + 11
+	const cs = 64 << 10
+	want := writeRandom(t, src, size, 9)
+	dst, state := t.TempDir(), t.TempDir()
+	dest := s.Alias + ":" + dst
+	journalPath := transfer.JournalPath(state, dest)
+	ferry := func(state, dest string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "--verbose", "transfer", "--ssh-config", s.ConfigPath, "--state-dir", state,
+			"--chunk-size", strconv.Itoa(cs), "--streams", "2", src, dest)
+		cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
+		return cmd
+	}
+	run := func() *exec.Cmd { return ferry(state, dest) }
+	// An uninterrupted run to a directory of its own, to time it.
+	start := time.Now()
+	if b, err := ferry(t.TempDir(), s.Alias+":"+t.TempDir()).CombinedOutput(); err != nil {
+		t.Fatalf("uninterrupted run: %v: %s", err, b)
+	}
+	full := time.Since(start)
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 7))
+	t.Logf("seed %d, uninterrupted run %v", seed, full)
+	resumed := 0
+	for kill := 0; kill < 10; kill++ {
+		before := journaledChunks(journalPath)
+		cmd := run()
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = pw
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pw.Close()
+		// Most kills land after a random number of chunks were started
+		// (inside the copy, wherever it resumed from); the others at a
+		// random time (before the first chunk, in the final check, around
+		// the rename).
+		after := -1
+		if rng.IntN(3) > 0 {
+			after = 1 + rng.IntN(max((size+cs-1)/cs-len(before), 1))
+		} else {
+			go func() { time.Sleep(time.Duration(rng.Int64N(int64(full)))); cmd.Process.Signal(syscall.SIGKILL) }()
+		}
+		var log strings.Builder
+		sc := bufio.NewScanner(pr)
+		n := 0
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+			if strings.Contains(sc.Text(), `msg="transfer: sending chunk"`) {
+				if n++; n == after {
+					cmd.Process.Signal(syscall.SIGKILL)
+				}
+			}
+		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		pr.Close()
+		if len(before) > 0 {
+			resumed++
+		}
+		for _, c := range sentChunks(log.String()) {
+			if before[c] {
+				t.Fatalf("kill %d: chunk %d was journaled before the run and sent again", kill, c)
+			}
+		}
+		if b, err := os.ReadFile(filepath.Join(dst, "w.bin")); err == nil && !bytes.Equal(b, want) {
+			t.Fatalf("kill %d: w.bin is there and differs", kill)
+		}
+	}
+	before := journaledChunks(journalPath)
+	cmd := run()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("final run: %v: %s", err, stderr.String())
+	}
+	sent := sentChunks(stderr.String())
+	for _, c := range sent {
+		if before[c] {
+			t.Fatalf("final run: chunk %d was journaled and sent again", c)
+		}
+	}
+	got, err := os.ReadFile(filepath.Join(dst, "w.bin"))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("final file differs (%v)", err)
+	}
+	if _, err := os.Stat(journalPath); err == nil {
+		t.Error("the journal is still there after a finished transfer")
+	}
+	t.Logf("runs that found a journal: %d; the final run sent %d of %d chunks", resumed, len(sent), (size+cs-1)/cs)
+	if resumed < 3 {
+		t.Errorf("only %d runs found a journal to resume from", resumed)
+	}
+}
+
+// journaledChunks reads the chunk lines of a transfer journal (its format
+// is documented in transfer/journal.go).
+func journaledChunks(path string) map[int]bool {
+	out := map[int]bool{}
+	f, err := os.Open(path)
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var e struct{ Unit string }
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
+			break
+		}
+		if strings.HasPrefix(e.Unit, "p:") {
+			out = map[int]bool{}
+		}
+		if _, idx, ok := strings.Cut(e.Unit, "#"); ok && strings.HasPrefix(e.Unit, "c:") {
+			if i, err := strconv.Atoi(idx); err == nil {
+				out[i] = true
+			}
+		}
+	}
+	return out
+}
+
+// sentChunks reads the chunks a run started sending from its debug log.
+func sentChunks(log string) []int {
+	var out []int
+	for _, l := range strings.Split(log, "\n") {
+		if !strings.Contains(l, `msg="transfer: sending chunk"`) {
+			continue
+		}
+		i := strings.Index(l, " chunk=")
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(l[i+7:])
+		if n, err := strconv.Atoi(f[0]); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
