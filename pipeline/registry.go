@@ -30,8 +30,8 @@ func BuiltinKinds() *Kinds {
 			Summary: "repack a compressed-tensors checkpoint for MLX (no requantization)"},
 		"mlx_quantize": {New: newMLXQuantize, Version: "1",
 			Summary: "convert a safetensors checkpoint to MLX, affine-quantized as mlx_lm.convert -q does"},
-		"transfer": {NotBuilt: "transfer/", RefKeys: []string{"from"},
-			Summary: "send outputs to serving hosts over SSH"},
+		"transfer": {New: newTransfer, Version: "1",
+			Summary: "send outputs to serving hosts over SSH (parallel, sha256-verified on each host, resumable)"},
 	}}
 }
 

@@ -315,6 +315,10 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 		}
 		return d, nil
 	}
+	if _, ok := st.Stage.(remoteResults); ok && r.opts.Verify {
+		d.reason = "--verify: checking the copies on the remote hosts again"
+		return d, nil
+	}
 	// Sources first: an import reading its files in place sees a changed
 	// file as a changed source (only that file is hashed again), not as a
 	// damaged output.

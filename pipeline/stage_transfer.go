@@ -1,0 +1,248 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path"
+	"path/filepath"
+	"sort"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/jsonout"
+	"github.com/ferry-llm/ferry/internal/progress"
+	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/transfer"
+	"github.com/ferry-llm/ferry/transfer/sshconn"
+)
+
+// transferStage sends the outputs of its from stages to every host of to,
+// as `ferry transfer` does (transfer.Run: parallel streams, sha256 checked
+// on each host, resumable):
+//
+//	transfer: { from: [quants, mlx4], to: [studio-a:~/models/x, studio-b:~/models/x], streams: 4 }
+//
+// Stage S's output P lands at DIR/S/P on every host. Each file's digest
+// comes from the manifest (nothing is hashed twice); hosts are reached as
+// the user's ssh reaches them (~/.ssh/config, agent, known_hosts). The
+// stage's output is transfer-record.json: per destination, every file
+// with its digest, verified there, and the remote tool that verified it
+// (no timings: the record is the same for the same result). A failed
+// destination fails the stage (no record); the journals in the stage's
+// work directory make the next run send only what is missing. A finished
+// transfer is not run again unless its inputs or destinations change;
+// `ferry pipeline run --verify` runs it again, which re-hashes every
+// remote file and sends only what does not match.
+type transferStage struct {
+	From    []string `json:"from"`
+	To      []string `json:"to"`
+	Streams int      `json:"-"` // how, not what: not part of the key
+	TransferNetcheck
+
+	dests []sshconn.Target
+}
+
+var _ Stage = (*transferStage)(nil)
+var _ Planner = (*transferStage)(nil)
+var _ remoteResults = (*transferStage)(nil)
+
+// TransferNetcheck are the transfer stage's route and interface
+// requirements (issue 18's netcheck): the egress interface to bind to, the
+// MTU the path must carry, no Wi-Fi. They are parsed and part of the key
+// now; a stage that sets any of them refuses to run until
+// TransferPreFlight is set.
+type TransferNetcheck struct {
+	Via          string `json:"via,omitempty"`
+	ExpectMTU    int64  `json:"expect_mtu,omitempty"`
+	RequireWired bool   `json:"require_wired,omitempty"`
+}
+
+func (n TransferNetcheck) set() bool { return n != TransferNetcheck{} }
+
+// TransferPreFlight, when set, makes the check that runs before a byte is
+// sent to each destination of the transfer stage named stage (netcheck:
+// route, MTU, Wi-Fi, with the stage's requirements); its error fails that
+// destination. It is the seam where netcheck plugs into the stage, as
+// transferPreFlight in cmd/ferry is for the command.
+var TransferPreFlight func(stage string, req TransferNetcheck) func(ctx context.Context, d transfer.Destination) error
+
+// netcheckBuilt refuses netcheck requirements while nothing checks
+// them.
+func (s *transferStage) netcheckBuilt() error {
+	if s.TransferNetcheck.set() && TransferPreFlight == nil {
+		return fmt.Errorf("transfer: via, expect_mtu and require_wired need the route and interface checks (netcheck): %w", errkind.ErrNotBuilt)
+	}
+	return nil
+}
+
+func newTransfer(p *Params) (Stage, error) {
+	s := &transferStage{}
+	var err error
+	if s.From, err = p.Refs("from", true); err != nil {
+		return nil, err
+	}
+	if s.To, err = p.Strings("to", true); err != nil {
+		return nil, err
+	}
+	if len(s.To) == 0 {
+		return nil, p.Errorf("to", "needs at least one [user@]HOST:DIR")
+	}
+	seen := map[string]bool{}
+	for _, to := range s.To {
+		t, err := sshconn.ParseTarget(to)
+		if err != nil {
+			return nil, p.Errorf("to", "%v", err)
+		}
+		if seen[t.String()] {
+			return nil, p.Errorf("to", "%s given twice", to)
+		}
+		seen[t.String()] = true
+		s.dests = append(s.dests, t)
+	}
+	n, err := p.Int("streams", 4)
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 || n > 64 {
+		return nil, p.Errorf("streams", "must be between 1 and 64")
+	}
+	s.Streams = int(n)
+	if s.Via, err = p.String("via", false); err != nil {
+		return nil, err
+	}
+	if s.ExpectMTU, err = p.Int("expect_mtu", 0); err != nil {
+		return nil, err
+	}
+	if s.ExpectMTU < 0 || s.ExpectMTU > 1<<16 {
+		return nil, p.Errorf("expect_mtu", "must be between 68 and 65536")
+	}
+	if s.RequireWired, err = p.Bool("require_wired", false); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *transferStage) Params() any { return s }
+
+// remoteResults marks stages whose results live outside the store: with
+// --verify the runner runs them again instead of re-hashing their record.
+type remoteResults interface{ remoteResults() }
+
+func (s *transferStage) remoteResults() {}
+
+// plan is what the stage sends: every output of every from stage.
+func (s *transferStage) plan(env *Env) (*transfer.Plan, error) {
+	p := &transfer.Plan{ChunkSize: transfer.DefaultChunkSize}
+	for _, name := range s.From {
+		in := env.Input(name)
+		if in == nil {
+			return nil, fmt.Errorf("transfer: input %q not given", name)
+		}
+		for _, o := range in.Outputs {
+			local := filepath.Join(in.Dir, filepath.FromSlash(o.Path))
+			if err := p.AddFile(local, path.Join(name, o.Path), o.Digest, o.Size); err != nil {
+				return nil, fmt.Errorf("transfer: stage %s output %s: %w", name, o.Path, err)
+			}
+		}
+	}
+	return p, nil
+}
+
+func (s *transferStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
+	if err := s.netcheckBuilt(); err != nil {
+		return nil, err
+	}
+	p, err := s.plan(env)
+	if err != nil {
+		return nil, err
+	}
+	return &StagePlan{
+		Summary: fmt.Sprintf("%d files, %d bytes, to %d destinations", len(p.Files), p.Bytes(), len(s.dests)),
+		// Streams+1 chunk buffers, shared by the destinations.
+		Memory: int64(s.Streams+1)*p.ChunkSize + 16<<20,
+	}, nil
+}
+
+// transferRecord is the stage's stored output.
+type transferRecord struct {
+	Destinations []transferDest `json:"destinations"`
+}
+
+type transferDest struct {
+	Destination string         `json:"destination"`
+	HashCommand string         `json:"hash_command"`
+	Files       []transferFile `json:"files"`
+}
+
+type transferFile struct {
+	Path     string          `json:"path"`
+	Size     int64           `json:"size"`
+	Digest   manifest.Digest `json:"digest"`
+	Verified bool            `json:"verified"`
+}
+
+func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
+	if err := s.netcheckBuilt(); err != nil {
+		return nil, err
+	}
+	p, err := s.plan(env)
+	if err != nil {
+		return nil, err
+	}
+	dialer, err := sshconn.NewDialer(sshconn.Options{})
+	if err != nil {
+		return nil, err
+	}
+	var dests []transfer.Destination
+	for _, t := range s.dests {
+		dests = append(dests, transfer.Destination{Name: t.String(), Host: t.HostString(), Dir: t.Dir,
+			Dial: func(ctx context.Context) (*ssh.Client, error) { return dialer.Dial(ctx, t) }})
+	}
+	state, err := env.WorkDir()
+	if err != nil {
+		return nil, err
+	}
+	env.Progress.SetTotal(p.Bytes() * int64(len(dests)))
+	o := transfer.Options{Streams: s.Streams, StateDir: state, Verify: env.Verify, Log: env.Log,
+		Progress: func(string, int64) progress.Reporter { return transferProgress{env.Progress} }}
+	if TransferPreFlight != nil {
+		o.PreFlight = TransferPreFlight(env.Stage, s.TransferNetcheck)
+	}
+	rep, err := transfer.Run(ctx, p, dests, o)
+	if rep != nil {
+		for _, h := range rep.Hosts {
+			env.Log.Info("transfer", "dest", h.Destination, "ok", h.OK, "sent", h.Sent, "seconds", h.Seconds, "mb_per_s", h.MBps, "verified_by", h.HashCommand)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rec transferRecord
+	for _, h := range rep.Hosts {
+		d := transferDest{Destination: h.Destination, HashCommand: h.HashCommand}
+		for _, f := range h.Files {
+			d.Files = append(d.Files, transferFile{Path: f.Path, Size: f.Size, Digest: f.Digest, Verified: f.Verified})
+		}
+		sort.Slice(d.Files, func(i, j int) bool { return d.Files[i].Path < d.Files[j].Path })
+		rec.Destinations = append(rec.Destinations, d)
+	}
+	var buf bytes.Buffer
+	if err := jsonout.Write(&buf, rec); err != nil {
+		return nil, err
+	}
+	dg, n, err := env.Store.Ingest(&buf, int64(buf.Len()))
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Outputs: []manifest.Output{{Path: "transfer-record.json", Digest: dg, Size: n}}}, nil
+}
+
+// transferProgress adds every destination's bytes to the stage's one
+// progress.
+type transferProgress struct{ p Progress }
+
+func (t transferProgress) SetTotal(int64) {}
+func (t transferProgress) Add(n int64)    { t.p.Add(n) }
+func (t transferProgress) Close() error   { return nil }

@@ -1,0 +1,119 @@
+package pipeline_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/sshdtest"
+	"github.com/ferry-llm/ferry/manifest"
+
+	. "github.com/ferry-llm/ferry/pipeline"
+)
+
+// A transfer stage sends its inputs' outputs to the host as the user's ssh
+// reaches it (here a ~/.ssh/config naming the test sshd), records what was
+// verified where, is skipped when run again (without connecting: the
+// server is gone by then), and with --verify checks the remote copies
+// again.
+func TestTransferStage(t *testing.T) {
+	home := t.TempDir()
+	s := sshdtest.Start(t, sshdtest.SSHDConfig("SetEnv HOME="+t.TempDir()))
+	if err := os.MkdirAll(filepath.Join(home, ".ssh"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(home, ".ssh", "config"), s.HostBlock("studio"))
+	t.Setenv("HOME", home)
+	t.Setenv("SSH_AUTH_SOCK", "")
+
+	dir := t.TempDir()
+	src := filepath.Join(dir, "model")
+	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
+	a := bytes.Repeat([]byte("weights "), 300000)
+	writeFile(t, filepath.Join(src, "a.gguf"), string(a))
+	writeFile(t, filepath.Join(src, "sub", "config.json"), `{"x": 1}`)
+	dst := t.TempDir()
+	spec := loadSpec(t, dir, `name: x
+stages:
+  - name: model
+    import: { path: model }
+  - name: shipped
+    transfer: { from: [model], to: [studio:`+dst+`], streams: 2 }
+`)
+	run := func(verify bool) *Report {
+		t.Helper()
+		rep, err := Run(context.Background(), spec, Options{Verify: verify})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	rep := run(false)
+	if got, err := os.ReadFile(filepath.Join(dst, "model", "a.gguf")); err != nil || !bytes.Equal(got, a) {
+		t.Fatalf("remote a.gguf differs (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "model", "sub", "config.json")); err != nil {
+		t.Fatal(err)
+	}
+	st := rep.Stages[1]
+	if st.Action != ActionRun || len(st.Outputs) != 1 {
+		t.Fatalf("stage report %+v", st)
+	}
+	store, err := manifest.Load(filepath.Join(dir, ".ferry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(store.BlobPath(st.Outputs[0].Digest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Destinations []struct {
+			Destination string
+			Files       []struct {
+				Path     string
+				Digest   string
+				Verified bool
+			}
+		}
+	}
+	if err := json.Unmarshal(b, &rec); err != nil || len(rec.Destinations) != 1 || len(rec.Destinations[0].Files) != 2 {
+		t.Fatalf("record %s (%v)", b, err)
+	}
+	for _, f := range rec.Destinations[0].Files {
+		if !f.Verified || f.Digest == "" {
+			t.Errorf("record: %+v", f)
+		}
+	}
+
+	// --verify runs it again: the remote files are hashed, nothing sent,
+	// the same record.
+	if rep := run(true); rep.Stages[1].Action != ActionRun || rep.Stages[1].Outputs[0].Digest != st.Outputs[0].Digest {
+		t.Errorf("--verify: %+v", rep.Stages[1])
+	}
+	// Route and interface requirements are refused while netcheck is not
+	// built: nothing is sent.
+	viaSpec := loadSpec(t, dir, `name: x
+stages:
+  - name: model
+    import: { path: model }
+  - name: shipped
+    transfer: { from: [model], to: [studio:`+dst+`/via], via: en0 }
+`)
+	if _, err := Run(context.Background(), viaSpec, Options{}); !errors.Is(err, errkind.ErrNotBuilt) {
+		t.Errorf("via without netcheck: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "via")); err == nil {
+		t.Error("via without netcheck sent something")
+	}
+	// Without --verify a finished transfer is skipped: no connection.
+	s.Stop()
+	if rep := run(false); rep.Stages[1].Action != ActionSkip {
+		t.Errorf("rerun: %+v", rep.Stages[1])
+	}
+}
