@@ -3,10 +3,12 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/ferry-llm/ferry/internal/sshdtest"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/manifest"
 
@@ -26,6 +28,7 @@ func TestStageConformance(t *testing.T) {
 	if err := testmodel.CompressedDeepSeekV3(3).Write(ctDir); err != nil {
 		t.Fatal(err)
 	}
+	remote := t.TempDir()
 	imports := `  - name: base
     import: { path: ` + models + `/base }
   - name: adapter
@@ -46,11 +49,16 @@ func TestStageConformance(t *testing.T) {
 		{"mlx_repack", `mlx_repack: { from: ct }`, `mlx_repack: { from: ct, rewrite: true }`},
 		{"quantize", `quantize: { from: g, type: Q4_K_M }`, `quantize: { from: g, type: Q6_K }`},
 		{"mlx_quantize", `mlx_quantize: { from: base, bits: 4, group_size: 64 }`, `mlx_quantize: { from: base, bits: 4, group_size: 32 }`},
+		// To the test sshd (started in the subtest, named in a ~/.ssh/config).
+		{"transfer", `transfer: { from: [adapter], to: [conformance:` + remote + `/a] }`, `transfer: { from: [adapter], to: [conformance:` + remote + `/b] }`},
 	}
 	covered := map[string]bool{}
 	for _, tc := range cases {
 		covered[tc.kind] = true
 		t.Run(tc.kind, func(t *testing.T) {
+			if tc.kind == "transfer" {
+				sshdHome(t, "conformance")
+			}
 			mk := func(dir, stage, out string) *Spec {
 				return loadSpec(t, dir, "name: c\nstages:\n"+imports+"  - name: x\n    "+stage+"\n"+out)
 			}
@@ -127,4 +135,20 @@ func TestStageConformance(t *testing.T) {
 			t.Errorf("built kind %q is not in the conformance suite", kind)
 		}
 	}
+}
+
+// sshdHome starts the test sshd and makes it reachable as host through a
+// ~/.ssh/config in a HOME of the test's own (no agent). Its sessions get a
+// HOME of their own too, so remote commands do not source the machine's
+// shell rc files (a ~/.bashrc initialising pyenv cost 5 s per command).
+func sshdHome(t *testing.T, host string) *sshdtest.Server {
+	s := sshdtest.Start(t, sshdtest.SSHDConfig("SetEnv HOME="+t.TempDir()))
+	home := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(home, ".ssh"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(home, ".ssh", "config"), s.HostBlock(host))
+	t.Setenv("HOME", home)
+	t.Setenv("SSH_AUTH_SOCK", "")
+	return s
 }

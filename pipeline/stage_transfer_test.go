@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
-	"github.com/ferry-llm/ferry/internal/sshdtest"
 	"github.com/ferry-llm/ferry/manifest"
 
 	. "github.com/ferry-llm/ferry/pipeline"
@@ -22,14 +21,7 @@ import (
 // server is gone by then), and with --verify checks the remote copies
 // again.
 func TestTransferStage(t *testing.T) {
-	home := t.TempDir()
-	s := sshdtest.Start(t, sshdtest.SSHDConfig("SetEnv HOME="+t.TempDir()))
-	if err := os.MkdirAll(filepath.Join(home, ".ssh"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(home, ".ssh", "config"), s.HostBlock("studio"))
-	t.Setenv("HOME", home)
-	t.Setenv("SSH_AUTH_SOCK", "")
+	s := sshdHome(t, "studio")
 
 	dir := t.TempDir()
 	src := filepath.Join(dir, "model")
