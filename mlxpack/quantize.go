@@ -2,6 +2,7 @@ package mlxpack
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -517,7 +518,7 @@ func (w *dirWriter) convert(t *TensorPlan, u unit, b *unitBufs) (unitStats, erro
 	rows := u.r1 - u.r0
 	groups := rows * t.cols / int64(t.GroupSize)
 	width := int64(t.DType.Bits() / 8)
-	b.wq = grow(b.wq, int(n)*t.Bits/8)
+	b.wq = grow(b.wq, int(n)*t.Bits/8+8)[:int(n)*t.Bits/8] // quantErr reads past the end
 	b.sc = grow(b.sc, int(groups*width))
 	b.bi = grow(b.bi, int(groups*width))
 	if err := AffineQuantize(b.vals, int(t.cols), t.GroupSize, t.Bits, t.DType, b.wq, b.sc, b.bi); err != nil {
@@ -533,18 +534,46 @@ func (w *dirWriter) convert(t *TensorPlan, u unit, b *unitBufs) (unitStats, erro
 	if err := w.writeOut(t, 2, u.r0*gpr*width, b.bi); err != nil {
 		return unitStats{}, err
 	}
-	b.deq = grow(b.deq, int(n))
-	if err := AffineDequantize(b.wq, b.sc, b.bi, int(t.cols), t.GroupSize, t.Bits, t.DType, b.deq); err != nil {
-		return unitStats{}, err
-	}
+	return quantErr(b.vals, b.wq[:cap(b.wq)], b.sc, b.bi, t.GroupSize, t.Bits, t.DType, &b.deq), nil
+}
+
+// quantErr sums a unit's quantization error: each element's q·scale+bias
+// (the codes read back from wq, the stored scale and bias widened to
+// float32, the arithmetic in float32) against the value quantized. It is
+// a report figure, not mx.dequantize's bytes (AffineDequantize rounds each
+// step to the dtype), and costs a fraction of the quantization. wq must
+// have 8 readable bytes past its end (codes are read 8 bytes at a time).
+func quantErr(vals []float32, wq, sc, bi []byte, gs, bits int, dt tensor.DType, tmp *[]float32) unitStats {
+	ng := len(vals) / gs
+	*tmp = grow(*tmp, 2*ng)
+	scale, bias := (*tmp)[:ng], (*tmp)[ng:]
+	tensor.ToF32(dt, scale, sc)
+	tensor.ToF32(dt, bias, bi)
+	mask := uint64(1)<<bits - 1
 	var st unitStats
-	for i, v := range b.vals {
-		d := float64(b.deq[i]) - float64(v)
-		st.sqErr += d * d
-		st.sq += float64(v) * float64(v)
-		st.maxErr = max(st.maxErr, math.Abs(d))
+	var codes [128]float32 // a group's codes (group sizes are at most 128)
+	pos := 0               // bit offset of the next code
+	for g := range ng {
+		c := codes[:gs]
+		for i := range c {
+			c[i] = float32(binary.LittleEndian.Uint64(wq[pos>>3:]) >> (pos & 7) & mask)
+			pos += bits
+		}
+		s, b := scale[g], bias[g]
+		var sqErr, sq float32
+		var maxBits uint32 // |d| as bits: non-negative floats order as their bits
+		for i, v := range vals[g*gs : (g+1)*gs] {
+			d := c[i]*s + b - v
+			sqErr += d * d
+			sq += v * v
+			maxBits = max(maxBits, math.Float32bits(d)&^(1<<31))
+		}
+		maxErr := math.Float32frombits(maxBits)
+		st.sqErr += float64(sqErr)
+		st.sq += float64(sq)
+		st.maxErr = max(st.maxErr, float64(maxErr))
 	}
-	return st, nil
+	return st
 }
 
 // valueErr names the tensor and the rows of a unit the quantizer refused
