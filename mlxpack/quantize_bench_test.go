@@ -1,0 +1,169 @@
+package mlxpack
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/safetensors"
+)
+
+// wideCheckpoint writes (once per process) a Qwen3.5-27B-width checkpoint:
+// testmodel.Large27B, 4 layers (3 linear-attention + 1 full) + 1 MTP layer
+// at the real widths, BF16, 2 GB shards. The vocabulary is 32768 by
+// default (4.56 GB); FERRY_BENCH_VOCAB=248320 gives the anchors.md slice
+// itself (8.99 GB, where mlx_lm.convert -q took 29.3 s, 7.9 GiB, 12.3×
+// cp). FERRY_BENCH_LAYERS sets the layer count, FERRY_BENCH_DIR keeps the
+// checkpoint between runs.
+func wideCheckpoint(b *testing.B) string {
+	layers, vocab := 4, 32768
+	for env, v := range map[string]*int{"FERRY_BENCH_LAYERS": &layers, "FERRY_BENCH_VOCAB": &vocab} {
+		if s := os.Getenv(env); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				b.Fatalf("%s=%q: want a positive count", env, s)
+			}
+			*v = n
+		}
+	}
+	dir := os.Getenv("FERRY_BENCH_DIR")
+	if dir == "" {
+		wideTmp.once.Do(func() { wideTmp.dir, wideTmp.err = os.MkdirTemp("", "ferry-mlx-bench-") })
+		if wideTmp.err != nil {
+			b.Fatal(wideTmp.err)
+		}
+		dir = filepath.Join(wideTmp.dir, fmt.Sprintf("qwen35-27b-slice-%d-%d", layers, vocab))
+	}
+	if cfg, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
+		var c struct {
+			Layers int `json:"num_hidden_layers"`
+			Vocab  int `json:"vocab_size"`
+		}
+		if err := json.Unmarshal(cfg, &c); err != nil || c.Layers != layers || c.Vocab != vocab {
+			b.Fatalf("%s holds a %d-layer, vocab %d checkpoint (%v), want %d, %d: use another FERRY_BENCH_DIR", dir, c.Layers, c.Vocab, err, layers, vocab)
+		}
+		return dir
+	}
+	o := testmodel.Large27B(layers)
+	o.VocabSize = vocab
+	if _, err := o.Write(dir); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+var wideTmp struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if wideTmp.dir != "" {
+		os.RemoveAll(wideTmp.dir)
+	}
+	os.Exit(code)
+}
+
+func runTimed(b *testing.B, env, name string, args ...string) (time.Duration, int64) {
+	b.Helper()
+	cmd := exec.Command(name, args...)
+	if env != "" {
+		cmd.Env = append(os.Environ(), env)
+	}
+	cmd.Stderr = os.Stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("%s %v: %v", name, args, err)
+	}
+	d := time.Since(start)
+	var rss int64
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		rss = maxRSSBytes(ru)
+	}
+	return d, rss
+}
+
+// BenchmarkQuantizeQwen35MLX4 converts the 27B-width checkpoint to 4-bit
+// MLX (group 64, the MTP head dropped: mlx_lm.convert -q) in a child
+// process on every core, as `ferry mlx quantize` runs it (journal,
+// rename), and in the same run copies the shards with cp (warm page
+// cache, as anchors.md measured both). Reported: MB/s of input, peak RSS
+// of the converting process, and the ratio of its wall time to cp's — the
+// figure to hold against mlx_lm.convert's 12.3× cp (anchors.md).
+func BenchmarkQuantizeQwen35MLX4(b *testing.B) {
+	dir := wideCheckpoint(b)
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var shards []string
+	for _, s := range ck.Shards {
+		shards = append(shards, s.Path)
+	}
+	in := ck.TotalBytes()
+	ck.Close()
+	work := b.TempDir()
+	runTimed(b, "", "cat", shards...) // warm the page cache
+	b.SetBytes(in)
+	b.ResetTimer()
+	var conv, cp time.Duration
+	var rss int64
+	for i := 0; i < b.N; i++ {
+		dst := filepath.Join(work, "cp")
+		os.MkdirAll(dst, 0o755)
+		d, _ := runTimed(b, "", "cp", append(append([]string{}, shards...), dst)...)
+		cp += d
+		os.RemoveAll(dst)
+		out := filepath.Join(work, "mlx4")
+		d, r := runTimed(b, "FERRY_MLXQ_CHILD="+dir+":"+out+":4:0:1s", os.Args[0], "-test.run=^$")
+		conv += d
+		rss = max(rss, r)
+		os.RemoveAll(out)
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(in)/1e6/(conv.Seconds()/n), "MB/s")
+	b.ReportMetric(float64(rss)/(1<<20), "peakRSS-MiB")
+	b.ReportMetric(conv.Seconds()/cp.Seconds(), "x-cp")
+	b.ReportMetric(conv.Seconds()/n, "convert-s")
+	b.ReportMetric(cp.Seconds()/n, "cp-s")
+	b.Logf("input %d bytes; mlx quantize %.2fs, cp %.2fs (%.2f× cp; mlx_lm.convert -q: 12.3× cp in anchors.md), peak RSS %.0f MiB",
+		in, conv.Seconds()/n, cp.Seconds()/n, conv.Seconds()/cp.Seconds(), float64(rss)/(1<<20))
+}
+
+// BenchmarkQuantizeInProcess is the 4-bit conversion of a ~10 MB
+// Qwen3.5-shaped checkpoint in process (one worker), for profiles and
+// quick regressions.
+func BenchmarkQuantizeInProcess(b *testing.B) {
+	src := filepath.Join(b.TempDir(), "src")
+	o := testmodel.Qwen35Options{Common: testmodel.Common{VocabSize: 1024, HiddenSize: 512, IntermediateSize: 1024, NumLayers: 4,
+		NumHeads: 4, NumKVHeads: 2, HeadDim: 128, MaxShardSize: 8 << 20}, Hybrid: testmodel.Hybrid{LinearKeyHeadDim: 64, LinearValueHeadDim: 64}}
+	if _, err := o.Write(src); err != nil {
+		b.Fatal(err)
+	}
+	p, err := PlanQuantize(src, QuantizeOptions{Bits: 4, GroupSize: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	b.SetBytes(p.SourceBytes())
+	work := b.TempDir()
+	for i := 0; i < b.N; i++ {
+		out := filepath.Join(work, strconv.Itoa(i))
+		if _, err := Quantize(context.Background(), p, out, QuantizeRunOptions{Jobs: 1}); err != nil {
+			b.Fatal(err)
+		}
+		os.RemoveAll(out)
+	}
+}

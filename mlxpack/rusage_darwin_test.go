@@ -1,0 +1,5 @@
+package mlxpack
+
+import "syscall"
+
+func maxRSSBytes(ru *syscall.Rusage) int64 { return ru.Maxrss }
