@@ -1,7 +1,9 @@
 // Command testmodel writes the tiny checkpoints of
 // testmodel.ConverterFamilies, each with its tokenizer, one directory per
 // family, for running reference tools (llama.cpp's convert_hf_to_gguf.py)
-// on exactly the inputs the golden tests regenerate:
+// on exactly the inputs the golden tests regenerate, and on request the
+// compressed-tensors checkpoints the mlxpack tests repack (ct-*, for
+// loading ferry mlx repack outputs with the real mlx-lm):
 //
 //	go run ./internal/testmodel/cmd/testmodel OUTDIR [FAMILY...]
 package main
@@ -14,6 +16,14 @@ import (
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
+// compressed are the compressed-tensors checkpoints (seed 1), written
+// only when named.
+var compressed = map[string]func() *testmodel.CompressedCheckpoint{
+	"ct-deepseek_v3": func() *testmodel.CompressedCheckpoint { return testmodel.CompressedDeepSeekV3(1) },
+	"ct-qwen3":       func() *testmodel.CompressedCheckpoint { return testmodel.CompressedQwen3(1) },
+	"ct-qwen3_moe":   func() *testmodel.CompressedCheckpoint { return testmodel.CompressedQwen3MoE(1) },
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprintf(os.Stderr, "usage: testmodel OUTDIR [FAMILY...]\nfamilies: %v\n", testmodel.ConverterFamilyNames())
@@ -24,9 +34,18 @@ func main() {
 		families = testmodel.ConverterFamilyNames()
 	}
 	for _, name := range families {
+		if ct, ok := compressed[name]; ok {
+			dir := filepath.Join(os.Args[1], name)
+			if err := ct().Write(dir); err != nil {
+				fmt.Fprintf(os.Stderr, "testmodel: %s: %v\n", name, err)
+				os.Exit(1)
+			}
+			fmt.Println(dir)
+			continue
+		}
 		write, ok := testmodel.ConverterFamilies[name]
 		if !ok {
-			fmt.Fprintf(os.Stderr, "testmodel: unknown family %q (have %v)\n", name, testmodel.ConverterFamilyNames())
+			fmt.Fprintf(os.Stderr, "testmodel: unknown family %q (have %v and ct-deepseek_v3, ct-qwen3, ct-qwen3_moe)\n", name, testmodel.ConverterFamilyNames())
 			os.Exit(2)
 		}
 		dir := filepath.Join(os.Args[1], name)
