@@ -34,7 +34,7 @@ func quantizeOptionFlags() []cli.Flag {
 		&cli.StringFlag{Name: "imatrix", Usage: "importance matrix `FILE` (llama-imatrix's GGUF or legacy .dat output, told apart by content): quantize with the weighted paths; its name as given is written as quantize.imatrix.file"},
 		&cli.GenericFlag{Name: "include-weights", Value: &repeated{}, Usage: "use only the matrix entries whose names contain `NAME` (repeatable; not with --exclude-weights)"},
 		&cli.GenericFlag{Name: "exclude-weights", Value: &repeated{}, Usage: "drop the matrix entries whose names contain `NAME` (repeatable; not with --include-weights)"},
-		&cli.GenericFlag{Name: "tensor-type", Value: &repeated{}, Usage: "`REGEX=TYPE`: tensors whose names match REGEX (lower-cased, anywhere in the name) get ggml TYPE instead of the mix's choice; the first match wins (repeatable)"},
+		&cli.GenericFlag{Name: "tensor-type", Value: &repeated{}, Usage: "tensors whose names match `REGEX=TYPE`'s REGEX (lower-cased, anywhere in the name) get ggml TYPE instead of the mix's choice; the first match wins (repeatable)"},
 		&cli.StringFlag{Name: "output-tensor-type", Usage: "ggml `TYPE` for output.weight (e.g. q8_0)"},
 		&cli.StringFlag{Name: "token-embedding-type", Usage: "ggml `TYPE` for token_embd.weight (e.g. q8_0)"},
 		&cli.BoolFlag{Name: "leave-output-tensor", Usage: "leave output.weight as it is in the input"},

@@ -175,7 +175,8 @@ func TestQuantizeHelp(t *testing.T) {
 		t.Fatalf("exit %d: %v\n%s", code, err, s)
 	}
 	for _, want := range []string{"IN.gguf OUT.gguf TYPE [NTHREADS]", "--allow-requantize", "--output-tensor-type TYPE",
-		"--token-embedding-type TYPE", "--leave-output-tensor", "--pure", "--jobs", "--json", "--lock-wait DURATION", "resumes"} {
+		"--token-embedding-type TYPE", "--leave-output-tensor", "--pure", "--jobs", "--json", "--lock-wait DURATION", "resumes",
+		"--imatrix FILE", "--include-weights NAME", "--exclude-weights NAME", "--tensor-type REGEX=TYPE", "--mtp-type TYPE"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("help lacks %q:\n%s", want, s)
 		}

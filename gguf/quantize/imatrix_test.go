@@ -114,7 +114,7 @@ func TestImatrixRequired(t *testing.T) {
 		want  []string
 	}{
 		{"no matrix", "qwen3", Options{}, quant.ErrNeedsImatrix, []string{"needs --imatrix"}},
-		{"empty after --include-weights", "qwen3", Options{Imatrix: openMatrix(t, matrixPath("qwen3", ".gguf")).Include([]string{"no.such"})}, quant.ErrNeedsImatrix, nil},
+		{"empty after --include-weights", "qwen3", Options{Imatrix: openMatrix(t, matrixPath("qwen3", ".gguf")).Include([]string{"no.such"})}, quant.ErrNeedsImatrix, []string{"no entries left"}},
 		{"MTP block without entries", "qwen35", Options{Imatrix: openMatrix(t, matrixPath("qwen35", ".gguf"))}, ErrImatrixMissing,
 			[]string{"MTP/NextN tensors", "blk.4.nextn.eh_proj.weight", "blk.4.attn_q.weight", "--mtp-type Q8_0"}},
 		{"--exclude-weights attn_q", "qwen3", Options{Imatrix: openMatrix(t, matrixPath("qwen3", ".gguf")).Exclude([]string{"attn_q"})}, ErrImatrixMissing,

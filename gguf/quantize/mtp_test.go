@@ -2,6 +2,7 @@ package quantize
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -35,12 +36,22 @@ func moeMTP(t *testing.T, dir string) (in, mat string) {
 	if nextn == 0 {
 		t.Fatal("the qwen35moe model has no MTP block")
 	}
+	mat = filepath.Join(dir, "moe.dat")
+	syntheticMatrix(t, f, mat, 0, func(b int) bool { return uint64(b) < blocks-nextn })
+	return in, mat
+}
+
+// syntheticMatrix writes a legacy .dat importance matrix at path with an
+// entry for every matrix of f in the blocks keep accepts: ne0 values per
+// expert, different for every expert and every salt.
+func syntheticMatrix(t *testing.T, f *gguf.File, path string, salt int, keep func(block int) bool) {
+	t.Helper()
 	le := binary.LittleEndian
 	var dat []byte
 	n := 0
 	for _, ti := range f.Tensors {
 		b, ok := blockNum(ti.Name)
-		if !ok || uint64(b) >= blocks-nextn || len(ti.Dims) < 2 {
+		if !ok || !keep(b) || len(ti.Dims) < 2 {
 			continue
 		}
 		vals := int(ti.Dims[0])
@@ -52,15 +63,45 @@ func moeMTP(t *testing.T, dir string) (in, mat string) {
 		dat = le.AppendUint32(dat, 1) // ncall: the values are the importances
 		dat = le.AppendUint32(dat, uint32(vals))
 		for i := range vals {
-			dat = le.AppendUint32(dat, math.Float32bits(float32(1+(i*7919+len(ti.Name)*31)%97)/13))
+			dat = le.AppendUint32(dat, math.Float32bits(float32(1+(i*7919+len(ti.Name)*31+salt)%97)/13))
 		}
 		n++
 	}
-	mat = filepath.Join(dir, "moe.dat")
-	if err := os.WriteFile(mat, append(le.AppendUint32(nil, uint32(n)), dat...), 0o644); err != nil {
+	if err := os.WriteFile(path, append(le.AppendUint32(nil, uint32(n)), dat...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return in, mat
+}
+
+// Two matrices with the same entries, names and sizes but other values
+// plan the same header (the same quantize.imatrix.* KVs) and different
+// resume stamps: a partial file quantized with one is not resumed with the
+// other.
+func TestImatrixStamp(t *testing.T) {
+	dir := t.TempDir()
+	f, err := gguf.Open(input("qwen3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var stamps []string
+	var header []byte
+	for salt := range 2 {
+		path := filepath.Join(dir, fmt.Sprint(salt), "m.dat")
+		os.Mkdir(filepath.Dir(path), 0o755)
+		syntheticMatrix(t, f, path, salt, func(int) bool { return true })
+		p, err := NewPlan(f, Options{FileType: quant.FileQ4_K_M, Imatrix: openMatrix(t, path), ImatrixFile: "m.dat"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if header != nil && !slices.Equal(header, p.Layout.Header) {
+			t.Fatal("the headers differ")
+		}
+		header = p.Layout.Header
+		stamps = append(stamps, Stamp(f, p))
+	}
+	if stamps[0] == stamps[1] {
+		t.Error("the same stamp for two matrices")
+	}
 }
 
 // tensorBytes reads a tensor's bytes from a GGUF file.

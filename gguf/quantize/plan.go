@@ -235,7 +235,10 @@ func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 		TensorTypes: o.TensorTypes, HasImatrix: o.hasImatrix(), MTPType: o.MTPType, MTPFirst: mtpFirst,
 	})
 	if err != nil {
-		if errors.Is(err, quant.ErrNeedsImatrix) {
+		switch {
+		case errors.Is(err, quant.ErrNeedsImatrix) && o.Imatrix != nil:
+			err = fmt.Errorf("%w (%s needs one, and %s has no entries left after --include-weights/--exclude-weights)", err, o.FileType, o.ImatrixFile)
+		case errors.Is(err, quant.ErrNeedsImatrix):
 			err = fmt.Errorf("%w (%s needs --imatrix)", err, o.FileType)
 		}
 		return nil, errkind.Mark(errkind.Usage, fmt.Errorf("%s: %w", f.Path, err))
