@@ -160,8 +160,8 @@ func (s *transferStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 	}
 	return &StagePlan{
 		Summary: fmt.Sprintf("%d files, %d bytes, to %d destinations", len(p.Files), p.Bytes(), len(s.dests)),
-		// Streams+1 chunk buffers, shared by the destinations.
-		Memory: int64(s.Streams+1)*p.ChunkSize + 16<<20,
+		// A chunk buffer per session, and one more, shared by the destinations.
+		Memory: int64(s.Streams*transfer.SessionsPerConn+1)*p.ChunkSize + 16<<20,
 	}, nil
 }
 

@@ -44,10 +44,11 @@ type Destination struct {
 
 // Options tune Run.
 type Options struct {
-	// Streams is the number of SSH connections per destination, each
-	// writing chunks at their offsets (default 4). One SSH channel moves
-	// at most its 2 MiB window per round trip, so on a 40 ms link more
-	// connections, not bigger packets, are what makes a copy fast.
+	// Streams is the number of SSH connections per destination (default
+	// 4), each carrying SessionsPerConn SFTP sessions that write chunks at
+	// their offsets. One SSH channel moves at most its 2 MiB window per
+	// round trip, so on a 40 ms link more channels and connections, not
+	// bigger packets, are what makes a copy fast.
 	Streams int
 	// StateDir holds the resume journals, one per destination (required).
 	StateDir string
@@ -237,8 +238,9 @@ type host struct {
 	dir    string // remote directory as SFTP and the shell take it
 	p      *Plan
 	o      *Options
-	slots  []*conn
-	packet int // SFTP packet size, decided on the first connection
+	slots  []*conn    // SFTP sessions: Streams × SessionsPerConn
+	conns  []*sshConn // SSH connections: Streams
+	packet int        // SFTP packet size, decided on the first connection
 
 	hashCmd string
 	posix   bool // posix-rename@openssh.com
@@ -271,8 +273,11 @@ func newHost(d Destination, p *Plan, o *Options) *host {
 	case strings.HasPrefix(dir, "~/"):
 		dir = strings.TrimPrefix(dir, "~/")
 	}
-	h := &host{d: d, dir: path.Clean(dir), p: p, o: o, slots: make([]*conn, o.Streams), state: map[string]*fileState{},
-		fr: map[string]*FileReport{}}
+	h := &host{d: d, dir: path.Clean(dir), p: p, o: o, slots: make([]*conn, o.Streams*SessionsPerConn), state: map[string]*fileState{},
+		fr: map[string]*FileReport{}, conns: make([]*sshConn, o.Streams)}
+	for i := range h.conns {
+		h.conns[i] = &sshConn{}
+	}
 	h.rep = HostReport{Destination: d.Name, Host: d.Host, Dir: d.Dir}
 	return h
 }
@@ -299,26 +304,52 @@ func (h *host) fail(file string, err error) {
 	h.o.Log.Warn("transfer failed", "dest", h.d.Name, "file", file, "err", err)
 }
 
-// connect returns slot i's connection, dialing it if needed.
+// SessionsPerConn is the number of SFTP sessions (SSH channels) each
+// stream's connection carries, each writing chunks of its own: a channel
+// moves at most its 2 MiB window per round trip, and the channels of one
+// connection share its TCP window and one cipher stream. Two per
+// connection keep a stream's pipe full across the round trip that ends
+// each chunk (its last acknowledgements and fsync).
+const SessionsPerConn = 2
+
+// sshConn is one stream's SSH connection, shared by its sessions.
+type sshConn struct {
+	mu   sync.Mutex // held while dialing
+	ssh  *ssh.Client
+	dead chan struct{} // closed when the connection is gone
+}
+
+// connect returns slot i's session, dialing its stream's connection if
+// that is not up.
 func (h *host) connect(ctx context.Context, i int) (*conn, error) {
-	if c := h.slots[i]; c != nil {
+	if c := h.slot(i); c != nil {
 		return c, nil
 	}
-	dctx, cancel := context.WithTimeout(ctx, h.o.DialTimeout)
-	defer cancel()
-	sc, err := h.d.Dial(dctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, err
+	g := h.conns[i/SessionsPerConn]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ssh != nil && isClosed(g.dead) {
+		g.ssh = nil
 	}
+	if g.ssh == nil {
+		dctx, cancel := context.WithTimeout(ctx, h.o.DialTimeout)
+		sc, err := h.d.Dial(dctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, err
+		}
+		dead := make(chan struct{})
+		go func() { sc.Wait(); close(dead) }()
+		g.ssh, g.dead = sc, dead
+	}
+	sc, dead := g.ssh, g.dead
 	opts := []sftp.ClientOption{sftp.UseConcurrentWrites(true), sftp.UseConcurrentReads(true)}
 	if h.packet > 0 {
 		opts = append(opts, sftp.MaxPacketUnchecked(h.packet))
 	}
-	dead := make(chan struct{})
-	go func() { sc.Wait(); close(dead) }()
 	fc, err := sftp.NewClient(sc, opts...)
 	if err != nil {
 		sc.Close()
@@ -347,6 +378,21 @@ func (h *host) connect(ctx context.Context, i int) (*conn, error) {
 	h.slots[i] = c
 	h.mu.Unlock()
 	return c, nil
+}
+
+func (h *host) slot(i int) *conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.slots[i]
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // drop closes slot i's connection (after an error on it).
@@ -1032,15 +1078,16 @@ func sendFile(ctx context.Context, f *File, hosts []*host) error {
 		return err
 	}
 	bufLen := int(min(cs, max(f.Size, 1)))
-	pool := make(chan []byte, o.Streams+1)
-	for range o.Streams + 1 {
+	workers := o.Streams * SessionsPerConn
+	pool := make(chan []byte, workers+1)
+	for range workers + 1 {
 		pool <- nil
 	}
 	var wg sync.WaitGroup
 	chans := make([]chan *job, len(hosts))
 	for hi, h := range hosts {
 		chans[hi] = make(chan *job)
-		for slot := range o.Streams {
+		for slot := range workers {
 			wg.Go(func() {
 				for j := range chans[hi] {
 					if h.err() == nil && ctx.Err() == nil {
