@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/tensor"
 )
 
 // The test binary doubles as `ferry mlx quantize`: with FERRY_MLXQ_CHILD
@@ -352,5 +353,31 @@ func TestIndivisibleStaysFloat(t *testing.T) {
 	}
 	if len(res.Quantization) != 3 {
 		t.Errorf("quantization block %v: want the global entries only", res.Quantization)
+	}
+}
+
+// TestCast: --dtype casts every float parameter but the ones the family's
+// cast_predicate keeps (A_log for Qwen3.5), before quantizing: scales and
+// biases are in the cast dtype.
+func TestCast(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "mlx")
+	res := convertTo(t, qwen35Base, out, QuantizeOptions{Bits: 4, GroupSize: 64, DType: "f16"}, QuantizeRunOptions{})
+	got := readOutputs(t, out)
+	aLog := 0
+	for name, o := range got {
+		want := tensor.F16
+		switch {
+		case strings.HasSuffix(name, "A_log"):
+			want = tensor.BF16
+			aLog++
+		case strings.HasSuffix(name, ".weight") && o.dtype == tensor.U32:
+			continue
+		}
+		if o.dtype != want {
+			t.Errorf("%s: %s, want %s", name, o.dtype, want)
+		}
+	}
+	if aLog != 3 || res.DType != tensor.F16 {
+		t.Errorf("%d A_log tensors, result dtype %s", aLog, res.DType)
 	}
 }
