@@ -25,6 +25,7 @@ FUZZ_TARGETS := \
 	./verify:FuzzGGUF:150000 \
 	./verify:FuzzConfig:15000 \
 	./mlxpack:FuzzParseCTConfig:200000 \
+	./mlxpack:FuzzFixedConfig:100000 \
 	./mlxpack:FuzzReadShape:200000 \
 	./transfer/sshconn:FuzzConfig:60000 \
 	./transfer/sshconn:FuzzTarget:60000 \

@@ -94,3 +94,41 @@ func FuzzReadShape(f *testing.F) {
 		}
 	})
 }
+
+// FuzzFixedConfig feeds arbitrary config.json bytes through what mlx
+// quantize makes of a config (FixedConfig, then mlxConfig with a
+// quantization block and an MTP record): it must never panic, the output
+// must be a JSON object that parses back, keep every key it did not mean
+// to change, and carry the block.
+func FuzzFixedConfig(f *testing.F) {
+	f.Add([]byte(`{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3","rope_parameters":{"rope_theta":1000000.0,"rope_type":"default"},"tie_word_embeddings":true}`))
+	f.Add([]byte(`{"model_type":"qwen3_5_text","mtp_num_hidden_layers":1,"rope_parameters":{"mrope_section":[6,5,5],"rope_theta":10000000.0,"rope_type":"default"}}`))
+	f.Add([]byte(`{"model_type":"qwen3_5","text_config":{"model_type":"qwen3_5_text","mtp_num_hidden_layers":1,"rope_parameters":{"rope_type":"default"}},"vision_config":{"depth":2}}`))
+	f.Add([]byte(`{"model_type":"llama","rope_parameters":{"rope_type":"llama3","factor":8.0,"rope_theta":500000}}`))
+	f.Add([]byte(`{"model_type":"qwen3_next","rope_parameters":{"rope_theta":5e6,"partial_rotary_factor":0.25},"num_nextn_predict_layers":1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := safetensors.ParseConfig(data, "config.json")
+		if err != nil {
+			return
+		}
+		fixed, _ := FixedConfig(cfg.Raw)
+		out, err := mlxConfig(fixed, configEdit{quant: map[string]any{"bits": 4, "group_size": 64, "mode": "affine"}, mtpDropped: 1, mtpTensors: 15, dropSaveKeys: true})
+		if err != nil {
+			t.Fatalf("mlxConfig: %v", err)
+		}
+		back, err := safetensors.ParseConfig(out, "out.json")
+		if err != nil {
+			t.Fatalf("output does not parse: %v\n%s", err, out)
+		}
+		for _, k := range []string{"quantization", "quantization_config", MTPRecordKey} {
+			if _, ok := back.Raw[k]; !ok {
+				t.Fatalf("output lacks %s", k)
+			}
+		}
+		for k := range cfg.Raw {
+			if _, ok := back.Raw[k]; !ok && k != "_name_or_path" && k != "vision_config" {
+				t.Fatalf("key %q lost", k)
+			}
+		}
+	})
+}
