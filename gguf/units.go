@@ -54,13 +54,59 @@ type UnitWork struct {
 // It returns the first error (ctx's when it is cancelled); the caller then
 // detaches or aborts the writer.
 func (w *Writer) WriteUnits(ctx context.Context, units []Unit, uw UnitWork) error {
+	mw := MultiUnitWork{Jobs: uw.Jobs, Written: uw.Written, Also: uw.Also,
+		Make: func(worker, k int) ([][]byte, []int64, error) {
+			data, off, err := uw.Make(worker, k)
+			return [][]byte{data}, []int64{off}, err
+		},
+	}
+	if uw.Done != nil {
+		mw.Done = func(_, t int) { uw.Done(t) }
+	}
+	return WriteUnitsMulti(ctx, []*Writer{w}, units, mw)
+}
+
+// MultiUnitWork says how WriteUnitsMulti makes and reports the units of
+// several files made from one source (quantize's outputs of one read).
+type MultiUnitWork struct {
+	// Jobs is the number of workers (default: GOMAXPROCS).
+	Jobs int
+	// Make makes unit k on worker: for each writer o, the bytes and their
+	// offset within the unit's tensor, data[o] nil where Writes(o, T) is
+	// false. The bytes are written before the worker makes another unit.
+	Make func(worker, k int) (data [][]byte, off []int64, err error)
+	// Writes, if set, says whether tensor t is written to writer o (false:
+	// the caller skipped it there, e.g. resumed); nil writes every tensor
+	// of the units to every writer.
+	Writes func(o, t int) bool
+	// Written, if set, is called on the worker once unit k's bytes are in
+	// the files.
+	Written func(worker, k int)
+	// Done, if set, is called once every unit of tensor t is written to
+	// writer o (and the tensor marked finished there), on the worker that
+	// wrote the last one.
+	Done func(o, t int)
+	// Also, if set, runs beside the workers (a hasher following the
+	// writes); its error stops them, and theirs cancels its context.
+	Also func(ctx context.Context) error
+}
+
+// WriteUnitsMulti is WriteUnits for several writers at once: each unit is
+// made once and its pieces written to the writers that take its tensor.
+func WriteUnitsMulti(ctx context.Context, ws []*Writer, units []Unit, uw MultiUnitWork) error {
 	jobs := uw.Jobs
 	if jobs <= 0 {
 		jobs = runtime.GOMAXPROCS(0)
 	}
-	remaining := make([]atomic.Int64, len(w.layout.Tensors))
-	for _, u := range units {
-		remaining[u.T].Add(1)
+	writes := func(o, t int) bool { return uw.Writes == nil || uw.Writes(o, t) }
+	remaining := make([][]atomic.Int64, len(ws))
+	for o, w := range ws {
+		remaining[o] = make([]atomic.Int64, len(w.layout.Tensors))
+		for _, u := range units {
+			if writes(o, u.T) {
+				remaining[o][u.T].Add(1)
+			}
+		}
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	ch := make(chan int)
@@ -85,22 +131,30 @@ func (w *Writer) WriteUnits(ctx context.Context, units []Unit, uw UnitWork) erro
 					return err
 				}
 				u := units[k]
-				data, off, err := uw.Make(worker, k)
+				data, offs, err := uw.Make(worker, k)
 				if err != nil {
 					return err
 				}
-				if err := w.WriteAt(u.T, data, off); err != nil {
-					return err
+				for o, w := range ws {
+					if !writes(o, u.T) {
+						continue
+					}
+					if err := w.WriteAt(u.T, data[o], offs[o]); err != nil {
+						return err
+					}
 				}
 				if uw.Written != nil {
 					uw.Written(worker, k)
 				}
-				if remaining[u.T].Add(-1) == 0 {
+				for o, w := range ws {
+					if !writes(o, u.T) || remaining[o][u.T].Add(-1) != 0 {
+						continue
+					}
 					if err := w.Finish(u.T); err != nil {
 						return err
 					}
 					if uw.Done != nil {
-						uw.Done(u.T)
+						uw.Done(o, u.T)
 					}
 				}
 			}

@@ -621,21 +621,13 @@ func TestDeterministic(t *testing.T) {
 // An interrupted conversion leaves only a .partial file; a resumed one
 // that trusts the tensors its journal recorded ends byte-identical.
 func TestInterruptAndResume(t *testing.T) {
-	ck, err := safetensors.OpenDir(qwen35Dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	p, err := NewPlan(ck, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := planDir(t, qwen35Dir)
 	dir := t.TempDir()
 	out := filepath.Join(dir, "m.gguf")
 	ctx, cancel := context.WithCancel(context.Background())
 	journal := map[string]bool{}
 	var done int
-	err = Write(ctx, p, out, WriteOptions{Jobs: 1, TensorDone: func(i int, name string) {
+	err := Write(ctx, p, out, WriteOptions{Jobs: 1, TensorDone: func(i int, name string) {
 		journal[name] = true
 		if done++; done == 20 {
 			cancel()

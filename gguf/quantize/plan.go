@@ -130,6 +130,10 @@ type Plan struct {
 	// Qwen3.5 model, the MTP block, which llama-imatrix never runs), as
 	// llama-quantize does ("did not find weights for …").
 	Unweighted []string
+
+	// inputStamp identifies the input in Stamp when it is not a plain
+	// file (Source.NewPlan: a checkpoint read through gguf/convert).
+	inputStamp string
 }
 
 // ParseType is the file type named s (llama-quantize's names and aliases,

@@ -9,13 +9,10 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
-	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -44,6 +41,11 @@ type RunOptions struct {
 	// JournalEvery is how often finished tensors are made durable and
 	// recorded (default a second; gguf.TensorJournal.Every).
 	JournalEvery time.Duration
+	// Errors measures every tensor's quantization error while it is made
+	// (RunResult.Errors): each encoded block is decoded again and compared
+	// with the values it was made from. Tensors a resume keeps are
+	// quantized again for it (not written).
+	Errors bool
 }
 
 // RunResult says what Run did, and after a failure what is left to resume
@@ -51,6 +53,8 @@ type RunOptions struct {
 type RunResult struct {
 	Resumed int // tensors kept from an interrupted run
 	Size    int64
+	// Errors is every tensor's error, in plan order (RunOptions.Errors).
+	Errors []TensorError
 	gguf.Leftover
 }
 
@@ -66,32 +70,14 @@ var ErrNoSpace = errors.New("not enough free disk space")
 // then the journal removed. The journal's ref is Stamp, so another input
 // or plan starts over. An interrupted or failed run leaves out.partial and
 // the journal for a resume (the same Run writes only the tensors not
-// durable), or nothing when no partial file was made.
+// durable), or nothing when no partial file was made. It is RunMulti with
+// one output.
 func Run(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions) (*RunResult, error) {
-	if err := checkSpace(out, p.Layout.Size); err != nil {
+	rs, err := RunMulti(ctx, f, []Output{{Plan: p, Path: out, Journal: o.Journal}}, o)
+	if len(rs) == 0 {
 		return nil, err
 	}
-	jpath := o.Journal
-	if jpath == "" {
-		jpath = out + ".journal"
-	}
-	j, err := gguf.OpenTensorJournal(jpath, out, Stamp(f, p))
-	if err != nil {
-		return nil, err
-	}
-	if o.JournalEvery > 0 {
-		j.Every = o.JournalEvery
-	}
-	res := &RunResult{Size: p.Layout.Size}
-	err = write(ctx, f, p, out, o, j, res)
-	if err != nil {
-		res.Leftover = j.Abandon()
-		return res, err
-	}
-	if err := j.Remove(); err != nil {
-		return nil, err
-	}
-	return res, nil
+	return rs[0], err
 }
 
 // Stamp identifies a quantization: the planned header (every KV and
@@ -100,11 +86,15 @@ func Run(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions) (
 func Stamp(f *gguf.File, p *Plan) string {
 	h := sha256.New()
 	h.Write(p.Layout.Header)
-	var mt int64
-	if st, err := os.Stat(f.Path); err == nil {
-		mt = st.ModTime().UnixNano()
+	if p.inputStamp != "" { // a checkpoint read through gguf/convert
+		fmt.Fprintf(h, "\x00%s", p.inputStamp)
+	} else {
+		var mt int64
+		if st, err := os.Stat(f.Path); err == nil {
+			mt = st.ModTime().UnixNano()
+		}
+		fmt.Fprintf(h, "\x00%s\x00%d\x00%d", f.Path, f.Size, mt)
 	}
-	fmt.Fprintf(h, "\x00%s\x00%d\x00%d", f.Path, f.Size, mt)
 	// The importance vectors: another matrix under the same name writes
 	// other bytes.
 	var b [4]byte
@@ -121,89 +111,23 @@ func Stamp(f *gguf.File, p *Plan) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// checkSpace refuses, before anything is written, an output its file
-// system has no room for (counting what a partial file of an interrupted
-// run already holds).
-func checkSpace(out string, size int64) error {
-	need := size
+// spaceNeeded is the free space out still needs: none when the partial
+// file of an interrupted run, of the planned size, is already there.
+func spaceNeeded(out string, size int64) int64 {
 	if st, err := os.Stat(gguf.PartialPath(out)); err == nil && st.Size() == size {
-		need = 0 // a resume reuses it
+		return 0 // a resume reuses it
 	}
-	free, ok, err := fsutil.FreeSpace(filepath.Dir(out))
-	if err != nil || !ok {
-		return nil // unknown here: reserving the file still fails early
-	}
-	if free < need {
-		return fmt.Errorf("%s: %w: the output needs %d bytes, %s has %d free", out, ErrNoSpace, need, filepath.Dir(out), free)
-	}
-	return nil
-}
-
-func write(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions, j *gguf.TensorJournal, res *RunResult) error {
-	jobs := o.Jobs
-	if jobs <= 0 {
-		jobs = runtime.GOMAXPROCS(0)
-	}
-	chunk := o.ChunkElems
-	if chunk <= 0 {
-		chunk = 1 << 20
-	}
-	w, err := gguf.Create(out, p.Layout, gguf.Options{Resume: true})
-	if err != nil {
-		return err
-	}
-	var units []gguf.Unit
-	for i := range p.Tensors {
-		t := &p.Tensors[i]
-		if w.Resumed() && j.Has(i, t.Name) {
-			w.Skip(i)
-			res.Resumed++
-			if o.Progress != nil {
-				o.Progress(t.In.Size())
-			}
-			continue
-		}
-		cols := int64(ne0(t.In.Dims))
-		units = gguf.SplitRows(units, i, int64(t.In.NumElements())/max(cols, 1), chunk/max(cols, 1))
-	}
-	bufs := make([]buffers, jobs)
-	err = w.WriteUnits(ctx, units, gguf.UnitWork{
-		Jobs: jobs,
-		Make: func(worker, k int) ([]byte, int64, error) {
-			u := units[k]
-			if u.R0 == 0 && o.Tensor != nil {
-				o.Tensor(u.T, p.Tensors[u.T].Name)
-			}
-			return quantizeUnit(f, &p.Tensors[u.T], u, &bufs[worker])
-		},
-		Written: func(worker, _ int) {
-			if o.Progress != nil {
-				o.Progress(int64(len(bufs[worker].raw)))
-			}
-		},
-		Done: func(t int) {
-			j.Done(t, p.Tensors[t].Name)
-			if o.TensorDone != nil {
-				o.TensorDone(t, p.Tensors[t].Name)
-			}
-		},
-	})
-	if err != nil {
-		w.Detach()
-		return err
-	}
-	if err := w.Close(); err != nil {
-		w.Detach()
-		return err
-	}
-	return nil
+	return size
 }
 
 // buffers are one worker's scratch space, reused across units.
 type buffers struct {
-	raw []byte
-	f32 []float32
-	out []byte
+	raw  []byte
+	f32  []float32
+	deq  []float32 // an output's blocks decoded again, for its errors
+	outs [][]byte  // per output
+	data [][]byte  // what the unit writes to each output
+	offs []int64
 }
 
 func grow[T any](s []T, n int64) []T {
@@ -213,39 +137,33 @@ func grow[T any](s []T, n int64) []T {
 	return s[:n]
 }
 
-// quantizeUnit reads rows [u.r0, u.r1) of tensor t into b.raw and returns
-// them converted (b.out, or b.raw itself for a copied tensor) and the byte
-// offset within the output tensor where they belong.
-func quantizeUnit(f *gguf.File, t *TensorPlan, u gguf.Unit, b *buffers) (data []byte, off int64, err error) {
-	cols := ne0(t.In.Dims)
-	inRow, _ := t.InType.RowSize(cols)
-	outRow, _ := t.Type.RowSize(cols)
-	n := u.R1 - u.R0
+// readRows reads rows [u.R0, u.R1) of tensor t's input into b.raw.
+func readRows(f *gguf.File, t *TensorPlan, u gguf.Unit, b *buffers) error {
+	inRow, _ := t.InType.RowSize(ne0(t.In.Dims))
 	at := f.DataOffset + int64(t.In.Offset) + u.R0*int64(inRow)
-	b.raw = grow(b.raw, n*int64(inRow))
+	b.raw = grow(b.raw, (u.R1-u.R0)*int64(inRow))
 	if _, err := f.ReaderAt().ReadAt(b.raw, at); err != nil {
-		return nil, 0, fmt.Errorf("%s: tensor %q at offset %d: %w", f.Path, t.Name, at, err)
+		return fmt.Errorf("%s: tensor %q at offset %d: %w", f.Path, t.Name, at, err)
 	}
-	off = u.R0 * int64(outRow)
-	if t.Copy() {
-		return b.raw, off, nil
+	return nil
+}
+
+// encodeRows encodes src, the float32 values of rows [u.R0, u.R1) of
+// tensor t, into dst as t.Type.
+func encodeRows(f *gguf.File, t *TensorPlan, u gguf.Unit, dst []byte, src []float32) error {
+	if err := encode(t, dst, src, u.R0, u.R1); err != nil {
+		return fmt.Errorf("tensor %q: %w", t.Name, err)
 	}
-	b.f32 = grow(b.f32, n*int64(cols))
-	if err := decode(t.InType, b.f32, b.raw); err != nil {
-		return nil, 0, fmt.Errorf("%s: tensor %q: %w", f.Path, t.Name, err)
-	}
-	b.out = grow(b.out, n*int64(outRow))
-	if err := encode(t, b.out, b.f32, u.R0, u.R1); err != nil {
-		return nil, 0, fmt.Errorf("tensor %q: %w", t.Name, err)
-	}
-	if nf, bad := quant.Validate(t.Type, b.out); bad {
+	if nf, bad := quant.Validate(t.Type, dst); bad {
 		// llama-quantize's ggml_validate_row_data: refuse rather than
 		// write a scale that is NaN or infinite.
+		cols := ne0(t.In.Dims)
+		inRow, _ := t.InType.RowSize(cols)
 		row := u.R0 + int64(nf.Block)*t.Type.BlockSize()/int64(cols)
-		return nil, 0, inputerr.New(f.Path, t.Name, f.DataOffset+int64(t.In.Offset)+row*int64(inRow), ErrNonFinite,
+		return inputerr.New(f.Path, t.Name, f.DataOffset+int64(t.In.Offset)+row*int64(inRow), ErrNonFinite,
 			"row %d quantizes to a non-finite %s %s (a NaN or an infinity in the input)", row, t.Type, nf.Field)
 	}
-	return b.out, off, nil
+	return nil
 }
 
 // encode quantizes rows [r0, r1) of tensor t, src, into dst: with its

@@ -67,6 +67,8 @@ var exceptions = map[[2]string]string{
 	{"gguf/quantize", "gguf"}:             "the quantizer reads and writes GGUF files",
 	{"gguf/quantize", "gguf/quant"}:       "the quantizer encodes into ggml types chosen by quant.Mix",
 	{"gguf/quantize", "gguf/imatrix"}:     "--imatrix reads llama-imatrix output to weight the quantization error",
+	{"gguf/quantize", "gguf/convert"}:     "the quantizer reads a checkpoint as the F16 GGUF the converter would write",
+	{"gguf/quantize", "safetensors"}:      "the quantizer opens the checkpoint it converts on the fly",
 	{"merge", "safetensors"}:              "a merge reads a safetensors base and adapter and writes a safetensors checkpoint",
 	{"mlxpack", "safetensors"}:            "an MLX checkpoint is safetensors shards plus config.json",
 	{"verify", "safetensors"}:             "verify checks the files every stage writes, whatever made them",

@@ -1,0 +1,121 @@
+package quantize
+
+import (
+	"math"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
+)
+
+// TensorError is how far one output tensor is from the values it was made
+// from (the input's, as decoded to float32 before quantizing: for a
+// checkpoint, the converter's F16 values).
+type TensorError struct {
+	Name   string
+	InType quant.Type
+	Type   quant.Type // the type written
+	Params int64      // values
+	Bytes  int64      // bytes written, without padding
+	// SumSq is the sum of the squared errors, MaxAbs the largest absolute
+	// error; RMSE is sqrt(SumSq / Params).
+	SumSq, RMSE, MaxAbs float64
+	// Cosine is the cosine similarity of the tensor and its source, as
+	// flat vectors (1 for a copy, and for two zero vectors).
+	Cosine float64
+	// Copied: written unchanged (zero error).
+	Copied bool
+}
+
+// BitsPerWeight is the tensor's bytes × 8 / values.
+func (e TensorError) BitsPerWeight() float64 {
+	if e.Params == 0 {
+		return 0
+	}
+	return float64(e.Bytes) * 8 / float64(e.Params)
+}
+
+// errorSum is one unit's error sums for one output, in float64, over its
+// values in order.
+type errorSum struct {
+	n          int64
+	sq, max    float64
+	xy, xx, yy float64
+}
+
+// measure decodes enc (blocks of type t) into *deq and adds its errors
+// against src.
+func (s *errorSum) measure(t quant.Type, enc []byte, src []float32, deq *[]float32) error {
+	*deq = grow(*deq, int64(len(src)))
+	if err := quant.Decode(t, *deq, enc); err != nil {
+		return err
+	}
+	*s = errorSum{n: int64(len(src))}
+	for i, x := range src {
+		y := float64((*deq)[i])
+		xf := float64(x)
+		d := y - xf
+		s.sq += d * d
+		s.max = max(s.max, math.Abs(d))
+		s.xy += xf * y
+		s.xx += xf * xf
+		s.yy += y * y
+	}
+	return nil
+}
+
+// errorSums are every unit's sums, for each output: they are added up per
+// tensor in unit order once the run is done, so the totals do not depend
+// on which worker finished first.
+type errorSums struct {
+	outs int
+	s    []errorSum
+}
+
+func newErrorSums(units, outs int) *errorSums {
+	return &errorSums{outs: outs, s: make([]errorSum, units*outs)}
+}
+
+// unit is unit u's sums, one per output (nil when errors are not
+// measured).
+func (e *errorSums) unit(u int) []errorSum {
+	if e == nil {
+		return nil
+	}
+	return e.s[u*e.outs : (u+1)*e.outs]
+}
+
+// tensors adds up output k's sums per tensor of p.
+func (e *errorSums) tensors(p *Plan, units []gguf.Unit, k int) []TensorError {
+	type acc struct {
+		n                  int64
+		sq, mx, xy, xx, yy float64
+	}
+	accs := make([]acc, len(p.Tensors))
+	for u, un := range units {
+		s := e.s[u*e.outs+k]
+		a := &accs[un.T]
+		a.n += s.n
+		a.sq += s.sq
+		a.mx = max(a.mx, s.max)
+		a.xy += s.xy
+		a.xx += s.xx
+		a.yy += s.yy
+	}
+	out := make([]TensorError, len(p.Tensors))
+	for i := range p.Tensors {
+		t, a := &p.Tensors[i], accs[i]
+		te := TensorError{Name: t.Name, InType: t.InType, Type: t.Type, Params: int64(t.In.NumElements()), Bytes: t.Bytes,
+			SumSq: a.sq, MaxAbs: a.mx, Copied: t.Copy(), Cosine: 1}
+		if te.Params > 0 {
+			te.RMSE = math.Sqrt(a.sq / float64(te.Params))
+		}
+		if !te.Copied && (a.xx > 0 || a.yy > 0) {
+			te.Cosine = 0
+			if a.xx > 0 && a.yy > 0 {
+				te.Cosine = a.xy / math.Sqrt(a.xx*a.yy)
+			}
+		}
+		out[i] = te
+	}
+	return out
+}
