@@ -1,17 +1,11 @@
 package inspect
 
 import (
-	"fmt"
-	"io"
-
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/memory"
-	"github.com/apache/arrow-go/v18/parquet"
-	"github.com/apache/arrow-go/v18/parquet/compress"
-	"github.com/apache/arrow-go/v18/parquet/pqarrow"
 
-	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/parquetfile"
 )
 
 // Schema is the Parquet layout of the per-tensor table; sha256 is
@@ -26,13 +20,9 @@ var Schema = arrow.NewSchema([]arrow.Field{
 	{Name: "sha256", Type: arrow.BinaryTypes.String, Nullable: true},
 }, nil)
 
-// onlyWriter hides the temp file's Close from pqarrow, which closes its
-// sink; the AtomicFile must stay open for Commit's fsync and rename.
-type onlyWriter struct{ io.Writer }
-
 // WriteParquet writes rows to path atomically; createdBy names the
 // writing program ("ferry 0.1.0").
-func WriteParquet(path string, rows []Row, createdBy string) (err error) {
+func WriteParquet(path string, rows []Row, createdBy string) error {
 	b := array.NewRecordBuilder(memory.DefaultAllocator, Schema)
 	defer b.Release()
 	name := b.Field(0).(*array.StringBuilder)
@@ -59,28 +49,5 @@ func WriteParquet(path string, rows []Row, createdBy string) (err error) {
 	}
 	rec := b.NewRecordBatch()
 	defer rec.Release()
-
-	af, err := fsutil.CreateAtomic(path)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			af.Abort()
-			err = fmt.Errorf("%s: writing parquet: %w", path, err)
-		}
-	}()
-	props := parquet.NewWriterProperties(parquet.WithCompression(compress.Codecs.Snappy), parquet.WithCreatedBy(createdBy))
-	w, err := pqarrow.NewFileWriter(Schema, onlyWriter{af}, props, pqarrow.DefaultWriterProps())
-	if err != nil {
-		return err
-	}
-	if err := w.Write(rec); err != nil {
-		w.Close()
-		return err
-	}
-	if err := w.Close(); err != nil {
-		return err
-	}
-	return af.Commit()
+	return parquetfile.Write(path, rec, createdBy)
 }

@@ -17,6 +17,14 @@ func LoaderLess(a, b string) bool {
 	return a < b
 }
 
+// BlockOf is the block (layer) number of a tensor name blk.N.…, as
+// LoaderLess reads it; false for a name outside the blocks (token_embd,
+// output, …).
+func BlockOf(name string) (int, bool) {
+	b, ok := blockOf(name)
+	return int(b), ok && b >= 0
+}
+
 // blockOf is sscanf(name, "blk.%d.", &n) as glibc does it on a 64-bit
 // target: the literal "blk." must match, then %d skips white space, takes
 // an optional sign and at least one decimal digit, converts with strtol

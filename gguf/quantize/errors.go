@@ -17,8 +17,11 @@ type TensorError struct {
 	Params int64      // values
 	Bytes  int64      // bytes written, without padding
 	// SumSq is the sum of the squared errors, MaxAbs the largest absolute
-	// error; RMSE is sqrt(SumSq / Params).
-	SumSq, RMSE, MaxAbs float64
+	// error; RMSE is sqrt(SumSq / Params); RelRMSE is the error relative
+	// to the source's size, sqrt(SumSq / Σ source²) (0 for a zero source).
+	SumSq, RMSE, RelRMSE, MaxAbs float64
+	// SourceSumSq is Σ source² of the values quantized (0 for a copy).
+	SourceSumSq float64
 	// Cosine is the cosine similarity of the tensor and its source, as
 	// flat vectors (1 for a copy, and for two zero vectors).
 	Cosine float64
@@ -108,6 +111,10 @@ func (e *errorSums) tensors(p *Plan, units []gguf.Unit, k int) []TensorError {
 			SumSq: a.sq, MaxAbs: a.mx, Copied: t.Copy(), Cosine: 1}
 		if te.Params > 0 {
 			te.RMSE = math.Sqrt(a.sq / float64(te.Params))
+		}
+		te.SourceSumSq = a.xx
+		if a.xx > 0 {
+			te.RelRMSE = math.Sqrt(a.sq / a.xx)
 		}
 		if !te.Copied && (a.xx > 0 || a.yy > 0) {
 			te.Cosine = 0

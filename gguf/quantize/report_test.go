@@ -1,0 +1,286 @@
+package quantize
+
+import (
+	"bytes"
+	"encoding/xml"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/parquet"
+	"github.com/apache/arrow-go/v18/parquet/file"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/tensor"
+)
+
+// pqColumn reads column name of every row group of r: strings, int64s,
+// int32s (nulls as -1) or float64s, by the column's physical type. It uses
+// the parquet package's column readers, not the Arrow layer the report is
+// written through.
+func pqColumn(t *testing.T, r *file.Reader, name string) any {
+	t.Helper()
+	col := r.MetaData().Schema.ColumnIndexByName(name)
+	if col < 0 {
+		t.Fatalf("no column %q", name)
+	}
+	var strs []string
+	var i64s []int64
+	var i32s []int32
+	var f64s []float64
+	for g := range r.NumRowGroups() {
+		rg := r.RowGroup(g)
+		n := rg.NumRows()
+		cr, err := rg.Column(col)
+		if err != nil {
+			t.Fatal(err)
+		}
+		def := make([]int16, n)
+		switch c := cr.(type) {
+		case *file.ByteArrayColumnChunkReader:
+			vals := make([]parquet.ByteArray, n)
+			_, m, err := c.ReadBatch(n, vals, def, nil)
+			if err != nil || int64(m) != n {
+				t.Fatalf("%s: %d of %d values: %v", name, m, n, err)
+			}
+			for _, v := range vals {
+				strs = append(strs, string(v))
+			}
+		case *file.Int64ColumnChunkReader:
+			vals := make([]int64, n)
+			if _, m, err := c.ReadBatch(n, vals, def, nil); err != nil || int64(m) != n {
+				t.Fatalf("%s: %d of %d values: %v", name, m, n, err)
+			}
+			i64s = append(i64s, vals...)
+		case *file.Int32ColumnChunkReader:
+			vals := make([]int32, n)
+			tot, m, err := c.ReadBatch(n, vals, def, nil)
+			if err != nil || tot != n {
+				t.Fatalf("%s: %d of %d rows: %v", name, tot, n, err)
+			}
+			k := 0
+			for _, d := range def[:tot] {
+				if d == 0 {
+					i32s = append(i32s, -1)
+					continue
+				}
+				i32s = append(i32s, vals[k])
+				k++
+			}
+			if k != m {
+				t.Fatalf("%s: %d values for %d defined rows", name, m, k)
+			}
+		case *file.Float64ColumnChunkReader:
+			vals := make([]float64, n)
+			if _, m, err := c.ReadBatch(n, vals, def, nil); err != nil || int64(m) != n {
+				t.Fatalf("%s: %d of %d values: %v", name, m, n, err)
+			}
+			f64s = append(f64s, vals...)
+		default:
+			t.Fatalf("%s: column reader %T", name, cr)
+		}
+	}
+	switch {
+	case strs != nil:
+		return strs
+	case i64s != nil:
+		return i64s
+	case i32s != nil:
+		return i32s
+	}
+	return f64s
+}
+
+// tensorValues decodes tensor name of the GGUF file path to float32.
+func tensorValues(t *testing.T, path, name string) []float32 {
+	t.Helper()
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ti, ok := f.Tensor(name)
+	if !ok {
+		t.Fatalf("%s: no tensor %s", path, name)
+	}
+	raw := make([]byte, ti.Size())
+	if _, err := f.Section(ti).ReadAt(raw, 0); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, ti.NumElements())
+	switch ti.Type {
+	case quant.F32:
+		tensor.BytesToF32(out, raw)
+	case quant.F16:
+		tensor.F16ToF32(out, raw)
+	default:
+		if err := quant.Decode(ti.Type, out, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func near(a, b float64) bool {
+	return math.Abs(a-b) <= 1e-12+1e-9*math.Max(math.Abs(a), math.Abs(b))
+}
+
+// The Parquet report of a three-type run straight from the Qwen3.5
+// checkpoint, read back with the parquet package's own column readers:
+// one row per output × tensor, and every tensor's errors agree with a
+// dequantize-and-compare of the written file against the F16 file
+// convert_hf_to_gguf.py made (the values the quantizer read). The SVG
+// chart has one line per output with a point per layer.
+func TestReportParquet(t *testing.T) {
+	dir := t.TempDir()
+	types := []string{"Q6_K", "Q4_K_M", "Q2_K"}
+	outs, rs := quantizeMulti(t, checkpoints["qwen35"], SourceOptions{}, types, dir, RunOptions{Jobs: 2, ChunkElems: 1 << 12, Errors: true})
+	var reports []OutputReport
+	for k := range outs {
+		r, err := NewOutputReport(outs[k], rs[k])
+		if err != nil {
+			t.Fatal(err)
+		}
+		reports = append(reports, r)
+	}
+	pq := filepath.Join(dir, "report.parquet")
+	if err := WriteReportParquet(pq, reports, "ferry test"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := file.OpenParquetFile(pq, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rows := 0
+	for _, o := range outs {
+		rows += len(o.Plan.Tensors)
+	}
+	if r.NumRows() != int64(rows) {
+		t.Fatalf("%d rows, want %d (outputs × tensors)", r.NumRows(), rows)
+	}
+	output := pqColumn(t, r, "output").([]string)
+	otype := pqColumn(t, r, "output_type").([]string)
+	name := pqColumn(t, r, "tensor").([]string)
+	layer := pqColumn(t, r, "layer").([]int32)
+	typ := pqColumn(t, r, "type").([]string)
+	params := pqColumn(t, r, "parameters").([]int64)
+	nbytes := pqColumn(t, r, "bytes").([]int64)
+	bpw := pqColumn(t, r, "bits_per_weight").([]float64)
+	rmse := pqColumn(t, r, "rmse").([]float64)
+	rel := pqColumn(t, r, "relative_rmse").([]float64)
+	maxAbs := pqColumn(t, r, "max_abs_error").([]float64)
+	cosine := pqColumn(t, r, "cosine_similarity").([]float64)
+
+	src := input("qwen35") // the F16 file: the values the quantizer read
+	srcVals := map[string][]float32{}
+	row := 0
+	quantized := 0
+	for k, o := range outs {
+		for _, tp := range o.Plan.Tensors {
+			if output[row] != filepath.Base(o.Path) || otype[row] != types[k] || name[row] != tp.Name || typ[row] != tp.Type.String() {
+				t.Fatalf("row %d: %s %s %s %s, want %s %s %s %s", row, output[row], otype[row], name[row], typ[row],
+					filepath.Base(o.Path), types[k], tp.Name, tp.Type)
+			}
+			wantLayer := int32(-1)
+			if l, ok := quant.BlockOf(tp.Name); ok {
+				wantLayer = int32(l)
+			}
+			if layer[row] != wantLayer {
+				t.Errorf("row %d %s: layer %d, want %d", row, tp.Name, layer[row], wantLayer)
+			}
+			x, ok := srcVals[tp.Name]
+			if !ok {
+				x = tensorValues(t, src, tp.Name)
+				srcVals[tp.Name] = x
+			}
+			y := tensorValues(t, o.Path, tp.Name)
+			var sq, mx, xy, xx, yy float64
+			for i := range x {
+				d := float64(y[i]) - float64(x[i])
+				sq += d * d
+				mx = math.Max(mx, math.Abs(d))
+				xy += float64(x[i]) * float64(y[i])
+				xx += float64(x[i]) * float64(x[i])
+				yy += float64(y[i]) * float64(y[i])
+			}
+			n := float64(len(x))
+			wantCos := 1.0
+			if !tp.Copy() {
+				wantCos = xy / math.Sqrt(xx*yy)
+				quantized++
+			}
+			wantRel := 0.0
+			if !tp.Copy() {
+				wantRel = math.Sqrt(sq / xx)
+			}
+			if params[row] != int64(len(x)) || nbytes[row] != tp.Bytes || !near(bpw[row], float64(tp.Bytes)*8/n) {
+				t.Errorf("%s %s: %d parameters, %d bytes, %g bits/weight; want %d, %d, %g", types[k], tp.Name, params[row], nbytes[row], bpw[row], len(x), tp.Bytes, float64(tp.Bytes)*8/n)
+			}
+			for _, c := range []struct {
+				what      string
+				got, want float64
+			}{{"rmse", rmse[row], math.Sqrt(sq / n)}, {"relative_rmse", rel[row], wantRel}, {"max_abs_error", maxAbs[row], mx}, {"cosine_similarity", cosine[row], wantCos}} {
+				if !near(c.got, c.want) {
+					t.Errorf("%s %s: %s %g, dequantize-and-compare gives %g", types[k], tp.Name, c.what, c.got, c.want)
+				}
+			}
+			if !tp.Copy() && sq == 0 {
+				t.Errorf("%s %s: quantized without any error: the comparison proves nothing", types[k], tp.Name)
+			}
+			row++
+		}
+	}
+	if quantized < 3*20 {
+		t.Errorf("only %d quantized tensors compared", quantized)
+	}
+
+	svg := filepath.Join(dir, "report.svg")
+	if err := WriteReportSVG(svg, reports); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Polylines []struct {
+			Points string `xml:"points,attr"`
+		} `xml:"polyline"`
+		Texts []string `xml:"text"`
+	}
+	if err := xml.NewDecoder(bytes.NewReader(b)).Decode(&doc); err != nil {
+		t.Fatalf("the SVG does not parse: %v", err)
+	}
+	if len(doc.Polylines) != len(types) {
+		t.Fatalf("%d lines in the chart, want one per output (%d)", len(doc.Polylines), len(types))
+	}
+	layers := len(reports[0].Layers()) // qwen35: 4 blocks + the MTP block
+	for k, pl := range doc.Polylines {
+		if n := len(strings.Fields(pl.Points)); n != layers {
+			t.Errorf("line %d: %d points, want %d layers", k, n, layers)
+		}
+	}
+	legend := strings.Join(doc.Texts, " ")
+	for _, ty := range types {
+		if !strings.Contains(legend, ty) {
+			t.Errorf("the legend does not name %s", ty)
+		}
+	}
+
+	// The table names the output, its type and its worst tensor.
+	var tb bytes.Buffer
+	if err := reports[2].WriteTable(&tb, 3); err != nil {
+		t.Fatal(err)
+	}
+	worst := reports[2].Worst(1)[0]
+	for _, want := range []string{"base-Q2_K.gguf", "Q2_K", fmt.Sprint(reports[2].Size), worst.Name} {
+		if !strings.Contains(tb.String(), want) {
+			t.Errorf("the table lacks %q:\n%s", want, tb.String())
+		}
+	}
+}
