@@ -22,7 +22,9 @@ import (
 // The test binary doubles as the quantizer: with FERRY_QUANTIZE_CHILD set
 // to IN:OUT:TYPE:JOBS[:JOURNAL_EVERY] it quantizes IN to OUT as `ferry
 // quantize` does (plan, journal, resume) and exits: the kill test's child
-// and the benchmark's measured process.
+// and the benchmark's measured process. A TYPE of several comma-separated
+// types makes them all in one read, OUT a directory (`ferry quantize
+// --type … --out-dir OUT`).
 func init() {
 	spec := os.Getenv("FERRY_QUANTIZE_CHILD")
 	if spec == "" {
@@ -49,6 +51,9 @@ func childQuantize(parts []string) error {
 		if every, err = time.ParseDuration(parts[4]); err != nil {
 			return err
 		}
+	}
+	if strings.Contains(parts[2], ",") {
+		return childQuantizeMulti(parts[0], parts[1], strings.Split(parts[2], ","), RunOptions{Jobs: jobs, JournalEvery: every})
 	}
 	ft, err := ParseType(parts[2])
 	if err != nil {
