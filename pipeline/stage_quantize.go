@@ -17,21 +17,29 @@ import (
 	"github.com/ferry-llm/ferry/manifest"
 )
 
-// quantizeStage quantizes the GGUF file of a stage (a gguf stage's output)
-// with gguf/quantize, byte-identical to llama-quantize.
+// quantizeStage quantizes the GGUF file of a stage (a gguf stage's
+// output), or the safetensors checkpoint of one (an import or a merge:
+// converted on the fly as the gguf stage with outtype f16 would, never
+// written), with gguf/quantize, byte-identical to llama-quantize.
 //
 //	quantize: { from: f16, type: Q4_K_M }
-//	quantize: { from: f16, types: [Q6_K, Q4_K_M] }
+//	quantize: { from: merged, types: [Q6_K, Q4_K_M], report: true }
 //
-// type (one) or types (several, each its own output file, quantized one
-// after the other: each reads the input once) is a llama-quantize type
-// name, checked when the pipeline file is parsed. output_tensor_type,
+// type (one) or types (several, each its own output file, all made from
+// one read of the input) is a llama-quantize type name, checked when the
+// pipeline file is parsed. output_tensor_type,
 // token_embedding_type, leave_output_tensor, pure and allow_requantize
 // are llama-quantize's options of those names; tensor_types is its
 // --tensor-type, a mapping { REGEX: TYPE } tried in the order written
-// (the first match wins); mtp_type is `ferry quantize --mtp-type`. The
-// from stage must hold exactly one .gguf file; each output is named after
-// it with its type (Jarvis2-27B-F16.gguf → Jarvis2-27B-Q4_K_M.gguf).
+// (the first match wins); mtp_type is `ferry quantize --mtp-type`. no_mtp
+// drops a checkpoint's mtp.* tensors (as the gguf stage's). The from
+// stage must hold exactly one .gguf file, or a checkpoint (config.json
+// and its shards); each output is named after the GGUF file with its type
+// (Jarvis2-27B-F16.gguf → Jarvis2-27B-Q4_K_M.gguf), or after the from
+// stage for a checkpoint (merged-Q4_K_M.gguf). report: true adds the
+// quality report of the outputs, measured while quantizing, as
+// <name>-report.parquet and <name>-report.svg
+// (quantize.WriteReportParquet, WriteReportSVG).
 //
 //	quantize: { from: f16, types: [Q4_K_M, Q2_K_S], imatrix: imat,
 //	            tensor_types: { attn_v: q8_0 }, mtp_type: q8_0 }
@@ -46,11 +54,12 @@ import (
 // include_weights and exclude_weights filter it as llama-quantize's
 // flags do. Q2_K_S is accepted only with a matrix.
 //
-// Resume: quantize.Run, which `ferry quantize` calls too, keeps
-// <file>.partial and <file>.journal in the stage's work dir; the journal
-// records finished tensors after the partial file has been fsynced, so a
-// killed run rewrites only the tensors that were not durable (and an
-// output already finished is kept).
+// Resume: quantize.RunMulti, which `ferry quantize` calls too, keeps
+// <file>.partial and <file>.journal for each output in the stage's work
+// dir; each journal records finished tensors after its partial file has
+// been fsynced, so a killed run rewrites only the tensors that were not
+// durable (and an output already finished is kept, unless the report
+// needs its errors measured again).
 type quantizeStage struct {
 	From            string   `json:"from"`
 	Types           []string `json:"types"`
@@ -71,6 +80,8 @@ type quantizeStage struct {
 	ImatrixDigest  string   `json:"imatrix_digest,omitempty"`
 	IncludeWeights []string `json:"include_weights,omitempty"`
 	ExcludeWeights []string `json:"exclude_weights,omitempty"`
+	NoMTP          bool     `json:"no_mtp,omitempty"`
+	Report         bool     `json:"report,omitempty"`
 
 	imatrixPath string             // the file, for a path
 	opts        []quantize.Options // one per type
@@ -133,7 +144,7 @@ func newQuantize(p *Params) (Stage, error) {
 	for _, b := range []struct {
 		key string
 		dst *bool
-	}{{"leave_output_tensor", &s.LeaveOutput}, {"pure", &s.Pure}, {"allow_requantize", &s.AllowRequantize}} {
+	}{{"leave_output_tensor", &s.LeaveOutput}, {"pure", &s.Pure}, {"allow_requantize", &s.AllowRequantize}, {"no_mtp", &s.NoMTP}, {"report", &s.Report}} {
 		if *b.dst, err = p.Bool(b.key, false); err != nil {
 			return nil, err
 		}
@@ -300,116 +311,145 @@ func matrixFile(in *Input) (string, error) {
 	return found[0], nil
 }
 
-// input finds the one .gguf file of the from stage's view.
-func (s *quantizeStage) input(env *Env) (string, error) {
+// input finds the from stage's one .gguf file, or its checkpoint
+// directory, and the stem its outputs are named after.
+func (s *quantizeStage) input(env *Env) (path, stem string, err error) {
 	in := env.Input(s.From)
 	if in == nil {
-		return "", fmt.Errorf("quantize: input %q not given", s.From)
+		return "", "", fmt.Errorf("quantize: input %q not given", s.From)
 	}
 	var found []string
+	checkpoint := false
 	for _, o := range in.Outputs {
 		if strings.HasSuffix(o.Path, ".gguf") {
 			found = append(found, o.Path)
 		}
+		checkpoint = checkpoint || o.Path == "config.json"
 	}
 	if in.Outputs == nil { // a planning preview: list the directory
 		m, _ := filepath.Glob(filepath.Join(in.Dir, "*.gguf"))
 		for _, p := range m {
 			found = append(found, filepath.Base(p))
 		}
+		checkpoint = exists(filepath.Join(in.Dir, "config.json"))
 	}
-	if len(found) != 1 {
-		return "", fmt.Errorf("quantize: stage %s holds %d .gguf files (%s); want exactly one", s.From, len(found), strings.Join(found, ", "))
+	switch {
+	case len(found) == 1:
+		return filepath.Join(in.Dir, found[0]), quantize.Stem(found[0]), nil
+	case len(found) == 0 && checkpoint:
+		return in.Dir, s.From, nil
 	}
-	return filepath.Join(in.Dir, found[0]), nil
+	return "", "", fmt.Errorf("quantize: stage %s holds %d .gguf files (%s); want exactly one, or a checkpoint (config.json and its shards)", s.From, len(found), strings.Join(found, ", "))
 }
 
-// outName is the output file for type ft of input file in: its type
-// suffix (-F16, -BF16, -F32) replaced, or the type appended.
-func outName(in string, ft quant.FileType) string {
-	base := strings.TrimSuffix(filepath.Base(in), ".gguf")
-	for _, suf := range []string{"-F16", "-BF16", "-F32", "-f16", "-bf16", "-f32"} {
-		if strings.HasSuffix(base, suf) {
-			base = strings.TrimSuffix(base, suf)
-			break
-		}
-	}
-	return base + "-" + ft.String() + ".gguf"
-}
-
-func (s *quantizeStage) plans(env *Env) (*gguf.File, []*quantize.Plan, error) {
-	in, err := s.input(env)
+// plans opens the input and plans every type: the outputs, named in dir.
+func (s *quantizeStage) plans(env *Env, dir string) (src *quantize.Source, outs []quantize.Output, stem string, err error) {
+	in, stem, err := s.input(env)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	m, name, err := s.matrix(env)
+	m, mname, err := s.matrix(env)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	f, err := gguf.Open(in)
-	if err != nil {
-		return nil, nil, err
+	if src, err = quantize.OpenSource(in, quantize.SourceOptions{NoMTP: s.NoMTP}); err != nil {
+		return nil, nil, "", err
 	}
-	var ps []*quantize.Plan
 	for _, o := range s.opts {
-		o.Imatrix, o.ImatrixFile = m, name
-		p, err := quantize.NewPlan(f, o)
+		o.Imatrix, o.ImatrixFile = m, mname
+		p, err := src.NewPlan(o)
 		if err != nil {
-			f.Close()
-			return nil, nil, err
+			src.Close()
+			return nil, nil, "", err
 		}
-		ps = append(ps, p)
+		name := quantize.OutputName(stem, p.FileType)
+		outs = append(outs, quantize.Output{Plan: p, Path: filepath.Join(dir, name), Journal: filepath.Join(dir, name+".journal")})
 	}
-	return f, ps, nil
+	return src, outs, stem, nil
 }
 
 func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
-	f, plans, err := s.plans(env)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
 	work, err := env.WorkDir()
 	if err != nil {
 		return nil, err
 	}
-	// Room for every output is checked before the first is written (a
-	// finished one, or a partial file of the same size, is already there).
-	var total, need int64
-	for _, p := range plans {
-		total += p.InputBytes
-		need += p.Layout.Size
-		name := outName(f.Path, p.FileType)
-		for _, q := range []string{filepath.Join(work, name), gguf.PartialPath(filepath.Join(work, name))} {
-			if st, err := os.Stat(q); err == nil && st.Size() == p.Layout.Size {
-				need -= p.Layout.Size
-				break
-			}
+	src, outs, stem, err := s.plans(env, work)
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	pq, svg := stem+"-report.parquet", stem+"-report.svg"
+	// An output finished by a killed run (renamed into place, its journal
+	// removed) is kept, unless the report needs its errors.
+	var todo []quantize.Output
+	var need int64
+	for _, o := range outs {
+		if st, err := os.Stat(o.Path); err == nil && st.Size() == o.Plan.Layout.Size && !exists(o.Journal) && !s.Report {
+			continue
+		}
+		todo = append(todo, o)
+		need += o.Plan.Layout.Size
+		if st, err := os.Stat(gguf.PartialPath(o.Path)); err == nil && st.Size() == o.Plan.Layout.Size {
+			need -= o.Plan.Layout.Size
 		}
 	}
+	// Room for every output is checked before the first is written.
 	if free, ok, err := fsutil.FreeSpace(work); err == nil && ok && free < need {
 		return nil, fmt.Errorf("quantize: %w: the outputs need %d bytes, %s has %d free", quantize.ErrNoSpace, need, work, free)
 	}
-	env.Progress.SetTotal(total)
-	res := &Result{}
-	for _, p := range plans {
-		name := outName(f.Path, p.FileType)
-		out := filepath.Join(work, name)
-		if st, err := os.Stat(out); err == nil && st.Size() == p.Layout.Size && !exists(out+".journal") {
-			// Finished by a killed run before the next output: keep it.
-			env.Progress.Add(p.InputBytes)
-		} else if _, err := quantize.Run(ctx, f, p, out, quantize.RunOptions{
-			Jobs: env.Jobs, Progress: env.Progress.Add, Journal: filepath.Join(work, name+".journal"),
-		}); err != nil {
-			return nil, err
-		}
-		d, n, err := env.Store.Adopt(out)
+	env.Progress.SetTotal(outs[0].Plan.InputBytes)
+	if len(todo) == 0 {
+		env.Progress.Add(outs[0].Plan.InputBytes)
+	} else {
+		rrs, err := quantize.RunMulti(ctx, src.File, todo, quantize.RunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Errors: s.Report})
 		if err != nil {
 			return nil, err
 		}
+		if s.Report {
+			if err := writeReport(outs, rrs, filepath.Join(work, pq), filepath.Join(work, svg)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	res := &Result{}
+	adopt := func(name string) error {
+		d, n, err := env.Store.Adopt(filepath.Join(work, name))
+		if err != nil {
+			return err
+		}
 		res.Outputs = append(res.Outputs, manifest.Output{Path: name, Digest: d, Size: n})
+		return nil
+	}
+	for _, o := range outs {
+		if err := adopt(filepath.Base(o.Path)); err != nil {
+			return nil, err
+		}
+	}
+	if s.Report {
+		for _, name := range []string{pq, svg} {
+			if err := adopt(name); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return res, nil
+}
+
+// writeReport writes the report of outs (every output was run: rrs in
+// their order) to the files pq and svg.
+func writeReport(outs []quantize.Output, rrs []*quantize.RunResult, pq, svg string) error {
+	var reps []quantize.OutputReport
+	for k := range outs {
+		r, err := quantize.NewOutputReport(outs[k], rrs[k])
+		if err != nil {
+			return err
+		}
+		reps = append(reps, r)
+	}
+	if err := quantize.WriteReportParquet(pq, reps, "ferry pipeline"); err != nil {
+		return err
+	}
+	return quantize.WriteReportSVG(svg, reps)
 }
 
 // Plan plans every type from the input's header (no tensor data): a type
@@ -417,24 +457,28 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 // (without allow_requantize) or promises NextN layers it lacks is refused
 // here, before any stage of the run starts.
 func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
-	f, plans, err := s.plans(env)
+	src, outs, _, err := s.plans(env, "")
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer src.Close()
 	var parts []string
-	for _, p := range plans {
-		parts = append(parts, fmt.Sprintf("%s %s", outName(f.Path, p.FileType), FormatBytes(p.Layout.Size)))
+	for _, o := range outs {
+		parts = append(parts, fmt.Sprintf("%s %s", filepath.Base(o.Path), FormatBytes(o.Plan.Layout.Size)))
 	}
-	// quantize.Run holds about ChunkElems (1Mi) values per worker: the
-	// input rows (≤ 4 bytes a value), their float32s and the blocks.
-	summary := fmt.Sprintf("%s (%s) → %s", filepath.Base(f.Path), f.Architecture(), strings.Join(parts, ", "))
-	if o := plans[0].Options; o.Imatrix != nil {
-		summary += fmt.Sprintf(", imatrix %s (%d entries; %d quantized tensors without one)", o.ImatrixFile, o.Imatrix.Len(), len(plans[0].Unweighted))
+	if s.Report {
+		parts = append(parts, "report")
+	}
+	// quantize.RunMulti holds about ChunkElems (1Mi) values per worker:
+	// the input rows (≤ 4 bytes a value), their float32s and the blocks of
+	// every output (and, converting a checkpoint, the converter's rows).
+	summary := fmt.Sprintf("%s (%s) → %s", filepath.Base(src.Path), src.Architecture(), strings.Join(parts, ", "))
+	if o := outs[0].Plan.Options; o.Imatrix != nil {
+		summary += fmt.Sprintf(", imatrix %s (%d entries; %d quantized tensors without one)", o.ImatrixFile, o.Imatrix.Len(), len(outs[0].Plan.Unweighted))
 	}
 	return &StagePlan{
 		Summary: summary,
-		Memory:  int64(max(env.Jobs, 1))*(1<<20)*10 + 64<<20,
+		Memory:  int64(max(env.Jobs, 1))*(1<<20)*int64(10+2*len(outs)) + 64<<20,
 	}, nil
 }
 

@@ -57,26 +57,33 @@ func (nopProgress) Add(int64)      {}
 
 // The quantize stage's outputs are llama-quantize's files, byte for byte,
 // named after the input with their types, and recorded in the manifest;
-// also when the stage was cancelled halfway (inside its second output)
-// and resumed.
+// also when the stage was cancelled halfway (all its outputs are made in
+// one read) and resumed, and straight from a checkpoint stage (the one
+// convert_hf_to_gguf.py made the goldens' F16 input from), with the
+// quality report as two more outputs.
 func TestQuantizeStage(t *testing.T) {
-	in := quantInput(t, "qwen35")
+	ckpt, err := filepath.Abs("../testdata/models/qwen35-tiny/base")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
-		name, params string
-		types        []string
-		cancelAt     int64
+		name, in, from, params, stem string
+		types                        []string
+		cancelAt                     int64
+		report                       bool
 	}{
-		{"type", "type: q4_k", []string{"Q4_K_M"}, 0},
-		{"types, cancelled", "types: [Q6_K, Q4_K_M]", []string{"Q6_K", "Q4_K_M"}, 10 << 20},
+		{"type", quantInput(t, "qwen35"), "f16", "type: q4_k", "qwen35-base", []string{"Q4_K_M"}, 0, false},
+		{"types, cancelled", quantInput(t, "qwen35"), "f16", "types: [Q6_K, Q4_K_M]", "qwen35-base", []string{"Q6_K", "Q4_K_M"}, 4 << 20, false},
+		{"checkpoint, report, cancelled", ckpt, "base", "types: [Q6_K, Q4_K_M, Q2_K], report: true", "base", []string{"Q6_K", "Q4_K_M", "Q2_K"}, 3 << 20, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			spec := loadSpec(t, dir, `name: q
 stages:
-  - name: f16
-    import: { path: `+in+` }
+  - name: `+tc.from+`
+    import: { path: `+tc.in+` }
   - name: quants
-    quantize: { from: f16, `+tc.params+` }
+    quantize: { from: `+tc.from+`, `+tc.params+` }
 `)
 			if tc.cancelAt > 0 {
 				ctx, cancel := context.WithCancel(context.Background())
@@ -96,8 +103,12 @@ stages:
 				t.Fatal(err)
 			}
 			rec := s.StageRecord("q", "quants")
-			if len(outs) != len(tc.types) || rec == nil || len(rec.Outputs) != len(tc.types) {
-				t.Fatalf("outputs %+v, record %+v; want %v", outs, rec, tc.types)
+			want := len(tc.types)
+			if tc.report {
+				want += 2
+			}
+			if len(outs) != want || rec == nil || len(rec.Outputs) != want {
+				t.Fatalf("outputs %+v, record %+v; want %v (and the report: %v)", outs, rec, tc.types, tc.report)
 			}
 			got := map[string]manifest.Digest{}
 			for i := range outs {
@@ -107,9 +118,16 @@ stages:
 				}
 			}
 			for _, typ := range tc.types {
-				name := "qwen35-base-" + typ + ".gguf"
+				name := tc.stem + "-" + typ + ".gguf"
 				if want := goldenDigest(t, "qwen35-base-"+typ); got[name] != want {
 					t.Errorf("%s: %s, want %s (outputs %+v)", name, got[name], want, outs)
+				}
+			}
+			if tc.report {
+				for _, name := range []string{tc.stem + "-report.parquet", tc.stem + "-report.svg"} {
+					if got[name] == "" {
+						t.Errorf("no %s among the outputs %+v", name, outs)
+					}
 				}
 			}
 		})
