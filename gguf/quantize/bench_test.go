@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -172,4 +173,78 @@ func BenchmarkQuantize(b *testing.B) {
 		msg += fmt.Sprintf("; llama-quantize %.2fs, peak RSS %.0f MiB; same bytes: %v", theirs.Seconds()/n, float64(llamaRSS)/(1<<20), identical == 1)
 	}
 	b.Log(msg)
+}
+
+// BenchmarkQuantizeLadder makes FERRY_BENCH_LADDER (default
+// Q6_K,Q4_K_M,Q2_K) from the generated Qwen3.5-27B-width F16 GGUF
+// (benchInput, ≥ 2 GB) two ways, each in child processes as `ferry
+// quantize` runs them: one run that reads the input once and writes every
+// type (--type … --out-dir, its errors measured for the quality table),
+// and one run per type. Reported: each way's seconds and peak RSS,
+// x-one-run (the ladder's time over the mean time of a single-type run:
+// the issue's target is at most 1.6) and x-separate (the separate runs'
+// total over the ladder's: above 1 the ladder is faster). The benchmark
+// fails when a ladder output differs from its single-type run's.
+func BenchmarkQuantizeLadder(b *testing.B) {
+	in := benchInput(b)
+	st, err := os.Stat(in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	types := os.Getenv("FERRY_BENCH_LADDER")
+	if types == "" {
+		types = "Q6_K,Q4_K_M,Q2_K"
+	}
+	names := strings.Split(types, ",")
+	if len(names) < 2 {
+		b.Fatalf("FERRY_BENCH_LADDER=%q: want two types or more", types)
+	}
+	jobs := strconv.Itoa(runtime.NumCPU())
+	if s := os.Getenv("FERRY_BENCH_JOBS"); s != "" {
+		jobs = s
+	}
+	work := b.TempDir()
+	runTimed(b, nil, "cat", in) // warm the page cache
+	b.SetBytes(st.Size())
+	b.ResetTimer()
+	var ladder, separate time.Duration
+	var ladderRSS, separateRSS int64
+	for range b.N {
+		dir := filepath.Join(work, "ladder")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		d, r := runTimed(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + dir + ":" + types + ":" + jobs}, os.Args[0], "-test.run=^$")
+		ladder += d
+		ladderRSS = max(ladderRSS, r)
+		for _, ty := range names {
+			out := filepath.Join(work, "single.gguf")
+			d, r := runTimed(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + out + ":" + ty + ":" + jobs}, os.Args[0], "-test.run=^$")
+			separate += d
+			separateRSS = max(separateRSS, r)
+			b.StopTimer()
+			ft, err := ParseType(ty)
+			if err != nil {
+				b.Fatal(err)
+			}
+			lo := filepath.Join(dir, OutputName(Stem(in), ft))
+			if sha256File(b, lo) != sha256File(b, out) {
+				b.Errorf("the ladder's %s differs from a single-type run's", ty)
+			}
+			os.Remove(out)
+			os.Remove(lo)
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	one := separate.Seconds() / n / float64(len(names))
+	b.ReportMetric(ladder.Seconds()/n, "ladder-s")
+	b.ReportMetric(separate.Seconds()/n, "separate-s")
+	b.ReportMetric(float64(ladderRSS)/(1<<20), "ladder-peakRSS-MiB")
+	b.ReportMetric(float64(separateRSS)/(1<<20), "separate-peakRSS-MiB")
+	b.ReportMetric(ladder.Seconds()/n/one, "x-one-run")
+	b.ReportMetric(separate.Seconds()/ladder.Seconds(), "x-separate")
+	b.Logf("input %d bytes → %s, %s jobs: one read %.2fs (peak RSS %.0f MiB); separate runs %.2fs in all, %.2fs each on average (peak RSS %.0f MiB); one read / one run = %.2f",
+		st.Size(), types, jobs, ladder.Seconds()/n, float64(ladderRSS)/(1<<20), separate.Seconds()/n, one, float64(separateRSS)/(1<<20), ladder.Seconds()/n/one)
 }

@@ -53,7 +53,8 @@ func childQuantize(parts []string) error {
 		}
 	}
 	if strings.Contains(parts[2], ",") {
-		return childQuantizeMulti(parts[0], parts[1], strings.Split(parts[2], ","), RunOptions{Jobs: jobs, JournalEvery: every})
+		// As `ferry quantize --out-dir` runs: the errors measured too.
+		return childQuantizeMulti(parts[0], parts[1], strings.Split(parts[2], ","), RunOptions{Jobs: jobs, JournalEvery: every, Errors: true})
 	}
 	ft, err := ParseType(parts[2])
 	if err != nil {

@@ -3,6 +3,7 @@ package quantize
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf/internal/goldenfile"
@@ -88,6 +89,25 @@ func TestMultiGolden(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// The measured errors, like the bytes, do not depend on the worker count:
+// each unit's sums are added up in unit order.
+func TestMultiErrorsDeterministic(t *testing.T) {
+	types := []string{"Q4_K_M", "Q2_K"}
+	var ref []*RunResult
+	for _, jobs := range []int{1, 4} {
+		_, rs := quantizeMulti(t, checkpoints["qwen3"], SourceOptions{}, types, t.TempDir(), RunOptions{Jobs: jobs, ChunkElems: 1 << 12, Errors: true})
+		if ref == nil {
+			ref = rs
+			continue
+		}
+		for k := range rs {
+			if !slices.Equal(rs[k].Errors, ref[k].Errors) {
+				t.Errorf("%s: the errors with %d jobs differ from those with 1", types[k], jobs)
+			}
 		}
 	}
 }
