@@ -625,13 +625,7 @@ func (w *dirWriter) finish(ctx context.Context, out string) error {
 	if err := w.log.Remove(); err != nil {
 		return err
 	}
-	if err := fsutil.SyncDir(w.dir); err != nil {
-		return err
-	}
-	if err := os.Rename(w.dir, out); err != nil {
-		return err
-	}
-	return fsutil.SyncDir(filepath.Dir(out))
+	return commitDir(w.dir, out)
 }
 
 // results sums each tensor's unit statistics in unit order (so the

@@ -125,13 +125,20 @@ func repackFresh(ctx context.Context, plan *Plan, dst string, res *Result) (err 
 	if err := writeEntries(ctx, plan, tmp, dst, res); err != nil {
 		return err
 	}
+	return commitDir(tmp, dst)
+}
+
+// commitDir makes the directory built in tmp appear as dst, whole: tmp's
+// entries are made durable, then it is renamed and the parent synced.
+// Repack and Quantize both end this way.
+func commitDir(tmp, dst string) error {
 	if err := fsutil.SyncDir(tmp); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		return err
 	}
-	return fsutil.SyncDir(parent)
+	return fsutil.SyncDir(filepath.Dir(dst))
 }
 
 // checkExisting decides whether dst may be written: every entry must be a
