@@ -106,7 +106,7 @@ func TestBadCases(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			src := filepath.Join(t.TempDir(), "w.bin")
-			randomFile(t, src, 3<<20, 5)
+			randomFile(t, src, 2<<20, 5)
 			before, _ := os.ReadFile(src)
 			dst := t.TempDir()
 			dir := dst
