@@ -309,3 +309,41 @@ func sentChunks(log string) []int {
 	}
 	return out
 }
+
+// Ctrl-C in the middle of a copy: exit 130, the words say how to resume,
+// nothing under the file's name; the same command then finishes it.
+func TestTransferSIGINT(t *testing.T) {
+	s := startTransferSSHD(t)
+	src := filepath.Join(t.TempDir(), "w.bin")
+	want := writeRandom(t, src, 2<<20, 4)
+	dst, state := t.TempDir(), t.TempDir()
+	args := []string{"--verbose", "transfer", "--ssh-config", s.ConfigPath, "--state-dir", state, "--chunk-size", "64KiB", "--streams", "1", src, s.Alias + ":" + dst}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
+	pr, pw, _ := os.Pipe()
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	var log strings.Builder
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() {
+		log.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), `msg="transfer: sending chunk"`) && strings.Contains(sc.Text(), "chunk=3 ") {
+			cmd.Process.Signal(os.Interrupt)
+		}
+	}
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != exitInterrupted || !strings.Contains(log.String(), "run the same command again to resume") {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", code, exitInterrupted, log.String())
+	}
+	if _, err := os.Stat(filepath.Join(dst, "w.bin")); err == nil {
+		t.Fatal("w.bin is there after Ctrl-C")
+	}
+	r := execFerry(t, nil, args[1:]...)
+	got, err := os.ReadFile(filepath.Join(dst, "w.bin"))
+	if r.code != 0 || err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("rerun: exit %d, %v: %s", r.code, err, r.stderr)
+	}
+}
