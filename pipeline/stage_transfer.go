@@ -61,12 +61,13 @@ type TransferNetcheck struct {
 
 func (n TransferNetcheck) set() bool { return n != TransferNetcheck{} }
 
-// TransferPreFlight, when set, makes the check that runs before a byte is
-// sent to each destination of the transfer stage named stage (netcheck:
-// route, MTU, Wi-Fi, with the stage's requirements); its error fails that
-// destination. It is the seam where netcheck plugs into the stage, as
-// transferPreFlight in cmd/ferry is for the command.
-var TransferPreFlight func(stage string, req TransferNetcheck) func(ctx context.Context, d transfer.Destination) error
+// TransferPreFlight, when set, is netcheck's seam in the transfer stage
+// named stage (as transferPreFlight in cmd/ferry is in the command): it
+// runs before any connection is made, may change how connections are made
+// (via: o's LocalAddr), and returns the check run before a byte is sent to
+// each destination (route, MTU, Wi-Fi, with the stage's requirements),
+// whose error fails that destination.
+var TransferPreFlight func(stage string, req TransferNetcheck, o *sshconn.Options) (func(ctx context.Context, d transfer.Destination) error, error)
 
 // netcheckBuilt refuses netcheck requirements while nothing checks
 // them.
@@ -191,7 +192,14 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	dialer, err := sshconn.NewDialer(sshconn.Options{})
+	var so sshconn.Options
+	var preFlight func(ctx context.Context, d transfer.Destination) error
+	if TransferPreFlight != nil {
+		if preFlight, err = TransferPreFlight(env.Stage, s.TransferNetcheck, &so); err != nil {
+			return nil, err
+		}
+	}
+	dialer, err := sshconn.NewDialer(so)
 	if err != nil {
 		return nil, err
 	}
@@ -207,9 +215,7 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	env.Progress.SetTotal(p.Bytes() * int64(len(dests)))
 	o := transfer.Options{Streams: s.Streams, StateDir: state, Verify: env.Verify, Log: env.Log,
 		Progress: func(string, int64) progress.Reporter { return transferProgress{env.Progress} }}
-	if TransferPreFlight != nil {
-		o.PreFlight = TransferPreFlight(env.Stage, s.TransferNetcheck)
-	}
+	o.PreFlight = preFlight
 	rep, err := transfer.Run(ctx, p, dests, o)
 	if rep != nil {
 		for _, h := range rep.Hosts {

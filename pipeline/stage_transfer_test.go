@@ -5,12 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/transfer"
+	"github.com/ferry-llm/ferry/transfer/sshconn"
 
 	. "github.com/ferry-llm/ferry/pipeline"
 )
@@ -102,6 +106,25 @@ stages:
 	}
 	if _, err := os.Stat(filepath.Join(dst, "via")); err == nil {
 		t.Error("via without netcheck sent something")
+	}
+	// With a pre-flight check (netcheck's seam) they are accepted, the
+	// check gets them, and its failure stops the destination before a byte.
+	var got TransferNetcheck
+	TransferPreFlight = func(stage string, req TransferNetcheck, o *sshconn.Options) (func(context.Context, transfer.Destination) error, error) {
+		got = req
+		return func(_ context.Context, d transfer.Destination) error {
+			return fmt.Errorf("route to %s leaves by the wrong interface", d.Host)
+		}, nil
+	}
+	t.Cleanup(func() { TransferPreFlight = nil })
+	if _, err := Run(context.Background(), viaSpec, Options{}); err == nil || !strings.Contains(err.Error(), "route to studio leaves by the wrong interface") {
+		t.Errorf("failed pre-flight: %v", err)
+	}
+	if got.Via != "en0" {
+		t.Errorf("pre-flight got %+v", got)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "via")); err == nil {
+		t.Error("a failed pre-flight sent something")
 	}
 	// Without --verify a finished transfer is skipped: no connection.
 	s.Stop()

@@ -48,11 +48,13 @@ and the --json report say which failed.`,
 	}
 }
 
-// transferPreFlight, when set, checks each destination's route before a
-// byte is sent to it (netcheck: --via, MTU, Wi-Fi); a failure fails that
-// destination only. It is the seam where netcheck plugs into the command
-// and the pipeline stage (pipeline.TransferPreFlight).
-var transferPreFlight func(c *cli.Context, o sshconn.Options) (func(ctx context.Context, d transfer.Destination) error, error)
+// transferPreFlight, when set, is netcheck's seam in the command (as
+// pipeline.TransferPreFlight is in the stage): it runs before any
+// connection is made, may change how connections are made (--via: o's
+// LocalAddr), and returns the check run before a byte is sent to each
+// destination (route, MTU, Wi-Fi), whose failure fails that destination
+// only.
+var transferPreFlight func(c *cli.Context, o *sshconn.Options) (func(ctx context.Context, d transfer.Destination) error, error)
 
 func runTransfer(c *cli.Context) error {
 	args := c.Args().Slice()
@@ -86,6 +88,12 @@ func runTransfer(c *cli.Context) error {
 	}
 	so := sshconn.Options{SSHConfigPath: c.String("ssh-config"), KnownHostsPath: c.String("known-hosts"),
 		IdentityFiles: c.StringSlice("identity"), AcceptNew: c.Bool("accept-new")}
+	var preFlight func(ctx context.Context, d transfer.Destination) error
+	if transferPreFlight != nil {
+		if preFlight, err = transferPreFlight(c, &so); err != nil {
+			return err
+		}
+	}
 	dialer, err := sshconn.NewDialer(so)
 	if err != nil {
 		return err
@@ -110,12 +118,7 @@ func runTransfer(c *cli.Context) error {
 	}
 	o := transfer.Options{Streams: streams, StateDir: state, Verify: c.Bool("verify"),
 		Progress: func(dest string, total int64) progress.Reporter { return pg.New(dest, total, "dest", dest) }}
-	if transferPreFlight != nil {
-		if o.PreFlight, err = transferPreFlight(c, so); err != nil {
-			pg.Close()
-			return err
-		}
-	}
+	o.PreFlight = preFlight
 	rep, err := transfer.Run(c.Context, plan, dests, o)
 	pg.Close()
 	if rep != nil {
