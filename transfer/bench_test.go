@@ -3,8 +3,10 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,7 +104,7 @@ func BenchmarkTransfer(b *testing.B) {
 	}
 	s := startSSHD(b)
 	src := filepath.Join(b.TempDir(), "w.bin")
-	randomFile(b, src, size, 42)
+	writeRandomStream(b, src, size)
 	p, err := NewPlan(context.Background(), []string{src}, PlanOptions{})
 	if err != nil {
 		b.Fatal(err)
@@ -176,3 +178,23 @@ func BenchmarkTransfer(b *testing.B) {
 }
 
 var _ = sshdtest.Start
+
+// writeRandomStream writes size pseudo-random bytes to path, 1 MiB at a
+// time (randomFile holds the whole file in memory).
+func writeRandomStream(b *testing.B, path string, size int64) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	r := rand.New(rand.NewPCG(42, 43))
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		for i := 0; i+8 <= len(buf); i += 8 {
+			binary.LittleEndian.PutUint64(buf[i:], r.Uint64())
+		}
+		if _, err := f.Write(buf[:min(int64(len(buf)), size-off)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
