@@ -21,6 +21,7 @@ const (
 	CauseOutput  Cause = "output"  // one of its outputs is missing or damaged
 	CauseVersion Cause = "version" // ferry or the stage kind changed version
 	CauseKind    Cause = "kind"    // the stage changed kind
+	CauseRemote  Cause = "remote"  // --verify: the copies on remote hosts are checked again (transfer)
 )
 
 // paramDiff names the parameters that differ between two records' params

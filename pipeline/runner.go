@@ -316,7 +316,7 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 		return d, nil
 	}
 	if _, ok := st.Stage.(remoteResults); ok && r.opts.Verify {
-		d.reason = "--verify: checking the copies on the remote hosts again"
+		d.reason, d.cause = "--verify: checking the copies on the remote hosts again", CauseRemote
 		return d, nil
 	}
 	// Sources first: an import reading its files in place sees a changed

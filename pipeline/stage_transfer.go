@@ -166,6 +166,12 @@ func (s *transferStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 	}, nil
 }
 
+// transferRecordFile is the stage's one output: a transferRecord.
+const transferRecordFile = "transfer-record.json"
+
+// maxTransferRecord bounds a transfer record status reads back.
+const maxTransferRecord = 64 << 20
+
 // transferRecord is the stage's stored output.
 type transferRecord struct {
 	Destinations []transferDest `json:"destinations"`
@@ -242,7 +248,7 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Outputs: []manifest.Output{{Path: "transfer-record.json", Digest: dg, Size: n}}}, nil
+	return &Result{Outputs: []manifest.Output{{Path: transferRecordFile, Digest: dg, Size: n}}}, nil
 }
 
 // transferProgress adds every destination's bytes to the stage's one

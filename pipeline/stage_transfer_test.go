@@ -89,8 +89,17 @@ stages:
 
 	// --verify runs it again: the remote files are hashed, nothing sent,
 	// the same record.
-	if rep := run(true); rep.Stages[1].Action != ActionRun || rep.Stages[1].Outputs[0].Digest != st.Outputs[0].Digest {
+	if rep := run(true); rep.Stages[1].Action != ActionRun || rep.Stages[1].Outputs[0].Digest != st.Outputs[0].Digest || rep.Stages[1].Cause != CauseRemote {
 		t.Errorf("--verify: %+v", rep.Stages[1])
+	}
+	// status says where each file is verified.
+	status, err := Status(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := status.Stages[1].Remote; len(r) != 1 || r[0].Destination != "studio:"+dst || r[0].Verified != 2 || len(r[0].Files) != 2 ||
+		r[0].Bytes != int64(len(a))+8 || r[0].Files[0].Digest == "" {
+		t.Errorf("status remote: %+v", r)
 	}
 	// Route and interface requirements are refused while netcheck is not
 	// built: nothing is sent.

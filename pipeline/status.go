@@ -1,7 +1,9 @@
 package pipeline
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/ferry-llm/ferry/manifest"
@@ -38,6 +40,21 @@ type StageStatus struct {
 	// Resumable is what an unfinished or failed run left for the next
 	// one to continue from (journals, work dir), in bytes.
 	Resumable int64 `json:"resumable_bytes,omitempty"`
+	// Remote is, for a transfer, what its record says of each
+	// destination: where each file is and whether it was verified there.
+	Remote []RemoteStatus `json:"remote,omitempty"`
+}
+
+// RemoteStatus is one destination of a transfer in a status report.
+type RemoteStatus struct {
+	Destination string `json:"destination"`
+	// HashCommand is the remote tool that verified the files ("" when
+	// they were read back).
+	HashCommand string         `json:"hash_command,omitempty"`
+	Files       []transferFile `json:"files"`
+	// Verified counts the files verified there, of len(Files).
+	Verified int   `json:"verified"`
+	Bytes    int64 `json:"bytes"`
 }
 
 // StatusReport is the result of Status.
@@ -105,6 +122,13 @@ func Status(spec *Spec) (*StatusReport, error) {
 				if why := store.CheckView(ss.View, rec.Outputs); why != "" {
 					ss.Detail = "view out of date: " + why
 				}
+				if _, ok := st.Stage.(remoteResults); ok {
+					remote, err := remoteStatus(store, rec)
+					if err != nil {
+						return nil, fmt.Errorf("stage %s: %w", st.Name, err)
+					}
+					ss.Remote = remote
+				}
 			}
 		}
 		rep.Stages = append(rep.Stages, ss)
@@ -137,4 +161,38 @@ func FormatBytes(n int64) string {
 		prec = 1
 	}
 	return fmt.Sprintf("%.*f %s", prec, v, [...]string{"B", "KB", "MB", "GB", "TB"}[i])
+}
+
+// remoteStatus reads a transfer record's transfer-record.json from the
+// store (a small file: it names each file once per destination).
+func remoteStatus(store *manifest.Store, rec *manifest.Record) ([]RemoteStatus, error) {
+	for _, o := range rec.Outputs {
+		if o.Path != transferRecordFile {
+			continue
+		}
+		if o.Size > maxTransferRecord {
+			return nil, fmt.Errorf("%s is %d bytes, over %d", o.Path, o.Size, maxTransferRecord)
+		}
+		b, err := os.ReadFile(store.BlobPath(o.Digest))
+		if err != nil {
+			return nil, err
+		}
+		var tr transferRecord
+		if err := json.Unmarshal(b, &tr); err != nil {
+			return nil, fmt.Errorf("%s: %w", o.Path, err)
+		}
+		var out []RemoteStatus
+		for _, d := range tr.Destinations {
+			rs := RemoteStatus{Destination: d.Destination, HashCommand: d.HashCommand, Files: d.Files}
+			for _, f := range d.Files {
+				rs.Bytes += f.Size
+				if f.Verified {
+					rs.Verified++
+				}
+			}
+			out = append(out, rs)
+		}
+		return out, nil
+	}
+	return nil, nil
 }

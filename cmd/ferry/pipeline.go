@@ -253,6 +253,13 @@ func pipelineStatus(c *cli.Context) error {
 			fmt.Fprintf(tw, "    %s\t%s\t%d\t%s\n", o.Path, pipeline.FormatBytes(o.Size), o.Size, o.Digest)
 		}
 		tw.Flush()
+		for _, r := range s.Remote {
+			how := "read back"
+			if r.HashCommand != "" {
+				how = r.HashCommand
+			}
+			fmt.Fprintf(w, "    at %s: %d of %d files verified (%s), %s\n", r.Destination, r.Verified, len(r.Files), how, pipeline.FormatBytes(r.Bytes))
+		}
 	}
 	return nil
 }
