@@ -122,9 +122,12 @@ demo: build
 # bundled tiny example, shipped over SSH to two sshd servers started on
 # 127.0.0.1 for the purpose; a second run must skip every stage, and the
 # outputs are checked locally and on both destinations (pipelines/demo-full.sh).
+# Then the same flow killed with SIGKILL at random points of every stage
+# and run again each time (TestKillAnywhere, a few minutes on 2 cores).
 .PHONY: demo-full
 demo-full: build
 	FERRY=$(BIN) pipelines/demo-full.sh
+	FERRY_KILL_ANYWHERE=1 $(GO) test $(TESTFLAGS) -count=1 -timeout 15m -run '^TestKillAnywhere$$' -v ./pipeline
 
 clean:
 	rm -rf bin
