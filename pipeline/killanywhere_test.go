@@ -48,12 +48,17 @@ func newJarvis2Run(t *testing.T, home, remote string) *jarvis2Run {
 	if err != nil {
 		t.Fatal(err)
 	}
+	imatrix, err := filepath.Abs("../gguf/imatrix/testdata/qwen35-imatrix.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &jarvis2Run{t: t, file: file, remote: remote,
 		env: []string{"HOME=" + home, "SSH_AUTH_SOCK=", "FERRY_PROGRESS_INTERVAL=10ms"},
 		vars: []string{
 			"--var", "BASE=" + models + "/base",
 			"--var", "ADAPTER=" + models + "/adapter-dora",
 			"--var", "NAME=Jarvis2-tiny",
+			"--var", "IMATRIX=" + imatrix,
 			"--var", "TARGETS=kill-a:" + remote + "/a/jarvis2,kill-b:" + remote + "/b/jarvis2",
 			"--var", "WIRED=false",
 		}}

@@ -114,6 +114,7 @@ vars=(
 	--var BASE=../testdata/models/qwen35-tiny/base
 	--var ADAPTER=../testdata/models/qwen35-tiny/adapter-dora
 	--var NAME=Jarvis2-tiny
+	--var IMATRIX=../gguf/imatrix/testdata/qwen35-imatrix.gguf
 	--var "TARGETS=ferry-demo-a:$remote/a/jarvis2,ferry-demo-b:$remote/b/jarvis2"
 	--var WIRED=false
 )
