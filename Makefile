@@ -126,7 +126,7 @@ demo: build
 # and run again each time (TestKillAnywhere, a few minutes on 2 cores).
 .PHONY: demo-full
 demo-full: build
-	FERRY=$(BIN) pipelines/demo-full.sh
+	FERRY=$(BIN) GO=$(GO) pipelines/demo-full.sh
 	FERRY_KILL_ANYWHERE=1 $(GO) test $(TESTFLAGS) -count=1 -timeout 15m -run '^TestKillAnywhere$$' -v ./pipeline
 
 clean:

@@ -11,7 +11,8 @@
 #
 # The pipeline runs twice: the first run makes every stage (or, after an
 # earlier `make demo-full`, finds them made), the second must skip every
-# stage. Then the outputs are checked: the GGUFs read back (ferry inspect),
+# stage. Then the outputs are checked: the GGUFs read back (ferry inspect,
+# and gguf-parser-go through gguf/internal/ggufcheck's test),
 # every artifact's MTP head (ferry verify mtp), and every file on both
 # destinations has the digest the store recorded for it.
 #
@@ -141,6 +142,11 @@ ggufs=(pipelines/out/jarvis2/gguf/*.gguf pipelines/out/jarvis2/quants/*.gguf)
 for g in "${ggufs[@]}"; do
 	ferry inspect "$g" >/dev/null
 done
+# And with an independent reader, gguf-parser-go (a test dependency).
+GO=${GO:-go}
+if ! command -v "$GO" >/dev/null; then fail "go not found: it runs the gguf-parser-go check"; fi
+FERRY_GGUFCHECK_FILES=$(IFS=:; echo "${ggufs[*]/#/$PWD/}") \
+	"$GO" test -count=1 -run '^TestFilesParseWithGGUFParserGo$' ./gguf/internal/ggufcheck
 ferry verify mtp --require pipelines/out/jarvis2/merged pipelines/out/jarvis2/mlx "${ggufs[@]}"
 
 # Every file on each destination is one the store recorded, digest for

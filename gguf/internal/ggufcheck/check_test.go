@@ -8,6 +8,7 @@ package ggufcheck_test
 // on a cold cache, for code FuzzReader never runs).
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -50,5 +51,21 @@ func TestWriterOutputParsesWithGGUFParserGo(t *testing.T) {
 	}
 	if err := ggufcheck.Check(path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// GGUF files named in FERRY_GGUFCHECK_FILES (separated by the OS's list
+// separator, ':' on Unix) parse with gguf-parser-go as they do with the gguf
+// reader: make demo-full checks the pipeline's outputs this way. Without
+// the variable there is nothing to check.
+func TestFilesParseWithGGUFParserGo(t *testing.T) {
+	list := os.Getenv("FERRY_GGUFCHECK_FILES")
+	if list == "" {
+		t.Skip("FERRY_GGUFCHECK_FILES not set (make demo-full sets it)")
+	}
+	for _, p := range filepath.SplitList(list) {
+		if err := ggufcheck.Check(p); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
 	}
 }
