@@ -27,6 +27,12 @@ type TensorError struct {
 	Cosine float64
 	// Copied: written unchanged (zero error).
 	Copied bool
+	// WeightedRMSE is the error weighted by the importance matrix the
+	// tensor was quantized with, sqrt(Σ w·error² / Σ w), w the importance
+	// of each value's column (in its expert's vector); Weighted says the
+	// tensor had one.
+	WeightedRMSE float64
+	Weighted     bool
 }
 
 // BitsPerWeight is the tensor's bytes × 8 / values.
@@ -43,16 +49,32 @@ type errorSum struct {
 	n          int64
 	sq, max    float64
 	xy, xx, yy float64
+	wsq, wsum  float64 // Σ w·error², Σ w, with importance weights
 }
 
-// measure decodes enc (blocks of type t) into *deq and sets s to its
-// errors against src.
-func (s *errorSum) measure(t quant.Type, enc []byte, src []float32, deq *[]float32) error {
+// measure decodes enc (rows [r0, r1) of t, in t.Type) into *deq and sets
+// s to its errors against src, weighted too when t has importance
+// weights.
+func (s *errorSum) measure(t *TensorPlan, r0, r1 int64, enc []byte, src []float32, deq *[]float32) error {
 	*deq = grow(*deq, int64(len(src)))
-	if err := quant.Decode(t, *deq, enc); err != nil {
+	if err := quant.Decode(t.Type, *deq, enc); err != nil {
 		return err
 	}
 	*s = sums(src, *deq)
+	if t.Weights == nil {
+		return nil
+	}
+	cols, per := int64(ne0(t.In.Dims)), t.rowsPerMatrix()
+	for r := r0; r < r1; r++ {
+		m := r / per
+		w := t.Weights[m*cols : (m+1)*cols]
+		x, y := src[(r-r0)*cols:(r-r0+1)*cols], (*deq)[(r-r0)*cols:(r-r0+1)*cols]
+		for c, wc := range w {
+			d := float64(y[c]) - float64(x[c])
+			s.wsq += float64(wc) * d * d
+			s.wsum += float64(wc)
+		}
+	}
 	return nil
 }
 
@@ -127,6 +149,7 @@ func (e *errorSums) tensors(p *Plan, units []gguf.Unit, k int) []TensorError {
 	type acc struct {
 		n                  int64
 		sq, mx, xy, xx, yy float64
+		wsq, wsum          float64
 	}
 	accs := make([]acc, len(p.Tensors))
 	for u, un := range units {
@@ -138,6 +161,8 @@ func (e *errorSums) tensors(p *Plan, units []gguf.Unit, k int) []TensorError {
 		a.xy += s.xy
 		a.xx += s.xx
 		a.yy += s.yy
+		a.wsq += s.wsq
+		a.wsum += s.wsum
 	}
 	out := make([]TensorError, len(p.Tensors))
 	for i := range p.Tensors {
@@ -146,6 +171,9 @@ func (e *errorSums) tensors(p *Plan, units []gguf.Unit, k int) []TensorError {
 			SumSq: a.sq, MaxAbs: a.mx, Copied: t.Copy(), Cosine: 1}
 		if te.Params > 0 {
 			te.RMSE = math.Sqrt(a.sq / float64(te.Params))
+		}
+		if te.Weighted = t.Weights != nil && !te.Copied; te.Weighted && a.wsum > 0 {
+			te.WeightedRMSE = math.Sqrt(a.wsq / a.wsum)
 		}
 		te.SourceSumSq = a.xx
 		if a.xx > 0 {

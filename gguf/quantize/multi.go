@@ -273,7 +273,7 @@ func makeUnit(f *gguf.File, outs []Output, writes [][]bool, u gguf.Unit, sums []
 			return nil, nil, err
 		}
 		if sums != nil {
-			if err := sums[k].measure(t.Type, b.outs[k], b.f32, &b.deq); err != nil {
+			if err := sums[k].measure(t, u.R0, u.R1, b.outs[k], b.f32, &b.deq); err != nil {
 				return nil, nil, fmt.Errorf("%s: tensor %q: %w", f.Path, t.Name, err)
 			}
 		}

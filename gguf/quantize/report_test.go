@@ -2,6 +2,7 @@ package quantize
 
 import (
 	"bytes"
+	"context"
 	"encoding/xml"
 	"fmt"
 	"math"
@@ -19,7 +20,8 @@ import (
 )
 
 // pqColumn reads column name of every row group of r: strings, int64s,
-// int32s (nulls as -1) or float64s, by the column's physical type. It uses
+// int32s (nulls as -1) or float64s (nulls as NaN), by the column's
+// physical type. It uses
 // the parquet package's column readers, not the Arrow layer the report is
 // written through.
 func pqColumn(t *testing.T, r *file.Reader, name string) any {
@@ -74,12 +76,25 @@ func pqColumn(t *testing.T, r *file.Reader, name string) any {
 			if k != m {
 				t.Fatalf("%s: %d values for %d defined rows", name, m, k)
 			}
-		case *file.Float64ColumnChunkReader:
+		case *file.Float64ColumnChunkReader: // nulls as NaN
 			vals := make([]float64, n)
-			if _, m, err := c.ReadBatch(n, vals, def, nil); err != nil || int64(m) != n {
-				t.Fatalf("%s: %d of %d values: %v", name, m, n, err)
+			tot, m, err := c.ReadBatch(n, vals, def, nil)
+			if err != nil || tot != n {
+				t.Fatalf("%s: %d of %d rows: %v", name, tot, n, err)
 			}
-			f64s = append(f64s, vals...)
+			if m == int(n) {
+				f64s = append(f64s, vals...)
+				continue
+			}
+			k := 0
+			for _, d := range def[:tot] {
+				if d == 0 {
+					f64s = append(f64s, math.NaN())
+					continue
+				}
+				f64s = append(f64s, vals[k])
+				k++
+			}
 		default:
 			t.Fatalf("%s: column reader %T", name, cr)
 		}
@@ -282,5 +297,66 @@ func TestReportParquet(t *testing.T) {
 		if !strings.Contains(tb.String(), want) {
 			t.Errorf("the table lacks %q:\n%s", want, tb.String())
 		}
+	}
+}
+
+// With an importance matrix, weighted_rmse is each weighted tensor's
+// error weighted by its importance vector, as a dequantize-and-compare of
+// the written file computes it, and null for the tensors quantized without
+// one (the MTP block: llama-imatrix never runs it).
+func TestReportWeighted(t *testing.T) {
+	dir := t.TempDir()
+	m := openMatrix(t, matrixPath("qwen35", ".gguf"))
+	f, p, err := plan(t, input("qwen35"), Options{FileType: quant.FileQ4_K_M, Imatrix: m, ImatrixFile: "imatrix.gguf"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "w.gguf")
+	rr, err := Run(context.Background(), f, p, out, RunOptions{Jobs: 2, ChunkElems: 1 << 12, Errors: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewOutputReport(Output{Plan: p, Path: out}, rr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pq := filepath.Join(dir, "w.parquet")
+	if err := WriteReportParquet(pq, []OutputReport{r}, "ferry test"); err != nil {
+		t.Fatal(err)
+	}
+	pf, err := file.OpenParquetFile(pq, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pf.Close()
+	wrmse := pqColumn(t, pf, "weighted_rmse").([]float64)
+	weighted, unweighted := 0, 0
+	for i, tp := range p.Tensors {
+		if tp.Weights == nil || tp.Copy() {
+			if !math.IsNaN(wrmse[i]) {
+				t.Errorf("%s: weighted_rmse %g, want null (no importance vector)", tp.Name, wrmse[i])
+			}
+			if !tp.Copy() {
+				unweighted++
+			}
+			continue
+		}
+		weighted++
+		x, y := tensorValues(t, input("qwen35"), tp.Name), tensorValues(t, out, tp.Name)
+		cols, per := int(tp.In.Dims[0]), int(tp.rowsPerMatrix())
+		var wsq, ws float64
+		for i := range x {
+			row, c := i/cols, i%cols
+			w := float64(tp.Weights[(row/per)*cols+c])
+			d := float64(y[i]) - float64(x[i])
+			wsq += w * d * d
+			ws += w
+		}
+		if want := math.Sqrt(wsq / ws); !near(wrmse[i], want) {
+			t.Errorf("%s: weighted_rmse %g, dequantize-and-compare gives %g", tp.Name, wrmse[i], want)
+		}
+	}
+	if weighted < 20 || unweighted == 0 {
+		t.Errorf("%d weighted and %d unweighted quantized tensors: the test proves little", weighted, unweighted)
 	}
 }

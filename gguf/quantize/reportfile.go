@@ -19,7 +19,8 @@ import (
 
 // ReportSchema is the Parquet layout of --report: one row per output ×
 // tensor. layer is null for a tensor outside the blocks; the errors of a
-// copied tensor are 0 (cosine 1).
+// copied tensor are 0 (cosine 1); weighted_rmse is null without an
+// importance vector.
 var ReportSchema = arrow.NewSchema([]arrow.Field{
 	{Name: "output", Type: arrow.BinaryTypes.String},      // the output's file name
 	{Name: "output_type", Type: arrow.BinaryTypes.String}, // its llama-quantize type (Q4_K_M)
@@ -34,6 +35,9 @@ var ReportSchema = arrow.NewSchema([]arrow.Field{
 	{Name: "relative_rmse", Type: arrow.PrimitiveTypes.Float64},
 	{Name: "max_abs_error", Type: arrow.PrimitiveTypes.Float64},
 	{Name: "cosine_similarity", Type: arrow.PrimitiveTypes.Float64},
+	// The error weighted by the importance matrix (TensorError.WeightedRMSE);
+	// null for a tensor quantized without one.
+	{Name: "weighted_rmse", Type: arrow.PrimitiveTypes.Float64, Nullable: true},
 }, nil)
 
 // WriteReportParquet writes the reports to path (atomically) as
@@ -65,6 +69,11 @@ func WriteReportParquet(path string, reports []OutputReport, createdBy string) e
 			f64(10).Append(t.RelRMSE)
 			f64(11).Append(t.MaxAbs)
 			f64(12).Append(t.Cosine)
+			if t.Weighted {
+				f64(13).Append(t.WeightedRMSE)
+			} else {
+				f64(13).AppendNull()
+			}
 		}
 	}
 	rec := b.NewRecordBatch()

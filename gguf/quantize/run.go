@@ -175,10 +175,7 @@ func encode(t *TensorPlan, dst []byte, src []float32, r0, r1 int64) error {
 		return quant.Encode(t.Type, dst, src)
 	}
 	cols := int64(ne0(t.In.Dims))
-	perMatrix := int64(1)
-	if len(t.In.Dims) > 1 {
-		perMatrix = max(int64(t.In.Dims[1]), 1)
-	}
+	perMatrix := t.rowsPerMatrix()
 	outRow, _ := t.Type.RowSize(uint64(cols))
 	for r := r0; r < r1; {
 		m := r / perMatrix
@@ -190,6 +187,15 @@ func encode(t *TensorPlan, dst []byte, src []float32, r0, r1 int64) error {
 		r = end
 	}
 	return nil
+}
+
+// rowsPerMatrix is how many rows each of the tensor's matrices (experts)
+// has: ne1, each with its own importance vector.
+func (t *TensorPlan) rowsPerMatrix() int64 {
+	if len(t.In.Dims) > 1 {
+		return max(int64(t.In.Dims[1]), 1)
+	}
+	return 1
 }
 
 // decode converts src, whole rows of type t, to float32 exactly as ggml
