@@ -113,11 +113,15 @@ func pqColumn(t *testing.T, r *file.Reader, name string) any {
 // tensorValues decodes tensor name of the GGUF file path to float32.
 func tensorValues(t *testing.T, path, name string) []float32 {
 	t.Helper()
-	f, err := gguf.Open(path)
-	if err != nil {
-		t.Fatal(err)
+	f, ok := openFiles[path]
+	if !ok {
+		var err error
+		if f, err = gguf.Open(path); err != nil {
+			t.Fatal(err)
+		}
+		openFiles[path] = f
+		t.Cleanup(func() { f.Close(); delete(openFiles, path) })
 	}
-	defer f.Close()
 	ti, ok := f.Tensor(name)
 	if !ok {
 		t.Fatalf("%s: no tensor %s", path, name)
@@ -139,6 +143,9 @@ func tensorValues(t *testing.T, path, name string) []float32 {
 	}
 	return out
 }
+
+// openFiles are the GGUF files tensorValues has open, until the test ends.
+var openFiles = map[string]*gguf.File{}
 
 func near(a, b float64) bool {
 	return math.Abs(a-b) <= 1e-12+1e-9*math.Max(math.Abs(a), math.Abs(b))
