@@ -67,8 +67,9 @@ func importDurable(t *testing.T, store string) int64 {
 // (manifest.Journal). The file takes this machine 0.6 s to hash (as
 // measured here, at least 256 MiB), so an import that starts over never
 // finishes; the test fails if 25 kills in a row of runs that had the CPU
-// time to finish a unit bring no progress, or after 200 kills (a loaded
-// machine leaves each run little time).
+// time to finish a unit bring no progress, or after 200 kills of such runs
+// (a run a loaded machine left too little CPU counts for neither), or
+// after 10 minutes.
 func TestKillResumeImport(t *testing.T) {
 	if testing.Short() {
 		t.Skip("imports a file of 0.6 s of hashing twice, killed every 300 ms; not in -short")
@@ -127,7 +128,7 @@ func killResumeImport(t *testing.T, params string, size int64) {
 	fair := 150 * time.Millisecond
 	var cpus []time.Duration
 	var durable int64
-	kills, stall := 0, 0
+	kills, fairKills, stall := 0, 0, 0
 	start := time.Now()
 	for {
 		cmd := exec.Command(bin, "pipeline", "run", "--json", p)
@@ -175,15 +176,18 @@ func killResumeImport(t *testing.T, params string, size int64) {
 		// machine) proves nothing either way.
 		cpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 		cpus = append(cpus, cpu)
+		if cpu >= fair {
+			fairKills++
+		}
 		if d > durable {
 			stall = 0
 		} else if cpu >= fair {
 			stall++
 		}
 		durable = d
-		if kills >= maxKills || stall >= maxStall {
-			t.Fatalf("import did not finish after %d kills every %v, the last %d with %v of CPU or more and no progress (%d of %d bytes durable); CPU per run: %v",
-				kills, every, stall, fair, durable, size, cpus)
+		if fairKills >= maxKills || stall >= maxStall || time.Since(start) > 10*time.Minute {
+			t.Fatalf("import did not finish after %d kills every %v (%d with %v of CPU or more), the last %d of those with no progress (%d of %d bytes durable); CPU per run: %v",
+				kills, every, fairKills, fair, stall, durable, size, cpus)
 		}
 	}
 	t.Logf("finished after %d kills in %v; CPU per killed run: %v", kills, time.Since(start).Round(time.Millisecond), cpus)
