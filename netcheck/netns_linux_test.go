@@ -91,8 +91,16 @@ func runChild(action string) int {
 		}
 		res.Source = b.Source.String()
 		d := &net.Dialer{LocalAddr: net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Source, 0))}
-		if os.Getenv("NETCHECK_BIND") == "device" {
+		switch os.Getenv("NETCHECK_BIND") {
+		case "device":
 			d.Control = b.Control
+		case "interface": // BindInterface: no source address, the kernel picks it
+			bi, err := BindInterface(os.Getenv("NETCHECK_VIA"))
+			if err != nil {
+				setErr(err)
+				break
+			}
+			d = &net.Dialer{Control: bi.Control}
 		}
 		before := txBytes()
 		c, err := d.Dial("udp", netip.AddrPortFrom(addr, probePort).String())
@@ -368,8 +376,8 @@ func TestNoRoute(t *testing.T) {
 	}
 }
 
-// TestViaBinding: what a Binding from Via sends leaves by the interface it
-// names, as the client namespace's tx_bytes counters show; binding only
+// TestViaBinding: what a Binding from Via (or BindInterface) sends leaves
+// by the interface it names, as the client namespace's tx_bytes counters show; binding only
 // the source address does not do that (Linux routes by destination), so
 // Via's Control is what makes --via work. An interface with no route to
 // the host is refused with ErrNoRouteVia.
@@ -389,6 +397,14 @@ func TestViaBinding(t *testing.T) {
 	}
 	if b, a := res.TxDelta["b0"], res.TxDelta["a0"]; b < n || a > n/10 {
 		t.Errorf("bound to b0: tx bytes b0 +%d, a0 +%d; want b0 ≥ %d and a0 about 0", b, a, n)
+	}
+
+	res = inNS(t, client, "send", "NETCHECK_HOSTS=10.91.9.9", "NETCHECK_VIA=b0", "NETCHECK_BYTES="+strconv.Itoa(n), "NETCHECK_BIND=interface")
+	if res.Err != "" {
+		t.Fatalf("send bound to b0 by name: %s", res.Err)
+	}
+	if b, a := res.TxDelta["b0"], res.TxDelta["a0"]; b < n || a > n/10 {
+		t.Errorf("BindInterface(b0): tx bytes b0 +%d, a0 +%d; want b0 ≥ %d and a0 about 0", b, a, n)
 	}
 
 	res = inNS(t, client, "send", "NETCHECK_HOSTS=10.91.9.9", "NETCHECK_VIA=b0", "NETCHECK_BYTES="+strconv.Itoa(n), "NETCHECK_BIND=source")

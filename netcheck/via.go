@@ -41,6 +41,19 @@ func Via(ctx context.Context, addr netip.Addr, iface string) (Binding, error) {
 	return b, nil
 }
 
+// BindInterface returns the Binding that pins sockets to interface
+// name whatever host they reach (ferry transfer --via sets its Control on
+// every SSH connection): no source address, the kernel takes that of the
+// route through the interface. A name this machine has no interface of is
+// a usage error (exit 2).
+func BindInterface(name string) (Binding, error) {
+	ifc, err := interfaceByName(name)
+	if err != nil {
+		return Binding{}, err
+	}
+	return Binding{Iface: ifc.Name, Index: ifc.Index}, nil
+}
+
 // ViaHost is Via for a host name or address (resolved first; an unknown
 // host is bad input, exit 2).
 func ViaHost(ctx context.Context, host, iface string) (Binding, error) {
