@@ -375,7 +375,7 @@ func mtuFindings(h *HostReport, who string, rt Route, ifc Interface, opts Option
 	if measured && pm.MTU < routeMTU {
 		add(Warn, "mtu", "%s MTU %d but path MTU to %s is %s: the other end or a switch is not set for %d-byte frames; set the same MTU on both ends and every switch between, or set %s to %d", rt.Iface, rt.MTU, who, pmtuString(*pm), rt.MTU, rt.Iface, pm.MTU)
 	}
-	if opts.ExpectMTU > 0 && !rt.Local {
+	if opts.ExpectMTU > 0 {
 		switch {
 		case ifc.MTU != opts.ExpectMTU:
 			add(Fail, "expect-mtu", "%s MTU is %d, --expect-mtu %d: set it (%s)", ifc.Name, ifc.MTU, opts.ExpectMTU, setMTUHint(ifc.Name, opts.ExpectMTU))
