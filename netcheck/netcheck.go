@@ -280,8 +280,12 @@ func checkHost(ctx context.Context, sys system, t Target, opts Options, defs []D
 		return h, err
 	}
 	if opts.Via != "" {
-		vrt, err := sys.route(ctx, addr, opts.Via)
+		vrt, err := viaRoute(ctx, sys, addr, opts.Via, rt)
 		switch {
+		case rt.Local && errors.Is(err, ErrNoRouteVia):
+			add(Fail, "via", "%s is this machine's own address, delivered by %s, not through %s: drop --via", who, rt.Iface, opts.Via)
+			h.Route = &rt
+			return h, nil
 		case errors.Is(err, ErrNoRouteVia) || errors.Is(err, errNoRoute):
 			add(Fail, "via", "no route to %s leaves through %s (the kernel would use %s): check that %s is up and on the host's network, or drop --via", who, opts.Via, rt.Iface, opts.Via)
 			h.Route = &rt
@@ -339,6 +343,18 @@ func checkHost(ctx context.Context, sys system, t Target, opts Options, defs []D
 	return h, nil
 }
 
+// viaRoute is the route to dst through interface via: ErrNoRouteVia when
+// none leaves through it, or when dst is this machine's own address
+// (direct, the route without via, is local: delivered on loopback, which
+// no other interface carries, although the kernel would send it by a
+// default route through via).
+func viaRoute(ctx context.Context, sys system, dst netip.Addr, via string, direct Route) (Route, error) {
+	if direct.Local && direct.Iface != via {
+		return Route{}, fmt.Errorf("%s is this machine's own address, delivered by %s: %w", dst, direct.Iface, ErrNoRouteVia)
+	}
+	return sys.route(ctx, dst, via)
+}
+
 func (o Options) samples() int {
 	if o.RTTSamples > 0 {
 		return o.RTTSamples
@@ -379,7 +395,7 @@ func mtuFindings(h *HostReport, who string, rt Route, ifc Interface, opts Option
 		switch {
 		case ifc.MTU != opts.ExpectMTU:
 			add(Fail, "expect-mtu", "%s MTU is %d, --expect-mtu %d: set it (%s)", ifc.Name, ifc.MTU, opts.ExpectMTU, setMTUHint(ifc.Name, opts.ExpectMTU))
-		case measured && pm.MTU < opts.ExpectMTU:
+		case measured && pm.MTU < min(opts.ExpectMTU, maxIPPacket): // no IP packet is larger than 65535
 			add(Fail, "expect-mtu", "path MTU to %s is %s, --expect-mtu %d: the other end or a switch between is not set for %d-byte frames", who, pmtuString(*pm), opts.ExpectMTU, opts.ExpectMTU)
 		}
 	}

@@ -30,7 +30,11 @@ func Via(ctx context.Context, addr netip.Addr, iface string) (Binding, error) {
 	if _, err := sys.iface(ctx, iface); err != nil {
 		return Binding{}, err
 	}
-	rt, err := sys.route(ctx, addr.Unmap(), iface)
+	direct, err := sys.route(ctx, addr.Unmap(), "")
+	if err != nil {
+		return Binding{}, fmt.Errorf("--via %s: %w", iface, err)
+	}
+	rt, err := viaRoute(ctx, sys, addr.Unmap(), iface, direct)
 	if err != nil {
 		return Binding{}, fmt.Errorf("--via %s: %w", iface, err)
 	}
