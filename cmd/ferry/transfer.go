@@ -41,6 +41,10 @@ and the --json report say which failed.`,
 			&cli.StringFlag{Name: "known-hosts", Usage: "the known_hosts file to check (and with --accept-new, to add to)"},
 			&cli.StringSliceFlag{Name: "identity", Aliases: []string{"i"}, Usage: "identity file (private key), tried before the config's"},
 			&cli.BoolFlag{Name: "accept-new", Usage: "trust and record the key of a host not in known_hosts yet (a changed key is always refused)"},
+			&cli.StringFlag{Name: "via", Usage: "send through this interface: every SSH connection is bound to it, and a destination with no route through it fails before a byte is sent"},
+			&cli.IntFlag{Name: "expect-mtu", Usage: "fail a destination whose egress MTU or path MTU is not this (netcheck), before a byte is sent"},
+			&cli.BoolFlag{Name: "require-wired", Usage: "fail a destination whose route leaves by Wi-Fi (netcheck), before a byte is sent"},
+			&cli.BoolFlag{Name: "skip-netcheck", Usage: "do not run the route, interface and MTU checks (ferry netcheck) before sending"},
 			jobsFlag("files hashed at once before sending"),
 			jsonFlag("print the report (per destination and file: bytes, seconds, MB/s, digest, verified) as JSON"),
 		},
@@ -48,13 +52,12 @@ and the --json report say which failed.`,
 	}
 }
 
-// transferPreFlight, when set, is netcheck's seam in the command (as
-// pipeline.TransferPreFlight is in the stage): it runs before any
-// connection is made, may change how connections are made (--via: o's
-// LocalAddr), and returns the check run before a byte is sent to each
-// destination (route, MTU, Wi-Fi), whose failure fails that destination
-// only.
-var transferPreFlight func(c *cli.Context, o *sshconn.Options) (func(ctx context.Context, d transfer.Destination) error, error)
+// transferPreFlight is netcheck's seam in the command (as the stage runs
+// netcheck in pipeline): it runs before any connection is made, binds
+// connections to --via's interface, and returns the check run before a
+// byte is sent to each destination (route, MTU, Wi-Fi), whose failure
+// fails that destination only.
+var transferPreFlight = netcheckPreFlight
 
 func runTransfer(c *cli.Context) error {
 	args := c.Args().Slice()
