@@ -7,13 +7,14 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"sync"
 
 	"golang.org/x/crypto/ssh"
 
-	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/jsonout"
 	"github.com/ferry-llm/ferry/internal/progress"
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/netcheck"
 	"github.com/ferry-llm/ferry/transfer"
 	"github.com/ferry-llm/ferry/transfer/sshconn"
 )
@@ -28,8 +29,13 @@ import (
 // comes from the manifest (nothing is hashed twice); hosts are reached as
 // the user's ssh reaches them (~/.ssh/config, agent, known_hosts). The
 // stage's output is transfer-record.json: per destination, every file
-// with its digest, verified there, and the remote tool that verified it
-// (no timings: the record is the same for the same result). A failed
+// with its digest, verified there, and the remote tool that verified it,
+// and what netcheck found on the way there (route, interface, path MTU,
+// findings; no timings: the record is the same for the same result).
+// Before a byte goes to a destination, netcheck checks it with via,
+// expect_mtu and require_wired as its requirements (a failure fails that
+// destination with the remedy; skip_netcheck: true skips the checks), and
+// via binds every SSH connection to that interface. A failed
 // destination fails the stage (no record); the journals in the stage's
 // work directory make the next run send only what is missing. A finished
 // transfer is not run again unless its inputs or destinations change;
@@ -40,6 +46,9 @@ type transferStage struct {
 	To      []string `json:"to"`
 	Streams int      `json:"-"` // how, not what: not part of the key
 	TransferNetcheck
+	// SkipNetcheck (skip_netcheck: true) sends without the route and
+	// interface checks; how, not what: not part of the key.
+	SkipNetcheck bool `json:"-"`
 
 	dests []sshconn.Target
 }
@@ -49,33 +58,13 @@ var _ Planner = (*transferStage)(nil)
 var _ remoteResults = (*transferStage)(nil)
 
 // TransferNetcheck are the transfer stage's route and interface
-// requirements (issue 18's netcheck): the egress interface to bind to, the
-// MTU the path must carry, no Wi-Fi. They are parsed and part of the key
-// now; a stage that sets any of them refuses to run until
-// TransferPreFlight is set.
+// requirements, checked by netcheck before a byte goes to each
+// destination: the egress interface to bind to, the MTU the path must
+// carry, no Wi-Fi.
 type TransferNetcheck struct {
 	Via          string `json:"via,omitempty"`
 	ExpectMTU    int64  `json:"expect_mtu,omitempty"`
 	RequireWired bool   `json:"require_wired,omitempty"`
-}
-
-func (n TransferNetcheck) set() bool { return n != TransferNetcheck{} }
-
-// TransferPreFlight, when set, is netcheck's seam in the transfer stage
-// named stage (as transferPreFlight in cmd/ferry is in the command): it
-// runs before any connection is made, may change how connections are made
-// (via: o's LocalAddr), and returns the check run before a byte is sent to
-// each destination (route, MTU, Wi-Fi, with the stage's requirements),
-// whose error fails that destination.
-var TransferPreFlight func(stage string, req TransferNetcheck, o *sshconn.Options) (func(ctx context.Context, d transfer.Destination) error, error)
-
-// netcheckBuilt refuses netcheck requirements while nothing checks
-// them.
-func (s *transferStage) netcheckBuilt() error {
-	if s.TransferNetcheck.set() && TransferPreFlight == nil {
-		return fmt.Errorf("transfer: via, expect_mtu and require_wired need the route and interface checks (netcheck): %w", errkind.ErrNotBuilt)
-	}
-	return nil
 }
 
 func newTransfer(p *Params) (Stage, error) {
@@ -122,6 +111,9 @@ func newTransfer(p *Params) (Stage, error) {
 	if s.RequireWired, err = p.Bool("require_wired", false); err != nil {
 		return nil, err
 	}
+	if s.SkipNetcheck, err = p.Bool("skip_netcheck", false); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -152,9 +144,6 @@ func (s *transferStage) plan(env *Env) (*transfer.Plan, error) {
 }
 
 func (s *transferStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
-	if err := s.netcheckBuilt(); err != nil {
-		return nil, err
-	}
 	p, err := s.plan(env)
 	if err != nil {
 		return nil, err
@@ -181,6 +170,9 @@ type transferDest struct {
 	Destination string         `json:"destination"`
 	HashCommand string         `json:"hash_command"`
 	Files       []transferFile `json:"files"`
+	// Netcheck is what the route and interface checks found before the
+	// transfer (absent with skip_netcheck).
+	Netcheck *netcheck.Summary `json:"netcheck,omitempty"`
 }
 
 type transferFile struct {
@@ -191,19 +183,17 @@ type transferFile struct {
 }
 
 func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
-	if err := s.netcheckBuilt(); err != nil {
-		return nil, err
-	}
 	p, err := s.plan(env)
 	if err != nil {
 		return nil, err
 	}
 	var so sshconn.Options
-	var preFlight func(ctx context.Context, d transfer.Destination) error
-	if TransferPreFlight != nil {
-		if preFlight, err = TransferPreFlight(env.Stage, s.TransferNetcheck, &so); err != nil {
-			return nil, err
+	if s.Via != "" {
+		b, err := netcheck.BindInterface(s.Via)
+		if err != nil {
+			return nil, fmt.Errorf("transfer: via: %w", err)
 		}
+		so.Control = b.Control // every SSH connection leaves by it
 	}
 	dialer, err := sshconn.NewDialer(so)
 	if err != nil {
@@ -221,7 +211,17 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	env.Progress.SetTotal(p.Bytes() * int64(len(dests)))
 	o := transfer.Options{Streams: s.Streams, StateDir: state, Verify: env.Verify, Log: env.Log,
 		Progress: func(string, int64) progress.Reporter { return transferProgress{env.Progress} }}
-	o.PreFlight = preFlight
+	checked := map[string]netcheck.Summary{} // by destination host
+	var mu sync.Mutex
+	if !s.SkipNetcheck {
+		check := netcheck.PreFlight(dialer, netcheck.Options{Via: s.Via, ExpectMTU: int(s.ExpectMTU), RequireWired: s.RequireWired}, env.Log,
+			func(host string, h netcheck.HostReport) {
+				mu.Lock()
+				checked[host] = h.Summary()
+				mu.Unlock()
+			})
+		o.PreFlight = func(ctx context.Context, d transfer.Destination) error { return check(ctx, d.Host) }
+	}
 	rep, err := transfer.Run(ctx, p, dests, o)
 	if rep != nil {
 		for _, h := range rep.Hosts {
@@ -234,6 +234,9 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	var rec transferRecord
 	for _, h := range rep.Hosts {
 		d := transferDest{Destination: h.Destination, HashCommand: h.HashCommand}
+		if nc, ok := checked[h.Host]; ok {
+			d.Netcheck = &nc
+		}
 		for _, f := range h.Files {
 			d.Files = append(d.Files, transferFile{Path: f.Path, Size: f.Size, Digest: f.Digest, Verified: f.Verified})
 		}

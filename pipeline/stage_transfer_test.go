@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,8 +11,6 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
-	"github.com/ferry-llm/ferry/transfer"
-	"github.com/ferry-llm/ferry/transfer/sshconn"
 
 	. "github.com/ferry-llm/ferry/pipeline"
 )
@@ -71,7 +67,13 @@ stages:
 	var rec struct {
 		Destinations []struct {
 			Destination string
-			Files       []struct {
+			Netcheck    *struct {
+				Iface    string
+				Kind     string
+				PathMTU  int `json:"path_mtu"`
+				Findings []struct{ Level, Message string }
+			}
+			Files []struct {
 				Path     string
 				Digest   string
 				Verified bool
@@ -85,6 +87,10 @@ stages:
 		if !f.Verified || f.Digest == "" {
 			t.Errorf("record: %+v", f)
 		}
+	}
+	// netcheck ran before the transfer, and what it found is recorded.
+	if nc := rec.Destinations[0].Netcheck; nc == nil || nc.Iface != "lo" || nc.Kind != "loopback" || nc.PathMTU != 65535 || len(nc.Findings) != 0 {
+		t.Errorf("record's netcheck = %+v, want lo, loopback, path MTU 65535, no findings", nc)
 	}
 
 	// --verify runs it again: the remote files are hashed, nothing sent,
@@ -101,39 +107,36 @@ stages:
 		r[0].Bytes != int64(len(a))+8 || r[0].Files[0].Digest == "" {
 		t.Errorf("status remote: %+v", r)
 	}
-	// Route and interface requirements are refused while netcheck is not
-	// built: nothing is sent.
-	viaSpec := loadSpec(t, dir, `name: x
+	// A requirement netcheck finds broken fails the stage before a byte
+	// is sent (loopback's MTU is 65536), with the remedy; skip_netcheck
+	// sends anyway; a via interface this machine lacks is refused.
+	reqSpec := func(sub, extra string) *Spec {
+		return loadSpec(t, dir, `name: x
 stages:
   - name: model
     import: { path: model }
   - name: shipped
-    transfer: { from: [model], to: [studio:`+dst+`/via], via: en0 }
+    transfer: { from: [model], to: [studio:`+dst+`/`+sub+`], `+extra+` }
 `)
-	if _, err := Run(context.Background(), viaSpec, Options{}); !errors.Is(err, errkind.ErrNotBuilt) {
-		t.Errorf("via without netcheck: %v", err)
+	}
+	_, err = Run(context.Background(), reqSpec("mtu", "expect_mtu: 9000"), Options{})
+	if errkind.Of(err) != errkind.VerifyFailed || err == nil || !strings.Contains(err.Error(), "lo MTU is 65536, --expect-mtu 9000") {
+		t.Errorf("expect_mtu 9000: %v (kind %v), want a failed check naming lo's MTU", err, errkind.Of(err))
+	}
+	if _, err := os.Stat(filepath.Join(dst, "mtu")); err == nil {
+		t.Error("a failed netcheck sent something")
+	}
+	if _, err := Run(context.Background(), reqSpec("skip", "expect_mtu: 9000, skip_netcheck: true"), Options{}); err != nil {
+		t.Errorf("skip_netcheck: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "skip", "model", "a.gguf")); err != nil {
+		t.Errorf("skip_netcheck: %v", err)
+	}
+	if _, err := Run(context.Background(), reqSpec("via", "via: nosuch0"), Options{}); errkind.Of(err) != errkind.Usage {
+		t.Errorf("via nosuch0: %v (kind %v), want a usage error", err, errkind.Of(err))
 	}
 	if _, err := os.Stat(filepath.Join(dst, "via")); err == nil {
-		t.Error("via without netcheck sent something")
-	}
-	// With a pre-flight check (netcheck's seam) they are accepted, the
-	// check gets them, and its failure stops the destination before a byte.
-	var got TransferNetcheck
-	TransferPreFlight = func(stage string, req TransferNetcheck, o *sshconn.Options) (func(context.Context, transfer.Destination) error, error) {
-		got = req
-		return func(_ context.Context, d transfer.Destination) error {
-			return fmt.Errorf("route to %s leaves by the wrong interface", d.Host)
-		}, nil
-	}
-	t.Cleanup(func() { TransferPreFlight = nil })
-	if _, err := Run(context.Background(), viaSpec, Options{}); err == nil || !strings.Contains(err.Error(), "route to studio leaves by the wrong interface") {
-		t.Errorf("failed pre-flight: %v", err)
-	}
-	if got.Via != "en0" {
-		t.Errorf("pre-flight got %+v", got)
-	}
-	if _, err := os.Stat(filepath.Join(dst, "via")); err == nil {
-		t.Error("a failed pre-flight sent something")
+		t.Error("via nosuch0 sent something")
 	}
 	// Without --verify a finished transfer is skipped: no connection.
 	s.Stop()
