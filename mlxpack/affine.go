@@ -148,14 +148,14 @@ func AffineQuantize(w []float32, cols, groupSize, bits int, out tensor.DType, wq
 	groupBytes := groupSize * bits / 8
 	for g := range groups {
 		x := w[g*groupSize : (g+1)*groupSize]
-		lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
-		for i, v := range x {
-			if v-v != 0 { // NaN or ±Inf
-				return fmt.Errorf("%w: element %d (row %d, column %d) is %v",
-					ErrNotFinite, g*groupSize+i, (g*groupSize+i)/cols, (g*groupSize+i)%cols, v)
+		lo, hi, ok := groupRange(x)
+		if !ok {
+			for i, v := range x {
+				if v-v != 0 { // NaN or ±Inf
+					return fmt.Errorf("%w: element %d (row %d, column %d) is %v",
+						ErrNotFinite, g*groupSize+i, (g*groupSize+i)/cols, (g*groupSize+i)%cols, v)
+				}
 			}
-			hi = max(hi, v)
-			lo = min(lo, v)
 		}
 		scale, bias := affineParams(lo, hi, nBins)
 		packGroup(wq[g*groupBytes:(g+1)*groupBytes], x, scale, bias, nBins, bits)
@@ -182,6 +182,30 @@ func affineParams(lo, hi, nBins float32) (scale, bias float32) {
 	return scale, 0
 }
 
+// groupRange is the least and greatest element of x (len(x) > 0), and
+// false if an element is NaN or infinite. It works on the bits, without
+// branches: an IEEE float's bits, with the magnitude bits flipped where
+// the sign is set, order as signed integers as the floats do (-0 just
+// below +0; the sign of a zero extreme changes neither the scale nor the
+// bias), and a float is finite when its magnitude bits are below the
+// infinity's.
+func groupRange(x []float32) (lo, hi float32, finite bool) {
+	kmin, kmax := int32(math.MaxInt32), int32(math.MinInt32)
+	var mag uint32
+	for _, v := range x {
+		b := math.Float32bits(v)
+		mag = max(mag, b&0x7fffffff)
+		k := int32(b) ^ (int32(b) >> 31 & 0x7fffffff)
+		kmin = min(kmin, k)
+		kmax = max(kmax, k)
+	}
+	unkey := func(k int32) float32 { return math.Float32frombits(uint32(k ^ (k >> 31 & 0x7fffffff))) }
+	return unkey(kmin), unkey(kmax), mag < 0x7f800000
+}
+
+// rintMagic is 2^23: adding it to 0 ≤ y < 2^23 rounds y to an integer.
+const rintMagic float32 = 1 << 23
+
 func abs32(x float32) float32 { return math.Float32frombits(math.Float32bits(x) &^ (1 << 31)) }
 
 // packGroup quantizes one group x into dst (len(x)·bits/8 bytes), LSB first.
@@ -189,9 +213,18 @@ func packGroup(dst []byte, x []float32, scale, bias, nBins float32, bits int) {
 	var acc uint64
 	n, o := 0, 0
 	for _, v := range x {
-		q := rint((v - bias) / scale)
-		q = min(max(q, 0), nBins)
-		acc |= uint64(q) << n
+		// clamp(rint(y), 0, nBins) = rint(clamp(y, 0, nBins)) as the bounds
+		// are integers; y is never NaN (v and bias are finite, scale is
+		// not zero). For 0 ≤ y ≤ 255, y + 2^23 rounds (to nearest even) to
+		// 2^23 + rint(y), whose low mantissa bits are that integer.
+		y := (v - bias) / scale
+		if !(y > 0) {
+			y = 0
+		}
+		if y > nBins {
+			y = nBins
+		}
+		acc |= uint64(math.Float32bits(y+rintMagic)&0x7fffff) << n
 		if n += bits; n >= 32 {
 			binary.LittleEndian.PutUint32(dst[o:], uint32(acc))
 			o += 4
