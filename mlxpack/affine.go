@@ -247,26 +247,34 @@ func AffineDequantize(wq, scales, biases []byte, cols, groupSize, bits int, dt t
 	if err != nil {
 		return err
 	}
-	mask := uint64(1)<<bits - 1
 	groupBytes := groupSize * bits / 8
 	for g := range groups {
 		scale, bias := getScale(scales[g*width:], dt), getScale(biases[g*width:], dt)
 		src := wq[g*groupBytes : (g+1)*groupBytes]
 		y := dst[g*groupSize : (g+1)*groupSize]
-		var acc uint64
-		n, o := 0, 0
-		for i := range y {
-			if n < bits {
-				acc |= uint64(binary.LittleEndian.Uint32(src[o:])) << n
-				o += 4
-				n += 32
-			}
-			q := float32(acc & mask)
-			acc >>= bits
-			n -= bits
+		unpackCodes(y, src, bits)
+		for i, q := range y {
 			// The conversion rounds the product on its own: no FMA.
 			y[i] = tensor.RoundTo(dt, tensor.RoundTo(dt, float32(q*scale))+bias)
 		}
 	}
 	return nil
+}
+
+// unpackCodes reads len(dst) codes of bits bits, packed LSB first in
+// little-endian uint32 words as packGroup writes them, into dst as floats.
+func unpackCodes(dst []float32, src []byte, bits int) {
+	mask := uint64(1)<<bits - 1
+	var acc uint64
+	n, o := 0, 0
+	for i := range dst {
+		if n < bits {
+			acc |= uint64(binary.LittleEndian.Uint32(src[o:])) << n
+			o += 4
+			n += 32
+		}
+		dst[i] = float32(uint32(acc & mask))
+		acc >>= bits
+		n -= bits
+	}
 }

@@ -2,7 +2,6 @@ package mlxpack
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -518,7 +517,7 @@ func (w *dirWriter) convert(t *TensorPlan, u unit, b *unitBufs) (unitStats, erro
 	rows := u.r1 - u.r0
 	groups := rows * t.cols / int64(t.GroupSize)
 	width := int64(t.DType.Bits() / 8)
-	b.wq = grow(b.wq, int(n)*t.Bits/8+8)[:int(n)*t.Bits/8] // quantErr reads past the end
+	b.wq = grow(b.wq, int(n)*t.Bits/8)
 	b.sc = grow(b.sc, int(groups*width))
 	b.bi = grow(b.bi, int(groups*width))
 	if err := AffineQuantize(b.vals, int(t.cols), t.GroupSize, t.Bits, t.DType, b.wq, b.sc, b.bi); err != nil {
@@ -534,44 +533,54 @@ func (w *dirWriter) convert(t *TensorPlan, u unit, b *unitBufs) (unitStats, erro
 	if err := w.writeOut(t, 2, u.r0*gpr*width, b.bi); err != nil {
 		return unitStats{}, err
 	}
-	return quantErr(b.vals, b.wq[:cap(b.wq)], b.sc, b.bi, t.GroupSize, t.Bits, t.DType, &b.deq), nil
+	return quantErr(b.vals, b.wq, b.sc, b.bi, t.GroupSize, t.Bits, t.DType, &b.deq), nil
 }
 
 // quantErr sums a unit's quantization error: each element's q·scale+bias
 // (the codes read back from wq, the stored scale and bias widened to
 // float32, the arithmetic in float32) against the value quantized. It is
 // a report figure, not mx.dequantize's bytes (AffineDequantize rounds each
-// step to the dtype), and costs a fraction of the quantization. wq must
-// have 8 readable bytes past its end (codes are read 8 bytes at a time).
+// step to the dtype), and costs a fraction of the quantization. Groups go
+// in pairs: each group's sums are its own float32 chains, so two groups
+// side by side halve the wait on the additions and give the same figures.
 func quantErr(vals []float32, wq, sc, bi []byte, gs, bits int, dt tensor.DType, tmp *[]float32) unitStats {
 	ng := len(vals) / gs
 	*tmp = grow(*tmp, 2*ng)
 	scale, bias := (*tmp)[:ng], (*tmp)[ng:]
 	tensor.ToF32(dt, scale, sc)
 	tensor.ToF32(dt, bias, bi)
-	mask := uint64(1)<<bits - 1
+	groupBytes := gs * bits / 8
 	var st unitStats
-	var codes [128]float32 // a group's codes (group sizes are at most 128)
-	pos := 0               // bit offset of the next code
-	for g := range ng {
-		c := codes[:gs]
-		for i := range c {
-			c[i] = float32(binary.LittleEndian.Uint64(wq[pos>>3:]) >> (pos & 7) & mask)
-			pos += bits
-		}
-		s, b := scale[g], bias[g]
-		var sqErr, sq float32
-		var maxBits uint32 // |d| as bits: non-negative floats order as their bits
-		for i, v := range vals[g*gs : (g+1)*gs] {
-			d := c[i]*s + b - v
-			sqErr += d * d
-			sq += v * v
-			maxBits = max(maxBits, math.Float32bits(d)&^(1<<31))
-		}
-		maxErr := math.Float32frombits(maxBits)
+	add := func(sqErr, sq float32, maxBits uint32) {
 		st.sqErr += float64(sqErr)
 		st.sq += float64(sq)
-		st.maxErr = max(st.maxErr, float64(maxErr))
+		st.maxErr = max(st.maxErr, float64(math.Float32frombits(maxBits)))
+	}
+	var codes [2][128]float32 // two groups' codes (group sizes are at most 128)
+	for g := 0; g < ng; g += 2 {
+		h := min(g+1, ng-1) // an odd last group is paired with itself, counted once
+		c0, c1 := codes[0][:gs], codes[1][:gs]
+		unpackCodes(c0, wq[g*groupBytes:(g+1)*groupBytes], bits)
+		unpackCodes(c1, wq[h*groupBytes:(h+1)*groupBytes], bits)
+		s0, b0, s1, b1 := scale[g], bias[g], scale[h], bias[h]
+		x0, x1 := vals[g*gs:(g+1)*gs], vals[h*gs:(h+1)*gs]
+		var sqErr0, sq0, sqErr1, sq1 float32
+		var max0, max1 uint32 // |d| as bits: non-negative floats order as their bits
+		for i, v := range x0 {
+			w := x1[i]
+			d0 := c0[i]*s0 + b0 - v
+			d1 := c1[i]*s1 + b1 - w
+			sqErr0 += d0 * d0
+			sqErr1 += d1 * d1
+			sq0 += v * v
+			sq1 += w * w
+			max0 = max(max0, math.Float32bits(d0)&^(1<<31))
+			max1 = max(max1, math.Float32bits(d1)&^(1<<31))
+		}
+		add(sqErr0, sq0, max0)
+		if h != g {
+			add(sqErr1, sq1, max1)
+		}
 	}
 	return st
 }

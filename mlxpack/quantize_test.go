@@ -381,3 +381,49 @@ func TestCast(t *testing.T) {
 		t.Errorf("%d A_log tensors, result dtype %s", aLog, res.DType)
 	}
 }
+
+// quantErr gives, bit for bit, the figures of the plain sum (one group at a
+// time, each group's float32 sums in element order, added to the float64
+// totals in group order), for odd and even group counts, every bit width
+// and group size.
+func TestQuantErrFigures(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, bits := range AffineBits {
+		for _, gs := range AffineGroupSizes {
+			for _, groups := range []int{1, 2, 3, 8} {
+				cols := gs
+				vals := make([]float32, groups*gs)
+				for i := range vals {
+					vals[i] = tensor.RoundTo(tensor.BF16, float32(rng.NormFloat64()*0.02))
+				}
+				wq := make([]byte, len(vals)*bits/8)
+				sc, bi := make([]byte, groups*2), make([]byte, groups*2)
+				if err := AffineQuantize(vals, cols, gs, bits, tensor.BF16, wq, sc, bi); err != nil {
+					t.Fatal(err)
+				}
+				var tmp []float32
+				got := quantErr(vals, wq, sc, bi, gs, bits, tensor.BF16, &tmp)
+				var want unitStats
+				codes := make([]float32, gs)
+				for g := range groups {
+					unpackCodes(codes, wq[g*gs*bits/8:], bits)
+					s, b := getScale(sc[2*g:], tensor.BF16), getScale(bi[2*g:], tensor.BF16)
+					var sqErr, sq float32
+					var maxErr float32
+					for i, v := range vals[g*gs : (g+1)*gs] {
+						d := codes[i]*s + b - v
+						sqErr += d * d
+						sq += v * v
+						maxErr = max(maxErr, abs32(d))
+					}
+					want.sqErr += float64(sqErr)
+					want.sq += float64(sq)
+					want.maxErr = max(want.maxErr, float64(maxErr))
+				}
+				if got != want {
+					t.Errorf("bits %d, group %d, %d groups: %+v, want %+v", bits, gs, groups, got, want)
+				}
+			}
+		}
+	}
+}
