@@ -184,6 +184,7 @@ func writeMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions, 
 		cols := int64(ne0(t.In.Dims))
 		units = gguf.SplitRows(units, i, int64(t.In.NumElements())/max(cols, 1), chunk/max(cols, 1))
 	}
+	same := sameEncoding(outs)
 	var errs *errorSums
 	if o.Errors {
 		errs = newErrorSums(len(units), len(outs))
@@ -197,7 +198,7 @@ func writeMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions, 
 			if unit.R0 == 0 && o.Tensor != nil {
 				o.Tensor(unit.T, tensors[unit.T].Name)
 			}
-			return makeUnit(f, outs, writes, unit, errs.unit(u), &bufs[worker])
+			return makeUnit(f, outs, writes, same, unit, errs.unit(u), &bufs[worker])
 		},
 		Written: func(worker, _ int) {
 			if o.Progress != nil {
@@ -230,9 +231,34 @@ func writeMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions, 
 	return nil
 }
 
+// sameEncoding says, for each output k and tensor i, an earlier output
+// whose tensor i is encoded the same way (the same type, importance
+// vector and input), so its blocks serve both: -1 for none. Mixes share
+// many tensors (Q4_K_M's Q6_K attn_v, ffn_down and output with Q6_K's,
+// Q2_K's Q4_K ones with Q4_K_M's).
+func sameEncoding(outs []Output) [][]int {
+	same := make([][]int, len(outs))
+	for k, out := range outs {
+		same[k] = make([]int, len(out.Plan.Tensors))
+		for i := range out.Plan.Tensors {
+			t := &out.Plan.Tensors[i]
+			same[k][i] = -1
+			for j := range k {
+				u := &outs[j].Plan.Tensors[i]
+				if !t.Copy() && u.Type == t.Type && slices.Equal(u.Weights, t.Weights) && (u.Weights == nil) == (t.Weights == nil) {
+					same[k][i] = j
+					break
+				}
+			}
+		}
+	}
+	return same
+}
+
 // makeUnit reads unit u of the input once and makes its bytes for every
-// output that writes it (or whose errors are measured: sums non-nil).
-func makeUnit(f *gguf.File, outs []Output, writes [][]bool, u gguf.Unit, sums []errorSum, b *buffers) ([][]byte, []int64, error) {
+// output that writes it (or whose errors are measured: sums non-nil),
+// encoding the blocks an earlier output already made (same) only once.
+func makeUnit(f *gguf.File, outs []Output, writes [][]bool, same [][]int, u gguf.Unit, sums []errorSum, b *buffers) ([][]byte, []int64, error) {
 	n := len(outs)
 	b.data, b.offs = grow(b.data, int64(n)), grow(b.offs, int64(n))
 	if len(b.outs) < n {
@@ -244,9 +270,10 @@ func makeUnit(f *gguf.File, outs []Output, writes [][]bool, u gguf.Unit, sums []
 	}
 	cols := ne0(in.In.Dims)
 	decoded := false
+	b.made = grow(b.made, int64(n))
 	for k, out := range outs {
 		t := &out.Plan.Tensors[u.T]
-		b.data[k] = nil
+		b.data[k], b.made[k] = nil, false
 		if !writes[k][u.T] && sums == nil {
 			continue
 		}
@@ -258,6 +285,18 @@ func makeUnit(f *gguf.File, outs []Output, writes [][]bool, u gguf.Unit, sums []
 			}
 			if sums != nil {
 				sums[k] = errorSum{n: (u.R1 - u.R0) * int64(cols)}
+			}
+			continue
+		}
+		if j := same[k][u.T]; j >= 0 && b.made[j] {
+			// The blocks output j made: the same bytes, the same errors.
+			b.outs[k] = append(b.outs[k][:0], b.outs[j]...)
+			if sums != nil {
+				sums[k] = sums[j]
+			}
+			b.made[k] = true
+			if writes[k][u.T] {
+				b.data[k] = b.outs[k]
 			}
 			continue
 		}
@@ -277,6 +316,7 @@ func makeUnit(f *gguf.File, outs []Output, writes [][]bool, u gguf.Unit, sums []
 				return nil, nil, fmt.Errorf("%s: tensor %q: %w", f.Path, t.Name, err)
 			}
 		}
+		b.made[k] = true
 		if writes[k][u.T] {
 			b.data[k] = b.outs[k]
 		}

@@ -128,6 +128,7 @@ type buffers struct {
 	outs [][]byte  // per output
 	data [][]byte  // what the unit writes to each output
 	offs []int64
+	made []bool // outs[k] holds this unit's blocks for output k
 }
 
 func grow[T any](s []T, n int64) []T {
