@@ -42,10 +42,13 @@ type prober interface {
 }
 
 // Search bounds: the probe sends at most maxProbes datagrams, at most
-// maxArrived of which may arrive (each costs the host an ICMP error).
+// maxArrived of which may arrive: each costs the host an ICMP error, and a
+// Linux host sends a burst of 6 to one peer before it limits them, so a
+// seventh answer could be suppressed and its probe taken for too big.
+// Past the budget the result is a range (MTU, Below).
 const (
 	maxProbes  = 24
-	maxArrived = 8
+	maxArrived = 6
 	// probeFirstTimeout is the wait for the baseline probe, before any
 	// round-trip time is known; later waits scale with the RTT.
 	probeFirstTimeout = time.Second
