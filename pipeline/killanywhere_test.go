@@ -60,7 +60,6 @@ func newJarvis2Run(t *testing.T, home, remote string) *jarvis2Run {
 			"--var", "NAME=Jarvis2-tiny",
 			"--var", "IMATRIX=" + imatrix,
 			"--var", "TARGETS=kill-a:" + remote + "/a/jarvis2,kill-b:" + remote + "/b/jarvis2",
-			"--var", "WIRED=false",
 		}}
 }
 

@@ -117,7 +117,6 @@ vars=(
 	--var NAME=Jarvis2-tiny
 	--var IMATRIX=../gguf/imatrix/testdata/qwen35-imatrix.gguf
 	--var "TARGETS=ferry-demo-a:$remote/a/jarvis2,ferry-demo-b:$remote/b/jarvis2"
-	--var WIRED=false
 )
 ferry() { HOME=$home SSH_AUTH_SOCK='' "$FERRY" "$@"; }
 
