@@ -204,6 +204,7 @@ type dirWriter struct {
 	last    time.Time
 	every   time.Duration
 	flushMu sync.Mutex
+	bg      sync.WaitGroup // flushes started by unitDone
 }
 
 // open creates (fresh) or reopens (resume) the shard files. A resume whose
@@ -315,7 +316,9 @@ func (w *dirWriter) abandon() {
 }
 
 // unitDone records a written unit; about once a second the shard files
-// are fsynced and the units written before are journaled.
+// are fsynced and the units written before are journaled, by a goroutine
+// of its own so that the worker goes on converting while the disk writes
+// (a failed flush keeps its units pending: the final flush tries again).
 func (w *dirWriter) unitDone(k int, st unitStats) {
 	w.mu.Lock()
 	if w.pending == nil {
@@ -328,7 +331,7 @@ func (w *dirWriter) unitDone(k int, st unitStats) {
 	}
 	w.mu.Unlock()
 	if due {
-		w.flush()
+		w.bg.Go(func() { w.flush() })
 	}
 }
 
@@ -394,6 +397,7 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 		}
 		todo = append(todo, k)
 	}
+	defer w.bg.Wait() // before abandon or finish touch the files
 	g, gctx := errgroup.WithContext(ctx)
 	next := make(chan int)
 	g.Go(func() error {
@@ -437,6 +441,7 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	w.bg.Wait()
 	return w.flush()
 }
 
