@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/fsutil"
@@ -272,9 +271,8 @@ type Writer struct {
 	tmp    string
 
 	mu      sync.Mutex
-	wmu     sync.Mutex   // serializes WriteAt's pwrite
-	pending atomic.Int64 // bytes written since the last writeback request
-	fl      *flusher     // background writeback requests (Linux)
+	wmu     sync.Mutex        // serializes WriteAt's pwrite
+	fl      *fsutil.Writeback // background writeback requests (Linux)
 	written []bool
 	err     error // sticky
 	done    bool
@@ -295,7 +293,7 @@ func Create(path string, layout *Layout, opt Options) (*Writer, error) {
 	if opt.Resume {
 		if f, ok := reusable(w.tmp, layout); ok {
 			w.f = f
-			w.fl = newFlusher(f)
+			w.fl = fsutil.NewWriteback(f)
 			w.resumed = true
 			return w, nil
 		}
@@ -305,7 +303,7 @@ func Create(path string, layout *Layout, opt Options) (*Writer, error) {
 		return nil, err
 	}
 	w.f = f
-	w.fl = newFlusher(f)
+	w.fl = fsutil.NewWriteback(f)
 	if _, err := f.WriteAt(layout.Header, 0); err != nil {
 		w.Abort()
 		return nil, err
@@ -393,7 +391,7 @@ func (w *Writer) WriteAt(i int, b []byte, off int64) error {
 	if err != nil {
 		return w.fail(fmt.Errorf("%s: tensor %q: %w", w.path, t.Name, err))
 	}
-	w.startWriteback(int64(len(b)))
+	w.fl.Wrote(int64(len(b)))
 	return nil
 }
 
@@ -484,7 +482,7 @@ func (w *Writer) Close() error {
 	}
 	w.done = true
 	w.mu.Unlock()
-	w.fl.stop()
+	w.fl.Stop()
 	if err := w.f.Sync(); err != nil {
 		w.f.Close()
 		return fmt.Errorf("%s: fsync: %w", w.tmp, err)
@@ -506,7 +504,7 @@ func (w *Writer) Abort() {
 		return
 	}
 	w.done = true
-	w.fl.stop()
+	w.fl.Stop()
 	w.f.Close()
 	os.Remove(w.tmp)
 }
@@ -519,7 +517,7 @@ func (w *Writer) Detach() error {
 		return nil
 	}
 	w.done = true
-	w.fl.stop()
+	w.fl.Stop()
 	err := w.f.Sync()
 	if cerr := w.f.Close(); err == nil {
 		err = cerr

@@ -197,6 +197,7 @@ type dirWriter struct {
 	dir   string
 	log   *journal.Log
 	files []*os.File
+	wb    []*fsutil.Writeback // one per file: writeback as the units are written
 
 	mu      sync.Mutex
 	done    map[int]unitStats // durable units
@@ -277,6 +278,7 @@ func (w *dirWriter) openShards(create bool) error {
 			return err
 		}
 		w.files = append(w.files, f)
+		w.wb = append(w.wb, fsutil.NewWriteback(f))
 		if create {
 			if err := f.Truncate(s.size); err != nil {
 				return err
@@ -302,10 +304,18 @@ func (w *dirWriter) openShards(create bool) error {
 }
 
 func (w *dirWriter) closeFiles() {
+	w.stopWriteback()
 	for _, f := range w.files {
 		f.Close()
 	}
 	w.files = nil
+}
+
+func (w *dirWriter) stopWriteback() {
+	for _, wb := range w.wb {
+		wb.Stop()
+	}
+	w.wb = nil
 }
 
 // abandon keeps what is durable for a resume.
@@ -609,6 +619,7 @@ func (w *dirWriter) writeOut(t *TensorPlan, k int, off int64, data []byte) error
 	if _, err := w.files[o.shard].WriteAt(data, pos); err != nil {
 		return fmt.Errorf("%s: %w", filepath.Join(w.dir, sh.name), err)
 	}
+	w.wb[o.shard].Wrote(int64(len(data)))
 	return nil
 }
 
@@ -616,6 +627,7 @@ func (w *dirWriter) writeOut(t *TensorPlan, k int, off int64, data []byte) error
 // partial directory into place.
 func (w *dirWriter) finish(ctx context.Context, out string) error {
 	p := w.plan
+	w.stopWriteback()
 	for _, f := range w.files {
 		if err := f.Sync(); err != nil {
 			return err
