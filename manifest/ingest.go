@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -118,13 +119,23 @@ func (s *Store) place(tmp string, d Digest, n int64) error {
 	dst := s.BlobPath(d)
 	// Lstat: an in-place blob (a link to a file outside the store) is
 	// replaced by the real file, which the store then holds on its own.
-	if fi, err := os.Lstat(dst); err == nil && fi.Mode().IsRegular() && fi.Size() == n {
+	fi, lerr := os.Lstat(dst)
+	if lerr == nil && fi.Mode().IsRegular() && fi.Size() == n {
 		if st, ok := s.stamp(d); ok && st == StampOf(fi) && s.Damage(d) == "" {
 			return os.Remove(tmp)
 		}
 	}
 	if err := os.Chmod(tmp, blobMode); err != nil {
 		return err
+	}
+	if lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		// An in-place blob, which committed records read, becomes the
+		// new file: its stamp is saved first, so that a process killed
+		// after the rename leaves them a blob that is intact, not one
+		// "changed on disk" (their stages would run again).
+		if err := s.saveReplacing(d, tmp); err != nil {
+			return err
+		}
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		return err
@@ -138,6 +149,22 @@ func (s *Store) place(tmp string, d Digest, n int64) error {
 	}
 	s.setStamp(d, st)
 	return nil
+}
+
+// saveReplacing saves manifest.json with the stamp of tmp, the file about
+// to become blob d (a rename keeps it), in Manifest.Replacing.
+func (s *Store) saveReplacing(d Digest, tmp string) error {
+	st, err := StatStamp(tmp)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m.Replacing == nil {
+		s.m.Replacing = map[string]Stamp{}
+	}
+	s.m.Replacing[d.Hex()] = st
+	return s.saveLocked()
 }
 
 // Ingest copies r into a blob. size < 0 skips the length check. Hashing

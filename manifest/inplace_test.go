@@ -398,3 +398,61 @@ func TestDiskUsage(t *testing.T) {
 		t.Errorf("in-place file: %v", err)
 	}
 }
+
+// A stage that writes the bytes of an in-place blob replaces the link with
+// its real file; a process killed right after that, before anything else
+// saves manifest.json, must leave a store in which the records naming the
+// blob still find it intact (the import that referenced it is not re-run
+// for an output "changed on disk"). Each writer is tried: AdoptKnown (a
+// merge's copied tokenizer), Ingest.
+func TestInPlaceReplacedThenKilled(t *testing.T) {
+	content := bytes.Repeat([]byte("tokenizer"), 500)
+	tests := []struct {
+		name  string
+		write func(t *testing.T, s *Store)
+	}{
+		{"adopt", func(t *testing.T, s *Store) {
+			p := filepath.Join(t.TempDir(), "tokenizer.json")
+			if err := os.WriteFile(p, content, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := s.AdoptKnown(p, DigestOf(content), int64(len(content))); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"ingest", func(t *testing.T, s *Store) {
+			if _, _, err := s.Ingest(bytes.NewReader(content), -1); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := openTemp(t)
+			src := filepath.Join(t.TempDir(), "tokenizer.json")
+			if err := os.WriteFile(src, content, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			o := inPlace(t, s, "k", src)
+			if err := s.Commit(&Record{Key: "r", Pipeline: "p", Stage: "base", Outputs: []Output{o}}); err != nil {
+				t.Fatal(err)
+			}
+			tt.write(t, s)
+			if _, ok := s.InPlace(o.Digest); ok {
+				t.Fatal("the link was not replaced")
+			}
+			// Killed here: what the next run opens is manifest.json as
+			// it is on disk.
+			next, err := Open(s.Root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if why := next.CheckBlob(o.Digest, o.Size, false); why != "" {
+				t.Errorf("after a kill: %s", why)
+			}
+			if why := s.CheckBlob(o.Digest, o.Size, false); why != "" {
+				t.Errorf("in the run that replaced it: %s", why)
+			}
+		})
+	}
+}

@@ -89,6 +89,13 @@ type Manifest struct {
 	Blobs map[string]Stamp `json:"blobs"`
 	// Damaged maps a blob's hex digest to what `store verify` found wrong.
 	Damaged map[string]string `json:"damaged,omitempty"`
+	// Replacing maps a blob's hex digest to the stamp of the file about to
+	// replace it, saved before the rename when the blob replaced is one that
+	// records read (an in-place link that a stage's same bytes turn into a
+	// real file): a process killed after the rename, before the new stamp
+	// is saved, leaves a blob that Load finds with this stamp and takes as
+	// intact. Load settles it; it is empty in a manifest written after.
+	Replacing map[string]Stamp `json:"replacing,omitempty"`
 	// Attempts maps pipeline name → stage name → its latest run that did
 	// not end in a record: one that started and was killed or interrupted,
 	// or one that failed (with its error). Committing the stage's record
@@ -186,7 +193,22 @@ func Load(root string) (*Store, error) {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	s.m = m
+	s.settleReplacing()
 	return s, nil
+}
+
+// settleReplacing ends the replacements that a killed process left in
+// Manifest.Replacing: a blob that is now the new file (its stamp is the one
+// saved before the rename) takes that stamp; one that is not (killed before
+// the rename) keeps the stamp it had.
+func (s *Store) settleReplacing() {
+	for h, st := range s.m.Replacing {
+		p := filepath.Join(s.Root, "blobs", Algorithm, h)
+		if cur, err := StatStamp(p); err == nil && cur == st && !isLinkPath(p) {
+			s.m.Blobs[h] = st
+		}
+		delete(s.m.Replacing, h)
+	}
 }
 
 func decodeManifest(r interface{ Read([]byte) (int, error) }) (*Manifest, error) {
@@ -352,6 +374,7 @@ func (s *Store) setStamp(d Digest, st Stamp) {
 	s.mu.Lock()
 	s.m.Blobs[d.Hex()] = st
 	delete(s.m.Damaged, d.Hex())
+	delete(s.m.Replacing, d.Hex())
 	s.mu.Unlock()
 }
 
