@@ -21,7 +21,7 @@ FUZZ_TARGETS := \
 	./merge:FuzzAdapterConfig:200000 \
 	./manifest:FuzzManifest:300000 \
 	./manifest:FuzzJournal:1500 \
-	./pipeline:FuzzSpec:100000 \
+	./pipeline:FuzzSpec:20000 \
 	./verify:FuzzGGUF:150000 \
 	./verify:FuzzConfig:15000 \
 	./mlxpack:FuzzParseCTConfig:200000 \
