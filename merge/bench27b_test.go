@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -178,8 +179,8 @@ func BenchmarkMerge27B(b *testing.B) {
 			b.Fatalf("merge helper: %v", err)
 		}
 		wall += time.Since(start)
+		rss = max(rss, sysmem.PeakRSS(cmd.ProcessState))
 		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			rss = max(rss, ru.Maxrss*1024) // Linux reports KiB
 			cpu += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 		}
 		b.StopTimer()

@@ -9,10 +9,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 )
@@ -87,11 +87,7 @@ func runTimed(b *testing.B, env, name string, args ...string) (time.Duration, in
 		b.Fatalf("%s %v: %v", name, args, err)
 	}
 	d := time.Since(start)
-	var rss int64
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		rss = maxRSSBytes(ru)
-	}
-	return d, rss
+	return d, sysmem.PeakRSS(cmd.ProcessState)
 }
 
 // BenchmarkQuantizeQwen35MLX4 converts the 27B-width checkpoint to 4-bit

@@ -8,10 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"github.com/ferry-llm/ferry/inspect"
+	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -145,9 +145,7 @@ func BenchmarkInspectHashAnchorSha256sum4GiB(b *testing.B) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.Fatalf("%v: %s", err, out)
 		}
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			peak = max(peak, maxRSSKiB(ru))
-		}
+		peak = max(peak, sysmem.PeakRSS(cmd.ProcessState)>>10)
 	}
 	b.ReportMetric(float64(peak)*1024/1e6, "peak-RSS-MB")
 }

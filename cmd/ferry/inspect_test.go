@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -23,6 +22,7 @@ import (
 	"github.com/apache/arrow-go/v18/parquet/pqarrow"
 
 	"github.com/ferry-llm/ferry/inspect"
+	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/safetensors/safetensorstest"
 	"github.com/ferry-llm/ferry/tensor"
@@ -71,9 +71,7 @@ func execFerryIn(t testing.TB, dir string, env []string, args ...string) ferryRu
 	default:
 		t.Fatalf("running ferry %v: %v", args, err)
 	}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		r.maxRSSKiB = maxRSSKiB(ru)
-	}
+	r.maxRSSKiB = sysmem.PeakRSS(cmd.ProcessState) >> 10
 	return r
 }
 

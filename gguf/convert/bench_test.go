@@ -12,10 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 )
@@ -127,11 +127,7 @@ func runChild(b *testing.B, env string, name string, args ...string) (time.Durat
 		b.Fatalf("%s %v: %v", name, args, err)
 	}
 	d := time.Since(start)
-	var rss int64
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		rss = maxRSSBytes(ru)
-	}
-	return d, rss
+	return d, sysmem.PeakRSS(cmd.ProcessState)
 }
 
 // BenchmarkConvertQwen35F16 converts a ≥ 2 GB Qwen3.5-shaped BF16

@@ -11,10 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
@@ -85,11 +85,7 @@ func runTimed(b *testing.B, env []string, name string, args ...string) (time.Dur
 		b.Fatalf("%s %v: %v", name, args, err)
 	}
 	d := time.Since(start)
-	var rss int64
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		rss = maxRSSBytes(ru)
-	}
-	return d, rss
+	return d, sysmem.PeakRSS(cmd.ProcessState)
 }
 
 func sha256File(b *testing.B, p string) string {

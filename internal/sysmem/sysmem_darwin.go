@@ -1,6 +1,11 @@
 package sysmem
 
-import "golang.org/x/sys/unix"
+import (
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
 
 func total() uint64 {
 	n, err := unix.SysctlUint64("hw.memsize")
@@ -8,4 +13,13 @@ func total() uint64 {
 		return 0
 	}
 	return n
+}
+
+// PeakRSS is the peak resident set size, in bytes, of the finished process
+// ps describes (macOS reports ru_maxrss in bytes); 0 when unknown.
+func PeakRSS(ps *os.ProcessState) int64 {
+	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+		return ru.Maxrss
+	}
+	return 0
 }

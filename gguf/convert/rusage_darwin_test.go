@@ -1,6 +1,0 @@
-package convert
-
-import "syscall"
-
-// macOS reports ru_maxrss in bytes.
-func maxRSSBytes(ru *syscall.Rusage) int64 { return ru.Maxrss }

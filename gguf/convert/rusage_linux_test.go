@@ -1,6 +1,0 @@
-package convert
-
-import "syscall"
-
-// Linux reports ru_maxrss in KiB.
-func maxRSSBytes(ru *syscall.Rusage) int64 { return ru.Maxrss << 10 }
