@@ -75,14 +75,6 @@ func (t *TensorPlan) Quantized() bool { return t.Bits > 0 }
 // outRef is where an output tensor lives: shard and index in its layout.
 type outRef struct{ shard, info int }
 
-type outShard struct {
-	name  string
-	specs []safetensors.TensorSpec
-	hdr   []byte
-	infos []safetensors.TensorInfo
-	size  int64
-}
-
 // QuantizePlan is every decision of an MLX conversion, made from headers
 // alone. It holds the source open: Close it.
 type QuantizePlan struct {
@@ -212,7 +204,9 @@ func PlanQuantize(src string, opts QuantizeOptions) (_ *QuantizePlan, err error)
 	if err != nil {
 		return nil, err
 	}
-	p.planShards()
+	if err := p.planShards(); err != nil {
+		return nil, err
+	}
 	if err := p.planFiles(fixed, block); err != nil {
 		return nil, err
 	}
@@ -421,44 +415,29 @@ func (t *TensorPlan) specs() []safetensors.TensorSpec {
 	}
 }
 
-// planShards splits the parameters, in order, as mlx-lm's make_shards
-// does: a new shard when the next tensor would take the current one over
-// the limit.
-func (p *QuantizePlan) planShards() {
-	var groups [][]safetensors.TensorSpec
-	var refs [][]*TensorPlan
-	var cur []safetensors.TensorSpec
-	var curT []*TensorPlan
-	var size int64
+// planShards lays the parameters out, in order, in shards split as
+// mlx-lm's make_shards splits them.
+func (p *QuantizePlan) planShards() error {
+	var specs []safetensors.TensorSpec
 	for _, t := range p.Tensors {
-		for _, s := range t.specs() {
-			if size+s.Size() > p.Opts.ShardSize {
-				groups, refs = append(groups, cur), append(refs, curT)
-				cur, curT, size = nil, nil, 0
+		specs = append(specs, t.specs()...)
+	}
+	var err error
+	if p.shards, err = splitShards(specs, p.Opts.ShardSize); err != nil {
+		return errf(p.Src, "", ErrSanitize, "%v", err)
+	}
+	i, k := 0, 0 // shard, tensor in it
+	for _, t := range p.Tensors {
+		for range t.specs() {
+			for k == len(p.shards[i].specs) {
+				i, k = i+1, 0
 			}
-			cur = append(cur, s)
-			curT = append(curT, t)
-			size += s.Size()
-		}
-	}
-	groups, refs = append(groups, cur), append(refs, curT)
-	for i, g := range groups {
-		name := safetensors.SingleName
-		if len(groups) > 1 {
-			name = safetensors.ShardName(i+1, len(groups))
-		}
-		sh := outShard{name: name, specs: g}
-		sh.hdr, sh.infos, _ = safetensors.EncodeHeader(map[string]string{"format": "mlx"}, g)
-		sh.size = int64(len(sh.hdr))
-		if n := len(sh.infos); n > 0 {
-			sh.size += sh.infos[n-1].End
-		}
-		for k, t := range refs[i] {
 			t.outs = append(t.outs, outRef{shard: i, info: k})
-			t.Bytes += g[k].Size()
+			t.Bytes += p.shards[i].specs[k].Size()
+			k++
 		}
-		p.shards = append(p.shards, sh)
 	}
+	return nil
 }
 
 // files copied from the source as they are: what mlx-lm's tokenizer
@@ -537,14 +516,9 @@ func (p *QuantizePlan) planFiles(fixed map[string]any, block any) error {
 			total += sh.specs[o.info].Size()
 		}
 	}
-	var b strings.Builder
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "    ")
-	if err := enc.Encode(map[string]any{"metadata": map[string]any{"total_size": total, "total_parameters": params}, "weight_map": wm}); err != nil {
+	if p.index, err = indexJSON(map[string]any{"total_size": total, "total_parameters": params}, wm, true); err != nil {
 		return err
 	}
-	p.index = []byte(strings.TrimSuffix(b.String(), "\n"))
 	for _, s := range p.shards {
 		p.Files = append(p.Files, s.name)
 	}

@@ -1,9 +1,7 @@
 package mlxpack
 
 import (
-	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -93,11 +91,11 @@ func (t outTensor) sources() []safetensors.Location {
 	return []safetensors.Location{t.from}
 }
 
-// shardPlan is one rewritten shard.
+// shardPlan is one rewritten shard: its layout and where each tensor's
+// bytes come from.
 type shardPlan struct {
-	name     string
-	metadata map[string]string
-	tensors  []outTensor
+	outShard
+	tensors []outTensor
 }
 
 // Plan is every decision of a repack, made from headers alone (plus the
@@ -525,7 +523,15 @@ func (p *Plan) planRewrite() error {
 			// series; neither is a checkpoint ferry or Hugging Face reads.
 			return errf(sh.Path, "", errkind.ErrNotBuilt, "every tensor of this shard is an expert stacked into a switch_mlp tensor written in an earlier shard; rebalancing shards so none is left empty is not built")
 		case touched:
-			p.shards = append(p.shards, shardPlan{name: sh.Name, metadata: sh.Metadata, tensors: tensors})
+			specs := make([]safetensors.TensorSpec, len(tensors))
+			for i, t := range tensors {
+				specs[i] = t.spec
+			}
+			out, err := layoutShard(sh.Name, sh.Metadata, specs)
+			if err != nil {
+				return errf(sh.Path, "", ErrInconsistent, "rewritten with MLX names: %v", err)
+			}
+			p.shards = append(p.shards, shardPlan{outShard: out, tensors: tensors})
 		}
 	}
 	if p.ckpt.Index == nil {
@@ -536,15 +542,8 @@ func (p *Plan) planRewrite() error {
 		md[k] = v
 	}
 	md["total_size"] = total
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(map[string]any{"metadata": md, "weight_map": wm}); err != nil {
-		return err
-	}
-	p.index = b.Bytes()
-	return nil
+	p.index, err = indexJSON(md, wm, false)
+	return err
 }
 
 // planEntries lists the destination: one link per source entry (hidden

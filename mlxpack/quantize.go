@@ -196,8 +196,7 @@ type dirWriter struct {
 	plan  *QuantizePlan
 	dir   string
 	log   *journal.Log
-	files []*os.File
-	wb    []*fsutil.Writeback // one per file: writeback as the units are written
+	files []*shardFile
 
 	mu      sync.Mutex
 	done    map[int]unitStats // durable units
@@ -265,57 +264,28 @@ func (w *dirWriter) removeStray() error {
 }
 
 func (w *dirWriter) openShards(create bool) error {
-	for _, s := range w.plan.shards {
-		path := filepath.Join(w.dir, s.name)
-		var f *os.File
-		var err error
+	for i := range w.plan.shards {
+		sh := &w.plan.shards[i]
+		open := resumeShard
 		if create {
-			f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
-		} else {
-			f, err = os.OpenFile(path, os.O_RDWR, 0)
+			open = createShard
 		}
+		f, err := open(filepath.Join(w.dir, sh.name), sh)
 		if err != nil {
 			return err
 		}
 		w.files = append(w.files, f)
-		w.wb = append(w.wb, fsutil.NewWriteback(f))
-		if create {
-			if err := f.Truncate(s.size); err != nil {
-				return err
-			}
-			if _, err := f.WriteAt(s.hdr, 0); err != nil {
-				return err
-			}
-			continue
-		}
-		st, err := f.Stat()
-		if err != nil {
-			return err
-		}
-		hdr := make([]byte, len(s.hdr))
-		if st.Size() != s.size {
-			return fmt.Errorf("%s: size %d, want %d", path, st.Size(), s.size)
-		}
-		if _, err := f.ReadAt(hdr, 0); err != nil || string(hdr) != string(s.hdr) {
-			return fmt.Errorf("%s: header differs from the plan", path)
-		}
 	}
 	return nil
 }
 
+// closeFiles closes the shards as they are (an abandoned run's, or a
+// resume's that does not match the plan).
 func (w *dirWriter) closeFiles() {
-	w.stopWriteback()
 	for _, f := range w.files {
-		f.Close()
+		f.Abort()
 	}
 	w.files = nil
-}
-
-func (w *dirWriter) stopWriteback() {
-	for _, wb := range w.wb {
-		wb.Stop()
-	}
-	w.wb = nil
 }
 
 // abandon keeps what is durable for a resume.
@@ -614,24 +584,14 @@ func (w *dirWriter) valueErr(t *TensorPlan, u unit, err error) error {
 // 1 scales, 2 biases).
 func (w *dirWriter) writeOut(t *TensorPlan, k int, off int64, data []byte) error {
 	o := t.outs[k]
-	sh := w.plan.shards[o.shard]
-	pos := int64(len(sh.hdr)) + sh.infos[o.info].Begin + off
-	if _, err := w.files[o.shard].WriteAt(data, pos); err != nil {
-		return fmt.Errorf("%s: %w", filepath.Join(w.dir, sh.name), err)
-	}
-	w.wb[o.shard].Wrote(int64(len(data)))
-	return nil
+	return w.files[o.shard].writeTensorAt(o.info, off, data)
 }
 
 // finish writes the small files, drops the journal and renames the
 // partial directory into place.
 func (w *dirWriter) finish(ctx context.Context, out string) error {
 	p := w.plan
-	w.stopWriteback()
 	for _, f := range w.files {
-		if err := f.Sync(); err != nil {
-			return err
-		}
 		if err := f.Close(); err != nil {
 			return err
 		}

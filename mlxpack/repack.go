@@ -252,9 +252,9 @@ func isWeightFile(name string) bool {
 // (up to Options.Jobs at once), links, index, config last (the commit
 // point). Results are in plan order whatever the worker count.
 func writeEntries(ctx context.Context, plan *Plan, dir, final string, res *Result) error {
-	byName := map[string]shardPlan{}
-	for _, s := range plan.shards {
-		byName[s.name] = s
+	byName := map[string]*shardPlan{}
+	for i := range plan.shards {
+		byName[plan.shards[i].name] = &plan.shards[i]
 	}
 	results := make([]EntryResult, len(plan.Entries))
 	one := func(ctx context.Context, i int) error {
@@ -377,114 +377,51 @@ func placeBytes(path string, data []byte) (int64, Action, error) {
 	return int64(len(data)), action, nil
 }
 
-// placeShard writes a rewritten shard unless path already holds exactly
-// its bytes (compared streaming, without writing).
-// encode is the shard's header, tensor specs and file size.
-func (s shardPlan) encode() ([]byte, []safetensors.TensorSpec, int64, error) {
-	specs := make([]safetensors.TensorSpec, len(s.tensors))
-	for i, t := range s.tensors {
-		specs[i] = t.spec
-	}
-	hdr, infos, err := safetensors.EncodeHeader(s.metadata, specs)
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	size := int64(len(hdr))
-	if n := len(infos); n > 0 {
-		size += infos[n-1].End
-	}
-	return hdr, specs, size, nil
-}
-
 // RewriteBytes is the size of the shards the repack writes (0 when it
 // only links).
 func (p *Plan) RewriteBytes() int64 {
 	var n int64
 	for _, s := range p.shards {
-		if _, _, size, err := s.encode(); err == nil {
-			n += size
-		}
+		n += s.size
 	}
 	return n
 }
 
-func placeShard(ctx context.Context, path string, s shardPlan) (int64, Action, error) {
-	hdr, specs, size, err := s.encode()
-	if err != nil {
-		return 0, "", fmt.Errorf("%s: %w", path, err)
-	}
+// placeShard writes a rewritten shard unless path already holds exactly
+// its bytes (compared streaming, without writing): under a temp name,
+// renamed over path once complete and durable.
+func placeShard(ctx context.Context, path string, s *shardPlan) (int64, Action, error) {
+	fill := func(w io.Writer) error { return writeBody(ctx, w, s) }
 	action := ActionCreated
 	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().IsRegular() && fi.Size() == size {
-			same, err := sameShard(ctx, path, hdr, s)
+		if fi.Mode().IsRegular() {
+			same, err := holdsShard(path, &s.outShard, fill)
 			if err != nil {
 				return 0, "", err
 			}
 			if same {
-				return size, ActionUnchanged, nil
+				return s.size, ActionUnchanged, nil
 			}
 		}
 		action = ActionReplaced
 	}
-	w, err := safetensors.Create(path, s.metadata, specs)
+	w, err := replaceShard(path, &s.outShard)
 	if err != nil {
 		return 0, "", err
 	}
-	if err := writeBody(ctx, w, s); err != nil {
+	bw := bufio.NewWriterSize(w, chunk)
+	err = fill(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
 		w.Abort()
 		return 0, "", err
 	}
 	if err := w.Close(); err != nil {
 		return 0, "", err
 	}
-	return size, action, nil
-}
-
-var errDiffers = errors.New("differs")
-
-// compareWriter checks written bytes against r from offset off.
-type compareWriter struct {
-	r   io.ReaderAt
-	off int64
-	buf []byte
-}
-
-func (c *compareWriter) Write(p []byte) (int, error) {
-	if cap(c.buf) < len(p) {
-		c.buf = make([]byte, len(p))
-	}
-	b := c.buf[:len(p)]
-	if _, err := c.r.ReadAt(b, c.off); err != nil || !bytes.Equal(b, p) {
-		return 0, errDiffers
-	}
-	c.off += int64(len(p))
-	return len(p), nil
-}
-
-func sameShard(ctx context.Context, path string, hdr []byte, s shardPlan) (bool, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	cw := &compareWriter{r: f}
-	if _, err := cw.Write(hdr); err != nil {
-		return false, nil
-	}
-	bw := bufio.NewWriterSize(cw, 1<<20)
-	if err := writeBody(ctx, bw, s); err != nil {
-		if errors.Is(err, errDiffers) {
-			return false, nil
-		}
-		return false, err
-	}
-	if err := bw.Flush(); err != nil {
-		if errors.Is(err, errDiffers) {
-			return false, nil
-		}
-		return false, err
-	}
-	return true, nil
+	return s.size, action, nil
 }
 
 // chunk is the streaming unit: tensors are copied or transformed this many
@@ -498,7 +435,7 @@ type scratch struct {
 }
 
 // writeBody streams the shard's tensor bodies, in order, to w.
-func writeBody(ctx context.Context, w io.Writer, s shardPlan) error {
+func writeBody(ctx context.Context, w io.Writer, s *shardPlan) error {
 	buf := make([]byte, chunk)
 	sc := &scratch{buf: buf}
 	for _, t := range s.tensors {
