@@ -23,10 +23,11 @@ func mlxCommand() *cli.Command {
 
 func mlxRepackCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "repack",
-		Usage: "compressed-tensors pack-quantized checkpoint → MLX directory, no weight bytes changed",
+		Name:      "repack",
+		Usage:     "compressed-tensors pack-quantized checkpoint → MLX directory, no weight bytes changed",
+		ArgsUsage: mlxArgsUsage,
 		UsageText: "ferry mlx repack SRC --out DIR [--relative] [--rewrite] [-j N] [--force] [--lock-wait DURATION] [--json]\n" +
-			"   (the older form --src SRC --dst DIR still works)",
+			mlxOlderForm,
 		Description: "Writes DST as a farm of symlinks to SRC's files plus a config.json with the MLX\n" +
 			"quantization block derived from SRC's quantization_config. mlx-lm reads the packed\n" +
 			"weights directly for deepseek_v3, kimi_k2, kimi_k25 and joyai_llm_flash; for other\n" +
@@ -34,9 +35,7 @@ func mlxRepackCommand() *cli.Command {
 			"uint32 view, scales, biases = -2^(bits-1)*scales) and links the rest; for qwen3_moe\n" +
 			"and qwen3_5_moe it writes per-expert packed modules stacked into switch_mlp\n" +
 			"(weight, scales, biases [E, ...] in expert order), as mlx-lm stacks only .weight.",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "out", Aliases: []string{"o", "dst"}, Usage: "destination `DIR` (created; an existing one must be empty or an earlier repack)"},
-			&cli.StringFlag{Name: "src", Usage: "source checkpoint `DIR` (compressed-tensors), instead of the SRC argument"},
+		Flags: append(mlxPathFlags("destination `DIR` (created; an existing one must be empty or an earlier repack)"),
 			&cli.BoolFlag{Name: "relative", Usage: "relative symlinks (relocatable trees)"},
 			&cli.BoolFlag{Name: "rewrite", Usage: "write MLX-named shards for packed tensors (model types mlx-lm does not rename)"},
 			&cli.BoolFlag{Name: "force", Usage: "accept a destination holding other files (left in place)"},
@@ -44,22 +43,16 @@ func mlxRepackCommand() *cli.Command {
 			followLinksFlag(),
 			jsonFlag("print the result as JSON"),
 			lockWaitFlag("the destination"),
-		},
-		Action: mlxRepack,
-		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {
-			return usageErrorf("mlx repack: %v", err)
-		},
+		),
+		Action:       mlxRepack,
+		OnUsageError: mlxUsageError,
 	}
 }
 
 func mlxRepack(c *cli.Context) error {
-	src, err := mlxSource(c, "mlx repack")
+	src, dst, err := mlxPaths(c, false)
 	if err != nil {
 		return err
-	}
-	dst := c.String("out")
-	if dst == "" {
-		return usageErrorf("mlx repack: --out DIR is required")
 	}
 	jobs, err := jobsOf(c)
 	if err != nil {
@@ -129,23 +122,52 @@ func mlxRepack(c *cli.Context) error {
 	return nil
 }
 
-// mlxSource is the SRC argument, or --src (the older form); not both.
-func mlxSource(c *cli.Context, cmd string) (string, error) {
+// Both mlx subcommands name their source and output the same way: SRC as
+// the argument or --src, the output as --out (-o, or --dst: the older
+// form).
+const (
+	mlxArgsUsage = "SRC --out DIR"
+	mlxOlderForm = "   (the older form --src SRC --dst DIR still works)"
+)
+
+// mlxPathFlags are --out (usage says what DIR is) and --src.
+func mlxPathFlags(outUsage string) []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "out", Aliases: []string{"o", "dst"}, Usage: outUsage},
+		&cli.StringFlag{Name: "src", Usage: "source checkpoint `DIR`, instead of the SRC argument"},
+	}
+}
+
+// mlxPaths is SRC (the argument or --src, not both) and the output
+// directory, required unless outOptional (a dry run).
+func mlxPaths(c *cli.Context, outOptional bool) (src, out string, err error) {
+	cmd := "mlx " + c.Command.Name
 	flag := ""
 	if c.IsSet("src") {
 		flag = c.String("src")
 	}
 	switch {
 	case c.NArg() > 1:
-		return "", usageErrorf("%s: want one SRC directory, got %q", cmd, c.Args().Slice())
+		return "", "", usageErrorf("%s: want one SRC directory, got %q", cmd, c.Args().Slice())
 	case c.NArg() == 1 && flag != "":
-		return "", usageErrorf("%s: give SRC as the argument or as --src, not both", cmd)
+		return "", "", usageErrorf("%s: give SRC as the argument or as --src, not both", cmd)
 	case c.NArg() == 1:
-		return c.Args().First(), nil
+		src = c.Args().First()
 	case flag != "":
-		return flag, nil
+		src = flag
+	default:
+		return "", "", usageErrorf("%s: SRC directory is required ('ferry %s SRC --out DIR')", cmd, cmd)
 	}
-	return "", usageErrorf("%s: SRC directory is required ('ferry %s SRC --out DIR')", cmd, cmd)
+	out = c.String("out")
+	if out == "" && !outOptional {
+		return "", "", usageErrorf("%s: --out DIR is required", cmd)
+	}
+	return src, out, nil
+}
+
+// mlxUsageError names the subcommand in a flag-parsing error (exit 2).
+func mlxUsageError(c *cli.Context, err error, _ bool) error {
+	return usageErrorf("mlx %s: %v", c.Command.Name, err)
 }
 
 func quantSummary(q map[string]any) string {

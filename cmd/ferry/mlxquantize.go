@@ -14,9 +14,10 @@ func mlxQuantizeCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "quantize",
 		Usage:     "Hugging Face checkpoint → MLX directory, as mlx_lm.convert [-q] writes it",
-		ArgsUsage: "SRC --out DIR",
+		ArgsUsage: mlxArgsUsage,
 		UsageText: "ferry mlx quantize SRC --out DIR [--bits 4] [--group-size 64] [--recipe mixed_3_6] [--module-bits REGEX=BITS]…\n" +
-			"   [--dtype bf16|f16|f32] [--keep-mtp] [-j N] [--dry-run] [--json] [--lock-wait DURATION]",
+			"   [--dtype bf16|f16|f32] [--keep-mtp] [-j N] [--dry-run] [--json] [--lock-wait DURATION]\n" +
+			mlxOlderForm,
 		Description: "Writes what mlx_lm.convert writes (mlx-lm 0.32): the family's sanitize applied (renames, stacked\n" +
 			"experts, conv1d layout, the +1 norm shift, tied lm_head dropped), every Linear and Embedding whose\n" +
 			"input dimension divides by the group size quantized affine (MLX's bytes exactly), router gates at\n" +
@@ -28,9 +29,7 @@ func mlxQuantizeCommand() *cli.Command {
 			"DIR appears complete or not at all: it is built in DIR.partial; an interrupted run (Ctrl-C,\n" +
 			"kill) resumes from there when the same command runs again.\n" +
 			"Model types: " + strings.Join(mlxpack.SupportedFamilies(), ", ") + ".",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "out", Aliases: []string{"o"}, Usage: "output `DIR` (must not exist)"},
-			&cli.StringFlag{Name: "src", Usage: "source checkpoint `DIR`, instead of the SRC argument"},
+		Flags: append(mlxPathFlags("output `DIR` (must not exist)"),
 			&cli.IntFlag{Name: "bits", Usage: "quantize affine at `N` bits (2, 3, 4, 5, 6, 8); without it, no quantization"},
 			&cli.IntFlag{Name: "group-size", Value: 64, Usage: "affine group size (32, 64, 128)"},
 			&cli.StringFlag{Name: "recipe", Usage: "mlx-lm mixed recipe: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6"},
@@ -42,22 +41,16 @@ func mlxQuantizeCommand() *cli.Command {
 			followLinksFlag(),
 			jsonFlag("print the result as JSON, one entry per tensor (module, bits, group size, bytes, quantization error)"),
 			lockWaitFlag("the output"),
-		},
-		Action: mlxQuantize,
-		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {
-			return usageErrorf("mlx quantize: %v", err)
-		},
+		),
+		Action:       mlxQuantize,
+		OnUsageError: mlxUsageError,
 	}
 }
 
 func mlxQuantize(c *cli.Context) error {
-	src, err := mlxSource(c, "mlx quantize")
+	src, out, err := mlxPaths(c, c.Bool("dry-run"))
 	if err != nil {
 		return err
-	}
-	out := c.String("out")
-	if out == "" && !c.Bool("dry-run") {
-		return usageErrorf("mlx quantize: --out DIR is required")
 	}
 	jobs, err := jobsOf(c)
 	if err != nil {

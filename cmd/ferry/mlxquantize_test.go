@@ -155,29 +155,55 @@ func TestMLXQuantizeCLIErrors(t *testing.T) {
 	}
 }
 
-// `mlx repack` takes SRC --out DIR like `mlx quantize`; the older
-// --src/--dst form still works and gives the same directory.
-func TestMLXRepackArgumentForms(t *testing.T) {
-	src := mlxWriteFixture(t, testmodel.CompressedDeepSeekV3(1))
-	dir := t.TempDir()
-	forms := map[string][]string{
-		"positional": {"mlx", "repack", src, "--out", filepath.Join(dir, "a")},
-		"old flags":  {"mlx", "repack", "--src", src, "--dst", filepath.Join(dir, "b")},
-		"mixed":      {"mlx", "repack", "--src", src, "--out", filepath.Join(dir, "c")},
+// `mlx repack` and `mlx quantize` take their arguments the same way:
+// SRC --out DIR; the older --src/--dst form (and a mix) still works and
+// gives the same directory; SRC twice is a usage error.
+func TestMLXArgumentForms(t *testing.T) {
+	qsrc := filepath.Join(t.TempDir(), "qwen3")
+	if _, err := (testmodel.Qwen3Options{}).Write(qsrc); err != nil {
+		t.Fatal(err)
 	}
-	for name, args := range forms {
-		if out, code, err := runFerry(t, args...); code != exitOK {
-			t.Fatalf("%s: exit %d: %v\n%s", name, code, err, out)
-		}
-	}
-	for _, d := range []string{"b", "c"} {
-		a, _ := os.ReadFile(filepath.Join(dir, "a", "config.json"))
-		b, _ := os.ReadFile(filepath.Join(dir, d, "config.json"))
-		if string(a) != string(b) || len(a) == 0 {
-			t.Errorf("%s: config.json differs between argument forms", d)
-		}
-	}
-	if _, code, _ := runFerry(t, "mlx", "repack", src, "--src", src, "--out", filepath.Join(dir, "d")); code != exitBadInput {
-		t.Errorf("SRC and --src both: exit %d, want %d", code, exitBadInput)
+	for _, tc := range []struct {
+		cmd, src string
+		extra    []string
+	}{
+		{"repack", mlxWriteFixture(t, testmodel.CompressedDeepSeekV3(1)), nil},
+		{"quantize", qsrc, []string{"--bits", "4"}},
+	} {
+		t.Run(tc.cmd, func(t *testing.T) {
+			dir := t.TempDir()
+			forms := []struct {
+				name string
+				args []string
+			}{
+				{"positional", []string{tc.src, "--out", filepath.Join(dir, "a")}},
+				{"old flags", []string{"--src", tc.src, "--dst", filepath.Join(dir, "b")}},
+				{"mixed", []string{"--src", tc.src, "--out", filepath.Join(dir, "c")}},
+				{"short", []string{tc.src, "-o", filepath.Join(dir, "d")}},
+			}
+			for _, f := range forms {
+				args := append(append([]string{"mlx", tc.cmd}, f.args...), tc.extra...)
+				if out, code, err := runFerry(t, args...); code != exitOK {
+					t.Fatalf("%s: exit %d: %v\n%s", f.name, code, err, out)
+				}
+			}
+			a, err := os.ReadFile(filepath.Join(dir, "a", "config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range []string{"b", "c", "d"} {
+				if b, _ := os.ReadFile(filepath.Join(dir, d, "config.json")); string(a) != string(b) {
+					t.Errorf("%s: config.json differs between argument forms", d)
+				}
+			}
+			args := append([]string{"mlx", tc.cmd, tc.src, "--src", tc.src, "--out", filepath.Join(dir, "e")}, tc.extra...)
+			if _, code, err := runFerry(t, args...); code != exitBadInput || err == nil || !strings.Contains(err.Error(), "mlx "+tc.cmd+": ") {
+				t.Errorf("SRC and --src both: exit %d (%v), want %d naming mlx %s", code, err, exitBadInput, tc.cmd)
+			}
+			args = append([]string{"mlx", tc.cmd, tc.src, "--out", filepath.Join(dir, "f"), "--no-such-flag"}, tc.extra...)
+			if _, code, err := runFerry(t, args...); code != exitBadInput || err == nil || !strings.Contains(err.Error(), "mlx "+tc.cmd+": ") {
+				t.Errorf("unknown flag: exit %d (%v), want %d naming mlx %s", code, err, exitBadInput, tc.cmd)
+			}
+		})
 	}
 }
