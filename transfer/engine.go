@@ -589,6 +589,12 @@ func (h *host) prepare(ctx context.Context, f *File) (skip bool, err error) {
 		if err := h.roomFor(c, f, st); err != nil {
 			return err
 		}
+		// Journaled before the partial is touched: its line drops the
+		// chunk lines of any earlier partial, so a kill from here on
+		// leaves no chunk line that the new (zeroed) partial contradicts.
+		if err := h.journal(jEntry{kind: jPartial, rel: f.Rel, size: f.Size}); err != nil {
+			return err
+		}
 		pf, err := c.sftp.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_TRUNC)
 		if err != nil {
 			return fmt.Errorf("creating %s: %w", part, err)
@@ -603,8 +609,13 @@ func (h *host) prepare(ctx context.Context, f *File) (skip bool, err error) {
 		if err != nil {
 			return fmt.Errorf("creating %s: %w", part, err)
 		}
+		if hookPartialCreated != nil {
+			if err := hookPartialCreated(f.Rel); err != nil {
+				return err
+			}
+		}
 		st.partial = f.Size
-		return h.journal(jEntry{kind: jPartial, rel: f.Rel, size: f.Size})
+		return nil
 	})
 	if err != nil {
 		return false, err
@@ -624,6 +635,11 @@ func (h *host) prepare(ctx context.Context, f *File) (skip bool, err error) {
 	}
 	return false, nil
 }
+
+// hookPartialCreated, set only by tests, runs right after prepare has
+// created a partial: an error from it ends the run there, as a kill at
+// that point would.
+var hookPartialCreated func(rel string) error
 
 // roomFor refuses a file the remote file system has no room for, before a
 // byte is sent (statvfs@openssh.com; servers without it are not asked).

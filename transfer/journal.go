@@ -17,13 +17,15 @@ import (
 // digest of the plan (chunk size, every file's path, size and digest), so
 // a changed source starts it over. Its lines:
 //
-//	{"unit":"p:REL","size":N}                     REL.partial created with N bytes (-1: dropped)
+//	{"unit":"p:REL","size":N}                     REL.partial (re)created with N bytes (-1: dropped)
 //	{"unit":"c:REL#I","end":E,"commit":"sha256:…"} chunk I (ending at E) written and fsynced there
 //	{"unit":"f:REL","commit":"sha256:…"}           REL verified and renamed into place
 //
 // A chunk line is appended only after the remote server acknowledged
 // every write of the chunk and its fsync@openssh.com; a new partial line
-// drops the chunk lines before it. The digest of each chunk is what the
+// drops the chunk lines before it, and is appended before the partial is
+// created or truncated (a partial line whose file is missing or of
+// another size only makes the next run create it again). The digest of each chunk is what the
 // final check compares read-back chunks with, so a file that fails
 // verification gets only its bad chunks again.
 const (
