@@ -107,6 +107,12 @@ func ExtraHostKey(k crypto.Signer) Option {
 // Addr is "127.0.0.1:Port".
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)) }
 
+// Pid is the process id of the listening sshd. The sessions it serves
+// run in its descendants, whose CPU time adds to its children's
+// (/proc/PID/stat cutime and cstime) once they have ended and been reaped:
+// what a benchmark counts as the server's CPU.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 // Log is what sshd has written to its stderr so far (-e: its log).
 func (s *Server) Log() string { return s.log.String() }
 
