@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,8 +52,8 @@ func planOutputs(s *Source, types []string, dir string) ([]Output, error) {
 // A three-output run SIGKILLed at 6 random moments, and run again after
 // each, ends with every output byte-identical to an uninterrupted run's;
 // no kill leaves a file under an output's name that is not that whole
-// file, and some kill must leave journals the next run resumes from (if no
-// random moment did, one more kill right after the first durable tensor).
+// file, and some kill must leave journals the next run resumes from (see
+// killAtRandom).
 func TestKillMultiAtRandomPoints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills a three-type quantization 6 times; not in -short")
@@ -107,18 +106,7 @@ func TestKillMultiAtRandomPoints(t *testing.T) {
 		}
 		return false
 	}
-	// killAfter starts a run, waits until ready says so, kills it, checks
-	// what it left and says whether it left journals to resume from.
-	killAfter := func(kill int, ready func() bool) bool {
-		cmd := child(out)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		for !ready() {
-			time.Sleep(2 * time.Millisecond)
-		}
-		cmd.Process.Signal(syscall.SIGKILL)
-		cmd.Wait()
+	killAtRandom(t, 6, full, rng, func() *exec.Cmd { return child(out) }, func(kill int) bool {
 		finished := 0
 		for _, n := range names {
 			b, err := os.ReadFile(filepath.Join(out, n))
@@ -130,34 +118,16 @@ func TestKillMultiAtRandomPoints(t *testing.T) {
 			}
 			finished++
 		}
-		if finished == len(names) {
-			// Finished before the kill: start the next one from nothing.
-			ents, _ := os.ReadDir(out)
-			for _, e := range ents {
-				os.Remove(filepath.Join(out, e.Name()))
-			}
+		if finished < len(names) {
 			return false
 		}
-		return durable()
-	}
-	resumable := 0
-	for kill := range 6 {
-		at := time.Now().Add(time.Duration(rng.Int64N(int64(full))))
-		if killAfter(kill, func() bool { return !time.Now().Before(at) }) {
-			resumable++
+		// Finished before the kill: start the next one from nothing.
+		ents, _ := os.ReadDir(out)
+		for _, e := range ents {
+			os.Remove(filepath.Join(out, e.Name()))
 		}
-	}
-	t.Logf("%d of 6 kills at random moments left durable tensors for the next run to keep", resumable)
-	if resumable == 0 {
-		// On a loaded machine the child can be slower than the timed
-		// run and every random moment can come before its first durable
-		// tensor: kill once more as soon as a journal holds one.
-		deadline := time.Now().Add(2 * time.Minute)
-		if !killAfter(6, func() bool { return durable() || time.Now().After(deadline) }) {
-			t.Error("no kill left a journal with durable tensors: the test never exercised a resume")
-		}
-		t.Log("a 7th kill, after the first durable tensor, left journals to resume from")
-	}
+		return true
+	}, durable)
 	if b, err := child(out).CombinedOutput(); err != nil {
 		t.Fatalf("last run: %v: %s", err, b)
 	}
