@@ -40,30 +40,25 @@ func newMLXRepack(p *Params) (Stage, error) {
 
 func (s *mlxRepackStage) Params() any { return s }
 
+// plan makes the repack plan of the input; Close it.
+func (s *mlxRepackStage) plan(env *Env) (*Input, *mlxpack.Plan, error) {
+	return mlxPlan(env, "mlx_repack", s.From, func(src string) (*mlxpack.Plan, error) {
+		return mlxpack.PlanRepack(src, mlxpack.Options{Rewrite: s.Rewrite, Relative: true, Jobs: env.Jobs})
+	})
+}
+
 func (s *mlxRepackStage) Run(ctx context.Context, env *Env) (*Result, error) {
-	in := env.Input(s.From)
-	if in == nil {
-		return nil, fmt.Errorf("mlx_repack: input %q not given", s.From)
-	}
-	src, err := filepath.Abs(in.Dir)
-	if err != nil {
-		return nil, err
-	}
-	byPath := map[string]manifest.Output{}
-	for _, o := range in.Outputs {
-		byPath[o.Path] = o
-	}
-	plan, err := mlxpack.PlanRepack(src, mlxpack.Options{Rewrite: s.Rewrite, Relative: true, Jobs: env.Jobs})
+	in, plan, err := s.plan(env)
 	if err != nil {
 		return nil, err
 	}
 	defer plan.Close()
-	work, err := env.WorkDir()
-	if err != nil {
-		return nil, err
+	byPath := map[string]manifest.Output{}
+	for _, o := range in.Outputs {
+		byPath[o.Path] = o
 	}
-	dst := filepath.Join(work, "mlx")
-	if err := os.RemoveAll(dst); err != nil { // a repack is cheap: start clean
+	dst, err := mlxOut(env) // a repack is cheap: it starts clean
+	if err != nil {
 		return nil, err
 	}
 	res, err := mlxpack.Repack(ctx, plan, dst)
@@ -72,9 +67,8 @@ func (s *mlxRepackStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	out := &Result{}
 	for _, e := range plan.Entries {
-		p := filepath.Join(dst, filepath.FromSlash(e.Name))
-		if e.Kind == "link" {
-			rel, err := filepath.Rel(src, e.Source)
+		if e.Kind == mlxpack.EntryLink {
+			rel, err := filepath.Rel(plan.Src, e.Source)
 			if err != nil {
 				return nil, err
 			}
@@ -85,11 +79,11 @@ func (s *mlxRepackStage) Run(ctx context.Context, env *Env) (*Result, error) {
 			out.Outputs = append(out.Outputs, manifest.Output{Path: filepath.ToSlash(e.Name), Digest: o.Digest, Size: o.Size})
 			continue
 		}
-		d, n, err := env.Store.Adopt(p)
+		o, err := adoptOutput(env, dst, e.Name)
 		if err != nil {
 			return nil, err
 		}
-		out.Outputs = append(out.Outputs, manifest.Output{Path: filepath.ToSlash(e.Name), Digest: d, Size: n})
+		out.Outputs = append(out.Outputs, o)
 	}
 	env.Log.Debug("mlx repack", "mode", res.Mode, "packed_modules", res.PackedModules)
 	return out, nil
@@ -99,14 +93,54 @@ func (s *mlxRepackStage) Run(ctx context.Context, env *Env) (*Result, error) {
 // tensor data): a checkpoint that is not compressed-tensors pack-quantized
 // is refused here, before any stage of the run starts.
 func (s *mlxRepackStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
-	in := env.Input(s.From)
-	if in == nil {
-		return nil, fmt.Errorf("mlx_repack: input %q not given", s.From)
-	}
-	plan, err := mlxpack.PlanRepack(in.Dir, mlxpack.Options{Rewrite: s.Rewrite, Relative: true, Jobs: env.Jobs})
+	_, plan, err := s.plan(env)
 	if err != nil {
 		return nil, err
 	}
 	defer plan.Close()
 	return &StagePlan{Summary: fmt.Sprintf("%d entries", len(plan.Entries)), Memory: 64 << 20}, nil
+}
+
+// The two mlx stages start and end alike: the input directory, then the
+// output directory work/mlx, written whole and adopted into the store.
+
+// mlxPlan plans an mlx stage (kind, in messages) from the absolute
+// directory of its input from stage from.
+func mlxPlan[P any](env *Env, kind, from string, plan func(src string) (P, error)) (*Input, P, error) {
+	var none P
+	in := env.Input(from)
+	if in == nil {
+		return nil, none, fmt.Errorf("%s: input %q not given", kind, from)
+	}
+	src, err := filepath.Abs(in.Dir)
+	if err != nil {
+		return nil, none, err
+	}
+	p, err := plan(src)
+	if err != nil {
+		return nil, none, err
+	}
+	return in, p, nil
+}
+
+// mlxOut is the directory an mlx stage writes: work/mlx, removed if a run
+// killed before its record was made left it whole (it is written again;
+// a conversion resumes from its own partial directory beside it).
+func mlxOut(env *Env) (string, error) {
+	work, err := env.WorkDir()
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(work, "mlx")
+	return dst, os.RemoveAll(dst)
+}
+
+// adoptOutput hashes the file name (slash-separated) of dir into the
+// store: the stage's output of that name.
+func adoptOutput(env *Env, dir, name string) (manifest.Output, error) {
+	d, n, err := env.Store.Adopt(filepath.Join(dir, filepath.FromSlash(name)))
+	if err != nil {
+		return manifest.Output{}, err
+	}
+	return manifest.Output{Path: filepath.ToSlash(name), Digest: d, Size: n}, nil
 }

@@ -3,10 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 
-	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/mlxpack"
 )
 
@@ -89,32 +86,22 @@ func newMLXQuantize(p *Params) (Stage, error) {
 
 func (s *mlxQuantizeStage) Params() any { return s }
 
-func (s *mlxQuantizeStage) options() mlxpack.QuantizeOptions {
-	return mlxpack.QuantizeOptions{Bits: s.Bits, GroupSize: s.GroupSize, Recipe: s.Recipe, ModuleBits: s.moduleBits, DType: s.DType, KeepMTP: s.KeepMTP}
+// plan makes the conversion plan of the input; Close it.
+func (s *mlxQuantizeStage) plan(env *Env) (*mlxpack.QuantizePlan, error) {
+	_, plan, err := mlxPlan(env, "mlx_quantize", s.From, func(src string) (*mlxpack.QuantizePlan, error) {
+		return mlxpack.PlanQuantize(src, mlxpack.QuantizeOptions{Bits: s.Bits, GroupSize: s.GroupSize, Recipe: s.Recipe, ModuleBits: s.moduleBits, DType: s.DType, KeepMTP: s.KeepMTP})
+	})
+	return plan, err
 }
 
 func (s *mlxQuantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
-	in := env.Input(s.From)
-	if in == nil {
-		return nil, fmt.Errorf("mlx_quantize: input %q not given", s.From)
-	}
-	src, err := filepath.Abs(in.Dir)
-	if err != nil {
-		return nil, err
-	}
-	plan, err := mlxpack.PlanQuantize(src, s.options())
+	plan, err := s.plan(env)
 	if err != nil {
 		return nil, err
 	}
 	defer plan.Close()
-	work, err := env.WorkDir()
+	dst, err := mlxOut(env) // mlx.partial, if any, is what resumes
 	if err != nil {
-		return nil, err
-	}
-	dst := filepath.Join(work, "mlx")
-	// A whole directory from a run killed before its record was made:
-	// written again (mlx.partial, if any, is what resumes).
-	if err := os.RemoveAll(dst); err != nil {
 		return nil, err
 	}
 	env.Progress.SetTotal(plan.SourceBytes())
@@ -124,11 +111,11 @@ func (s *mlxQuantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	out := &Result{}
 	for _, name := range res.Files {
-		d, n, err := env.Store.Adopt(filepath.Join(dst, name))
+		o, err := adoptOutput(env, dst, name)
 		if err != nil {
 			return nil, err
 		}
-		out.Outputs = append(out.Outputs, manifest.Output{Path: name, Digest: d, Size: n})
+		out.Outputs = append(out.Outputs, o)
 	}
 	if res.MTPDropped > 0 {
 		env.Log.Info("mlx_quantize: MTP head dropped as mlx-lm does (recorded in config.json); keep_mtp: true keeps it", "tensors", res.MTPDropped)
@@ -140,11 +127,7 @@ func (s *mlxQuantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 // tensor data): an unsupported model type or a setting MLX cannot express
 // is refused here, before any stage of the run starts.
 func (s *mlxQuantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
-	in := env.Input(s.From)
-	if in == nil {
-		return nil, fmt.Errorf("mlx_quantize: input %q not given", s.From)
-	}
-	plan, err := mlxpack.PlanQuantize(in.Dir, s.options())
+	plan, err := s.plan(env)
 	if err != nil {
 		return nil, err
 	}
