@@ -70,11 +70,17 @@ func benchCheckpointOf(b *testing.B, moe bool) (string, int64) {
 // with the shard (about the 1 MiB chunk buffers, for a 50 MiB shard).
 func BenchmarkRewrite(b *testing.B) {
 	src, size := benchCheckpoint(b)
+	benchRepack(b, src, size, Options{Rewrite: true})
+}
+
+// benchRepack times plan + repack of src into a new directory; size, if
+// not 0, is the bytes per operation.
+func benchRepack(b *testing.B, src string, size int64, opts Options) {
 	b.SetBytes(size)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		plan, err := PlanRepack(src, Options{Rewrite: true})
+		plan, err := PlanRepack(src, opts)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -90,19 +96,7 @@ func BenchmarkRewrite(b *testing.B) {
 // expert, so B/op stays at the chunk buffers, not a 16 MiB stack.
 func BenchmarkRewriteStacked(b *testing.B) {
 	src, size := benchCheckpointOf(b, true)
-	b.SetBytes(size)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		plan, err := PlanRepack(src, Options{Rewrite: true})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := Repack(context.Background(), plan, filepath.Join(b.TempDir(), "mlx")); err != nil {
-			b.Fatal(err)
-		}
-		plan.Close()
-	}
+	benchRepack(b, src, size, Options{Rewrite: true})
 }
 
 // BenchmarkRewriteAnchor is the anchor for BenchmarkRewrite: a plain copy
@@ -139,16 +133,5 @@ func BenchmarkRepackLink(b *testing.B) {
 	if err := testmodel.CompressedDeepSeekV3(1).Write(dir); err != nil {
 		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		plan, err := PlanRepack(dir, Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := Repack(context.Background(), plan, filepath.Join(b.TempDir(), "mlx")); err != nil {
-			b.Fatal(err)
-		}
-		plan.Close()
-	}
+	benchRepack(b, dir, 0, Options{})
 }

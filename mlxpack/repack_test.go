@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -317,86 +318,127 @@ func TestRewriteDequantizesExactly(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkConfig(t, src, dst, tc.want)
-			sc, err := safetensors.OpenDir(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sc.Close()
-			dc, err := safetensors.OpenDirOptions(dst, safetensors.DirOptions{FollowExternalLinks: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dc.Close()
-
 			// Rewritten shards are files; the rest are links.
-			rewritten := map[string]bool{safetensors.IndexName: true}
-			for _, e := range res.Entries {
-				if e.Kind == "shard" {
-					rewritten[e.Name] = true
-				}
-			}
-			checkLinks(t, src, dst, false, rewritten)
-
-			packed := 0
-			for _, l := range sc.Tensors() {
-				name := l.Info.Name
-				mod, ok := strings.CutSuffix(name, ".weight_packed")
-				if !ok {
-					if strings.HasSuffix(name, ".weight_scale") || strings.HasSuffix(name, ".weight_shape") {
-						if _, ok := dc.Lookup(name); ok {
-							t.Errorf("%s survived the rewrite", name)
-						}
-						continue
-					}
-					// Every other tensor is carried byte for byte.
-					si, sb := readTensor(t, sc, name)
-					di, db := readTensor(t, dc, name)
-					if si.DType != di.DType || !equalShape(si.Shape, di.Shape) || string(sb) != string(db) {
-						t.Errorf("%s changed", name)
-					}
-					continue
-				}
-				packed++
-				_, pb := readTensor(t, sc, name)
-				ssi, sb := readTensor(t, sc, mod+".weight_scale")
-				_, shb := readTensor(t, sc, mod+".weight_shape")
-				out, in := int64(binary.LittleEndian.Uint64(shb)), int64(binary.LittleEndian.Uint64(shb[8:]))
-				wi, wb := readTensor(t, dc, mod+".weight")
-				_, scb := readTensor(t, dc, mod+".scales")
-				bi, bb := readTensor(t, dc, mod+".biases")
-				if wi.DType != tensor.U32 || bi.DType != ssi.DType {
-					t.Errorf("%s: weight %s, biases %s", mod, wi.DType, bi.DType)
-				}
-				bits := int(wi.Shape[len(wi.Shape)-1] * 32 / in)
-				group := int(in / ssi.Shape[len(ssi.Shape)-1])
-				want, err := testmodel.CompressedDequantize(pb, sb, ssi.DType, out, in, bits, group)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := mlxDequantize(t, wb, scb, bb, ssi.DType, out, in, bits, group)
-				for i := range want {
-					if want[i] != got[i] {
-						t.Fatalf("%s element %d: MLX %g, compressed-tensors %g", mod, i, got[i], want[i])
-					}
-				}
-			}
-			if packed != res.PackedModules || packed == 0 {
+			checkLinks(t, src, dst, false, rewrittenFiles(res))
+			sc, dc := openBoth(t, src, dst)
+			if packed, _ := checkRewritten(t, sc, dc, false); packed != res.PackedModules || packed == 0 {
 				t.Errorf("checked %d packed modules, plan had %d", packed, res.PackedModules)
 			}
-
-			// Re-run: no-op.
-			before := snapshot(t, dst)
-			res, err = repack(t, src, dst, Options{Rewrite: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Changed {
-				t.Errorf("re-run changed %+v", res.Entries)
-			}
-			if after := snapshot(t, dst); !reflect.DeepEqual(before, after) {
-				t.Error("re-run touched the destination")
-			}
+			checkRerunNoop(t, src, dst)
 		})
+	}
+}
+
+// rewrittenFiles are the entries a --rewrite wrote as files: its shards
+// and the index.
+func rewrittenFiles(res *Result) map[string]bool {
+	files := map[string]bool{safetensors.IndexName: true}
+	for _, e := range res.Entries {
+		if e.Kind == EntryShard {
+			files[e.Name] = true
+		}
+	}
+	return files
+}
+
+// openBoth opens the source checkpoint and the repacked one (through its
+// links), closed when the test ends.
+func openBoth(t *testing.T, src, dst string) (sc, dc *safetensors.Checkpoint) {
+	t.Helper()
+	sc, err := safetensors.OpenDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	dc, err = safetensors.OpenDirOptions(dst, safetensors.DirOptions{FollowExternalLinks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dc.Close() })
+	return sc, dc
+}
+
+// checkRewritten checks a --rewrite module by module: every packed
+// module's weight, scales and biases dequantize to exactly what
+// compressed-tensors' do (with stacked, an expert is read from its part of
+// the switch_mlp stack [E, ...]); every other tensor is carried byte for
+// byte; no weight_scale or weight_shape survives. It returns the packed
+// modules checked and the experts among them.
+func checkRewritten(t *testing.T, sc, dc *safetensors.Checkpoint, stacked bool) (packed, experts int) {
+	t.Helper()
+	for _, l := range sc.Tensors() {
+		name := l.Info.Name
+		mod, ok := strings.CutSuffix(name, ".weight_packed")
+		if !ok {
+			if strings.HasSuffix(name, ".weight_scale") || strings.HasSuffix(name, ".weight_shape") {
+				if _, ok := dc.Lookup(name); ok {
+					t.Errorf("%s survived the rewrite", name)
+				}
+				continue
+			}
+			si, sb := readTensor(t, sc, name)
+			di, db := readTensor(t, dc, name)
+			if si.DType != di.DType || !equalShape(si.Shape, di.Shape) || string(sb) != string(db) {
+				t.Errorf("%s changed", name)
+			}
+			continue
+		}
+		packed++
+		_, pb := readTensor(t, sc, name)
+		ssi, sb := readTensor(t, sc, mod+".weight_scale")
+		_, shb := readTensor(t, sc, mod+".weight_shape")
+		out, in := int64(binary.LittleEndian.Uint64(shb)), int64(binary.LittleEndian.Uint64(shb[8:]))
+		dmod, e := mod, -1
+		if m := testExpertRE.FindStringSubmatch(mod); m != nil && stacked {
+			dmod = m[1] + ".switch_mlp." + m[3]
+			e, _ = strconv.Atoi(m[2])
+			experts++
+		}
+		wi, wb := readTensor(t, dc, dmod+".weight")
+		sci, scb := readTensor(t, dc, dmod+".scales")
+		bi, bb := readTensor(t, dc, dmod+".biases")
+		if wi.DType != tensor.U32 || bi.DType != ssi.DType || sci.DType != ssi.DType {
+			t.Errorf("%s: weight %s, scales %s, biases %s", dmod, wi.DType, sci.DType, bi.DType)
+		}
+		if e >= 0 {
+			// Stacked [4, out, ·]: take expert e's slice.
+			if len(wi.Shape) != 3 || wi.Shape[0] != 4 || !equalShape(sci.Shape, bi.Shape) || len(sci.Shape) != 3 || sci.Shape[0] != 4 {
+				t.Fatalf("%s: weight %v, scales %v, biases %v", dmod, wi.Shape, sci.Shape, bi.Shape)
+			}
+			wb = slice(wb, 4, e)
+			scb = slice(scb, 4, e)
+			bb = slice(bb, 4, e)
+		}
+		bits := int(wi.Shape[len(wi.Shape)-1] * 32 / in)
+		group := int(in / ssi.Shape[len(ssi.Shape)-1])
+		want, err := testmodel.CompressedDequantize(pb, sb, ssi.DType, out, in, bits, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := mlxDequantize(t, wb, scb, bb, ssi.DType, out, in, bits, group)
+		for i := range want {
+			if want[i] != got[i] {
+				t.Fatalf("%s (expert %d) element %d: MLX %g, compressed-tensors %g", dmod, e, i, got[i], want[i])
+			}
+		}
+	}
+	return packed, experts
+}
+
+// checkRerunNoop: the same --rewrite again changes nothing and touches
+// nothing.
+func checkRerunNoop(t *testing.T, src, dst string) {
+	t.Helper()
+	before := snapshot(t, dst)
+	res, err := repack(t, src, dst, Options{Rewrite: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Changed {
+		t.Errorf("re-run changed %+v", res.Entries)
+	}
+	if after := snapshot(t, dst); !reflect.DeepEqual(before, after) {
+		t.Error("re-run touched the destination")
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -78,27 +77,12 @@ func TestRewriteStacksExperts(t *testing.T) {
 			checkConfig(t, src, dst, tc.want)
 
 			// Shard 1 of 4 holds only the embeddings: still a link.
-			rewritten := map[string]bool{safetensors.IndexName: true}
-			for _, e := range res.Entries {
-				if e.Kind == "shard" {
-					rewritten[e.Name] = true
-				}
-			}
+			rewritten := rewrittenFiles(res)
 			if first := safetensors.ShardName(1, 4); rewritten[first] || len(rewritten) != 4 {
 				t.Errorf("rewritten %v; want shards 2–4 and the index", rewritten)
 			}
 			checkLinks(t, src, dst, false, rewritten)
-
-			sc, err := safetensors.OpenDir(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sc.Close()
-			dc, err := safetensors.OpenDirOptions(dst, safetensors.DirOptions{FollowExternalLinks: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dc.Close()
+			sc, dc := openBoth(t, src, dst)
 
 			// The index names every tensor of the destination shards, in
 			// the shard that holds it, and nothing else.
@@ -129,77 +113,11 @@ func TestRewriteStacksExperts(t *testing.T) {
 				}
 			}
 
-			experts := 0
-			packed := 0
-			for _, l := range sc.Tensors() {
-				name := l.Info.Name
-				mod, ok := strings.CutSuffix(name, ".weight_packed")
-				if !ok {
-					if strings.HasSuffix(name, ".weight_scale") || strings.HasSuffix(name, ".weight_shape") {
-						continue
-					}
-					si, sb := readTensor(t, sc, name)
-					di, db := readTensor(t, dc, name)
-					if si.DType != di.DType || !equalShape(si.Shape, di.Shape) || string(sb) != string(db) {
-						t.Errorf("%s changed", name)
-					}
-					continue
-				}
-				packed++
-				_, pb := readTensor(t, sc, name)
-				ssi, sb := readTensor(t, sc, mod+".weight_scale")
-				_, shb := readTensor(t, sc, mod+".weight_shape")
-				out, in := int64(binary.LittleEndian.Uint64(shb)), int64(binary.LittleEndian.Uint64(shb[8:]))
-				dmod, e := mod, -1
-				if m := testExpertRE.FindStringSubmatch(mod); m != nil {
-					dmod = m[1] + ".switch_mlp." + m[3]
-					e, _ = strconv.Atoi(m[2])
-					experts++
-				}
-				wi, wb := readTensor(t, dc, dmod+".weight")
-				sci, scb := readTensor(t, dc, dmod+".scales")
-				bi, bb := readTensor(t, dc, dmod+".biases")
-				if wi.DType != tensor.U32 || bi.DType != ssi.DType || sci.DType != ssi.DType {
-					t.Errorf("%s: weight %s, scales %s, biases %s", dmod, wi.DType, sci.DType, bi.DType)
-				}
-				if e >= 0 {
-					// Stacked [4, out, ·]: take expert e's slice.
-					if len(wi.Shape) != 3 || wi.Shape[0] != 4 || !equalShape(sci.Shape, bi.Shape) || len(sci.Shape) != 3 || sci.Shape[0] != 4 {
-						t.Fatalf("%s: weight %v, scales %v, biases %v", dmod, wi.Shape, sci.Shape, bi.Shape)
-					}
-					wb = slice(wb, 4, e)
-					scb = slice(scb, 4, e)
-					bb = slice(bb, 4, e)
-				}
-				bits := int(wi.Shape[len(wi.Shape)-1] * 32 / in)
-				group := int(in / ssi.Shape[len(ssi.Shape)-1])
-				want, err := testmodel.CompressedDequantize(pb, sb, ssi.DType, out, in, bits, group)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := mlxDequantize(t, wb, scb, bb, ssi.DType, out, in, bits, group)
-				for i := range want {
-					if want[i] != got[i] {
-						t.Fatalf("%s (expert %d) element %d: MLX %g, compressed-tensors %g", dmod, e, i, got[i], want[i])
-					}
-				}
-			}
+			packed, experts := checkRewritten(t, sc, dc, true)
 			if packed != res.PackedModules || experts != 2*4*3 {
 				t.Errorf("checked %d packed modules (%d experts), plan had %d", packed, experts, res.PackedModules)
 			}
-
-			// Re-run: no-op.
-			before := snapshot(t, dst)
-			res, err = repack(t, src, dst, Options{Rewrite: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Changed {
-				t.Errorf("re-run changed %+v", res.Entries)
-			}
-			if after := snapshot(t, dst); !reflect.DeepEqual(before, after) {
-				t.Error("re-run touched the destination")
-			}
+			checkRerunNoop(t, src, dst)
 		})
 	}
 }
