@@ -36,6 +36,12 @@ func jsonFlag(usage string) cli.Flag {
 	return &cli.BoolFlag{Name: "json", Usage: usage}
 }
 
+// dryRunFlag is --dry-run: plan, print, write nothing; usage says what is
+// printed.
+func dryRunFlag(usage string) cli.Flag {
+	return &cli.BoolFlag{Name: "dry-run", Usage: usage}
+}
+
 // followLinksFlag is the one switch of ferry's symlink policy on every
 // command that reads a model directory (internal/fsutil): without it a file
 // that is a symlink resolving outside the directory is bad input.

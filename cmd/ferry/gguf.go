@@ -47,7 +47,7 @@ func ggufConvertCommand() *cli.Command {
 			&cli.StringFlag{Name: "pre", Usage: "tokenizer.ggml.pre `NAME` (default: named from tokenizer.json's pre-tokenizer — qwen2, qwen35, llama-bpe or gpt-2 — or, with a warning, the family's: qwen2 for Qwen2/3 and Qwen3-Next, qwen35 for Qwen3.5/3.6, llama-bpe for Llama)"},
 			&cli.StringFlag{Name: "model-name", Usage: "general.name (default from the directory name)"},
 			jobsFlag("tensor workers"),
-			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the checkpoint and print the plan, write nothing"},
+			dryRunFlag("plan only: check the checkpoint and print the plan, write nothing"),
 			followLinksFlag(),
 			jsonFlag("print the result (or the plan with --dry-run) as JSON"),
 			lockWaitFlag("the output"),

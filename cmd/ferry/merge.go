@@ -27,7 +27,7 @@ func mergeCommand() *cli.Command {
 			&cli.StringFlag{Name: "out", Usage: "output directory (created; an interrupted run's directory is resumed)"},
 			&cli.StringFlag{Name: "dtype", Usage: "dtype of the merged tensors: bf16, f16 or f32 (default: the base tensor's)"},
 			jobsFlag("row-block workers (output bytes do not depend on it)"),
-			&cli.BoolFlag{Name: "dry-run", Usage: "print the plan and write nothing"},
+			dryRunFlag("print the plan and write nothing"),
 			&cli.BoolFlag{Name: "allow-unused", Usage: "merge even if some adapter tensors would be ignored"},
 			&cli.BoolFlag{Name: "allow-nonfinite", Usage: "merge even where the adapter brings NaN or Inf (by default refused, as PEFT's safe_merge does)"},
 			followLinksFlag(),

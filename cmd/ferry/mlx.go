@@ -50,11 +50,7 @@ func mlxRepackCommand() *cli.Command {
 }
 
 func mlxRepack(c *cli.Context) error {
-	src, dst, err := mlxPaths(c, false)
-	if err != nil {
-		return err
-	}
-	jobs, err := jobsOf(c)
+	src, dst, jobs, err := mlxArgs(c, false)
 	if err != nil {
 		return err
 	}
@@ -70,17 +66,12 @@ func mlxRepack(c *cli.Context) error {
 		return err
 	}
 	defer plan.Close()
-	release, err := claimOutput(c, dst, true, src)
-	if err != nil {
+	var res *mlxpack.Result
+	err = mlxWrite(c, src, dst, "repacking", plan.RewriteBytes(), func(progress func(int64)) (err error) {
+		plan.Opts.Progress = progress
+		res, err = mlxpack.Repack(c.Context, plan, dst)
 		return err
-	}
-	defer release()
-	pg := newProgress(c, false)
-	bar := pg.New("repacking", plan.RewriteBytes(), "task", "mlx repack")
-	plan.Opts.Progress = bar.Add
-	res, err := mlxpack.Repack(c.Context, plan, dst)
-	bar.Close()
-	pg.Close()
+	})
 	if err != nil {
 		return err
 	}
@@ -138,9 +129,9 @@ func mlxPathFlags(outUsage string) []cli.Flag {
 	}
 }
 
-// mlxPaths is SRC (the argument or --src, not both) and the output
-// directory, required unless outOptional (a dry run).
-func mlxPaths(c *cli.Context, outOptional bool) (src, out string, err error) {
+// mlxArgs are SRC (the argument or --src, not both), the output
+// directory (required unless outOptional: a dry run) and --jobs.
+func mlxArgs(c *cli.Context, outOptional bool) (src, out string, jobs int, err error) {
 	cmd := "mlx " + c.Command.Name
 	flag := ""
 	if c.IsSet("src") {
@@ -148,21 +139,38 @@ func mlxPaths(c *cli.Context, outOptional bool) (src, out string, err error) {
 	}
 	switch {
 	case c.NArg() > 1:
-		return "", "", usageErrorf("%s: want one SRC directory, got %q", cmd, c.Args().Slice())
+		return "", "", 0, usageErrorf("%s: want one SRC directory, got %q", cmd, c.Args().Slice())
 	case c.NArg() == 1 && flag != "":
-		return "", "", usageErrorf("%s: give SRC as the argument or as --src, not both", cmd)
+		return "", "", 0, usageErrorf("%s: give SRC as the argument or as --src, not both", cmd)
 	case c.NArg() == 1:
 		src = c.Args().First()
 	case flag != "":
 		src = flag
 	default:
-		return "", "", usageErrorf("%s: SRC directory is required ('ferry %s SRC --out DIR')", cmd, cmd)
+		return "", "", 0, usageErrorf("%s: SRC directory is required ('ferry %s SRC --out DIR')", cmd, cmd)
 	}
 	out = c.String("out")
 	if out == "" && !outOptional {
-		return "", "", usageErrorf("%s: --out DIR is required", cmd)
+		return "", "", 0, usageErrorf("%s: --out DIR is required", cmd)
 	}
-	return src, out, nil
+	jobs, err = jobsOf(c)
+	return src, out, jobs, err
+}
+
+// mlxWrite runs write with the output claimed (claimOutput, --lock-wait)
+// and a progress bar (label, total bytes) that write feeds.
+func mlxWrite(c *cli.Context, src, out, label string, total int64, write func(progress func(int64)) error) error {
+	release, err := claimOutput(c, out, true, src)
+	if err != nil {
+		return err
+	}
+	defer release()
+	pg := newProgress(c, false)
+	bar := pg.New(label, total, "task", "mlx "+c.Command.Name)
+	err = write(bar.Add)
+	bar.Close()
+	pg.Close()
+	return err
 }
 
 // mlxUsageError names the subcommand in a flag-parsing error (exit 2).

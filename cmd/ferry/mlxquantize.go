@@ -37,7 +37,7 @@ func mlxQuantizeCommand() *cli.Command {
 			&cli.StringFlag{Name: "dtype", Usage: "cast float weights to bf16, f16 or f32 first (default: config torch_dtype, as mlx-lm)"},
 			&cli.BoolFlag{Name: "keep-mtp", Usage: "keep the MTP head (language_model.mtp.*, quantized by the same rules) for loaders that use it"},
 			jobsFlag("tensor workers"),
-			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the checkpoint and print the plan, write nothing"},
+			dryRunFlag("plan only: check the checkpoint and print the plan, write nothing"),
 			followLinksFlag(),
 			jsonFlag("print the result as JSON, one entry per tensor (module, bits, group size, bytes, quantization error)"),
 			lockWaitFlag("the output"),
@@ -48,11 +48,7 @@ func mlxQuantizeCommand() *cli.Command {
 }
 
 func mlxQuantize(c *cli.Context) error {
-	src, out, err := mlxPaths(c, c.Bool("dry-run"))
-	if err != nil {
-		return err
-	}
-	jobs, err := jobsOf(c)
+	src, out, jobs, err := mlxArgs(c, c.Bool("dry-run"))
 	if err != nil {
 		return err
 	}
@@ -99,21 +95,17 @@ func mlxQuantize(c *cli.Context) error {
 	if plan.MTPKept > 0 {
 		fmt.Fprintf(stderr(c), "mlx quantize: MTP head kept (%d tensors as language_model.mtp.*): released mlx-lm discards it at load; mlx-lm up to v0.31.3 also shifts the trunk norms twice when it is present (fixed by mlx-lm PR #1623)\n", plan.MTPKept)
 	}
-	release, err := claimOutput(c, out, true, src)
-	if err != nil {
-		return err
-	}
-	defer release()
-	start := time.Now()
-	pg := newProgress(c, false)
-	bar := pg.New("converting", plan.SourceBytes(), "task", "mlx quantize")
-	res, err := mlxpack.Quantize(c.Context, plan, out, mlxpack.QuantizeRunOptions{Jobs: jobs, Progress: bar.Add})
-	bar.Close()
-	pg.Close()
-	if err != nil {
+	var res *mlxpack.QuantizeResult
+	var start time.Time
+	err = mlxWrite(c, src, out, "converting", plan.SourceBytes(), func(progress func(int64)) (err error) {
+		start = time.Now()
+		res, err = mlxpack.Quantize(c.Context, plan, out, mlxpack.QuantizeRunOptions{Jobs: jobs, Progress: progress})
 		if ierr := interruptedResume(c.Context, err, "%s was not written; what is durable is in %s", out, mlxpack.PartialDir(out)); ierr != nil {
 			return ierr
 		}
+		return err
+	})
+	if err != nil {
 		return err
 	}
 	if c.Bool("json") {

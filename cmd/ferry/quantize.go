@@ -51,7 +51,7 @@ func quantizeCommand() *cli.Command {
 			"tensors), measured while quantizing; --report and --report-svg save it (in either form).",
 		Flags: append(quantizeOptionFlags(),
 			jobsFlag("quantization workers"),
-			&cli.BoolFlag{Name: "dry-run", Usage: "plan only: check the input and print every tensor's type, write nothing"},
+			dryRunFlag("plan only: check the input and print every tensor's type, write nothing"),
 			jsonFlag("print the result (or the plan with --dry-run) as JSON: every tensor's name, shape, input and output type and bytes, and the totals"),
 			lockWaitFlag("the output"),
 			&cli.StringFlag{Name: "type", Usage: "quantize to each of the comma-separated `TYPES` in one read of IN (with --out-dir)"},
