@@ -107,18 +107,19 @@ func (p *QuantizePlan) Close() error {
 
 // SourceBytes is what a run reads: the tensors it converts.
 func (p *QuantizePlan) SourceBytes() int64 {
-	var n int64
-	for _, t := range p.Tensors {
-		n += t.src.size()
-	}
-	return n
+	return total(p.Tensors, func(t *TensorPlan) int64 { return t.src.size() })
 }
 
 // OutputBytes is the size of the shards written.
 func (p *QuantizePlan) OutputBytes() int64 {
+	return total(p.shards, func(s outShard) int64 { return s.size })
+}
+
+// total sums f over xs.
+func total[T any](xs []T, f func(T) int64) int64 {
 	var n int64
-	for _, s := range p.shards {
-		n += s.size
+	for _, x := range xs {
+		n += f(x)
 	}
 	return n
 }

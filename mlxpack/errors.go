@@ -21,8 +21,10 @@ import (
 	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
-// Sentinel errors; bad-input ones arrive wrapped in *Error.
+// Sentinel errors of mlx repack, mlx quantize and PlanQuant; bad-input
+// ones arrive wrapped in *Error.
 var (
+	// mlx repack.
 	ErrNoQuantConfig     = errors.New("config.json has no quantization_config")
 	ErrNotCompressed     = errors.New("quantization_config is not compressed-tensors")
 	ErrFormat            = errors.New("compressed-tensors format MLX cannot load as is")
@@ -38,6 +40,20 @@ var (
 	ErrDestination       = errors.New("destination refused")
 	ErrNoConfig          = errors.New("no config.json")
 	ErrDestinationInside = errors.New("destination inside the source")
+
+	// mlx quantize.
+	ErrSanitize          = errors.New("checkpoint does not have the layout mlx-lm's sanitize expects")
+	ErrUnsupportedFamily = errors.New("model type mlx quantize does not convert")
+	ErrQuantized         = errors.New("checkpoint is already quantized")
+	ErrQuantArgs         = errors.New("quantization setting MLX affine cannot express")
+	ErrOutput            = errors.New("output refused")
+	ErrUnsupportedDType  = errors.New("tensor dtype mlx quantize does not convert")
+
+	// PlanQuant and ParseModuleBits.
+	ErrRecipe       = errors.New("mixed quantization recipe")
+	ErrModuleBits   = errors.New("bad --module-bits override")
+	ErrNotDivisible = errors.New("the last dimension is not a multiple of the group size")
+	ErrQuantFamily  = errors.New("model type ferry cannot quantize for MLX")
 )
 
 // Error is a bad-input error about the source checkpoint or the
@@ -48,15 +64,3 @@ type Error = inputerr.Error
 func errf(path, tensor string, sentinel error, format string, args ...any) error {
 	return inputerr.New(path, tensor, -1, sentinel, format, args...)
 }
-
-// Sentinel errors of mlx quantize; bad-input ones arrive wrapped in *Error.
-var (
-	ErrSanitize          = errors.New("checkpoint does not have the layout mlx-lm's sanitize expects")
-	ErrUnsupportedFamily = errors.New("model type mlx quantize does not convert")
-	ErrQuantized         = errors.New("checkpoint is already quantized")
-	ErrQuantArgs         = errors.New("quantization setting MLX affine cannot express")
-	ErrOutput            = errors.New("output refused")
-)
-
-// ErrUnsupportedDType: a tensor dtype mlx quantize does not convert.
-var ErrUnsupportedDType = errors.New("tensor dtype mlx quantize does not convert")

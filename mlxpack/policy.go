@@ -3,7 +3,6 @@ package mlxpack
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -17,14 +16,6 @@ import (
 // python/mlx/nn/layers/quantized.py quantize; ../shared/notes/mlx.md §1,
 // §4). PlanQuant makes every decision from module paths and weight shapes
 // alone, reading no weight data.
-
-// Sentinel errors of PlanQuant and ParseModuleBits.
-var (
-	ErrRecipe       = errors.New("mixed quantization recipe")
-	ErrModuleBits   = errors.New("bad --module-bits override")
-	ErrNotDivisible = errors.New("the last dimension is not a multiple of the group size")
-	ErrQuantFamily  = errors.New("model type ferry cannot quantize for MLX")
-)
 
 // QuantModule is one leaf module of mlx-lm's model, after sanitize.
 type QuantModule struct {

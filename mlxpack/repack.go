@@ -380,11 +380,7 @@ func placeBytes(path string, data []byte) (int64, Action, error) {
 // RewriteBytes is the size of the shards the repack writes (0 when it
 // only links).
 func (p *Plan) RewriteBytes() int64 {
-	var n int64
-	for _, s := range p.shards {
-		n += s.size
-	}
-	return n
+	return total(p.shards, func(s shardPlan) int64 { return s.size })
 }
 
 // placeShard writes a rewritten shard unless path already holds exactly

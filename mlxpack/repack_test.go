@@ -311,13 +311,7 @@ func TestRewriteDequantizesExactly(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			src := writeFixture(t, tc.fixture)
-			dst := filepath.Join(t.TempDir(), "mlx")
-			res, err := repack(t, src, dst, Options{Rewrite: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkConfig(t, src, dst, tc.want)
+			src, dst, res := rewriteFixture(t, tc.fixture, tc.want)
 			// Rewritten shards are files; the rest are links.
 			checkLinks(t, src, dst, false, rewrittenFiles(res))
 			sc, dc := openBoth(t, src, dst)
@@ -327,6 +321,20 @@ func TestRewriteDequantizesExactly(t *testing.T) {
 			checkRerunNoop(t, src, dst)
 		})
 	}
+}
+
+// rewriteFixture writes the fixture and repacks it with --rewrite; the
+// config must carry the quantization block want.
+func rewriteFixture(t *testing.T, c *testmodel.CompressedCheckpoint, want map[string]any) (src, dst string, res *Result) {
+	t.Helper()
+	src = writeFixture(t, c)
+	dst = filepath.Join(t.TempDir(), "mlx")
+	res, err := repack(t, src, dst, Options{Rewrite: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkConfig(t, src, dst, want)
+	return src, dst, res
 }
 
 // rewrittenFiles are the entries a --rewrite wrote as files: its shards

@@ -37,11 +37,7 @@ type mlxTensor struct {
 }
 
 func (t *mlxTensor) size() int64 {
-	var n int64
-	for _, s := range t.spans {
-		n += s.n
-	}
-	return n
+	return total(t.spans, func(s span) int64 { return s.n })
 }
 
 // whole is a span covering all of l.

@@ -68,13 +68,7 @@ func TestRewriteStacksExperts(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			src := writeFixture(t, tc.fixture)
-			dst := filepath.Join(t.TempDir(), "mlx")
-			res, err := repack(t, src, dst, Options{Rewrite: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkConfig(t, src, dst, tc.want)
+			src, dst, res := rewriteFixture(t, tc.fixture, tc.want)
 
 			// Shard 1 of 4 holds only the embeddings: still a link.
 			rewritten := rewrittenFiles(res)
