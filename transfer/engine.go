@@ -1103,8 +1103,25 @@ func sendFile(ctx context.Context, f *File, hosts []*host) error {
 	chans := make([]chan *job, len(hosts))
 	for hi, h := range hosts {
 		chans[hi] = make(chan *job)
-		for slot := range workers {
+		part := h.remote(f.Rel) + ".partial"
+		needed := 0
+		for _, n := range h.need {
+			if n {
+				needed++
+			}
+		}
+		// No more workers than chunks to send, so that a small file opens
+		// no connection it has no chunk for.
+		for slot := range min(workers, needed) {
 			wg.Go(func() {
+				// Each worker connects and opens the partial at once, before
+				// it takes a chunk: a chunk taken by a worker still dialing
+				// would wait there, and hold one of the few buffers, while
+				// connected workers idle. A failure here is left to the
+				// first chunk's retries.
+				if c, err := h.connect(ctx, slot); err == nil {
+					c.open(part)
+				}
 				for j := range chans[hi] {
 					if h.err() == nil && ctx.Err() == nil {
 						h.sendJob(ctx, slot, f, j)
