@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -296,7 +297,7 @@ func (p *Plan) checkModule(ct *CTConfig, mod string, packed safetensors.Location
 		return Module{}, errf(shp.Shard.Path, shp.Info.Name, ErrInconsistent, "weight_shape %v: input dim %d is not a multiple of group_size %d (%s)", shape, in, set.GroupSize, sch.Name)
 	}
 	wantPacked := append(append([]int64{}, lead...), in*int64(set.Bits)/32)
-	if !equalShape(pi.Shape, wantPacked) {
+	if !slices.Equal(pi.Shape, wantPacked) {
 		return Module{}, errf(pPath, pi.Name, ErrInconsistent, "shape %v, want %v for weight_shape %v at %s (%s)", pi.Shape, wantPacked, shape, set, sch.Name)
 	}
 	si := scale.Info
@@ -304,7 +305,7 @@ func (p *Plan) checkModule(ct *CTConfig, mod string, packed safetensors.Location
 		return Module{}, errf(scale.Shard.Path, si.Name, ErrInconsistent, "dtype %s, want BF16, F16 or F32", si.DType)
 	}
 	wantScale := append(append([]int64{}, lead...), in/int64(set.GroupSize))
-	if !equalShape(si.Shape, wantScale) {
+	if !slices.Equal(si.Shape, wantScale) {
 		return Module{}, errf(scale.Shard.Path, si.Name, ErrInconsistent, "shape %v, want %v for weight_shape %v at %s (%s)", si.Shape, wantScale, shape, set, sch.Name)
 	}
 	paths, _ := mlxPaths(p.ModelType, mod)
@@ -347,18 +348,6 @@ func readShape(l safetensors.Location) ([]int64, error) {
 		return nil, bad("values %v: %v", shape, err)
 	}
 	return shape, nil
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // decideMode applies the model-type rule.
@@ -666,7 +655,7 @@ func (p *Plan) planStacks() (map[string]*expertStack, error) {
 			switch {
 			case m.Setting != first.Setting:
 				return nil, errf(c.Config.Path, m.Name+sfxPacked, ErrMixed, "%s, but %s, stacked with it into %s, is %s", m.Setting, first.Name, key, first.Setting)
-			case !equalShape(m.Shape, first.Shape):
+			case !slices.Equal(m.Shape, first.Shape):
 				return nil, errf(c.Config.Path, m.Name+sfxShape, ErrInconsistent, "weight_shape %v, but %s, stacked with it into %s, is %v", m.Shape, first.Name, key, first.Shape)
 			case m.ScaleDType != first.ScaleDType:
 				return nil, errf(c.Config.Path, m.Name+sfxScale, ErrInconsistent, "dtype %s, but %s, stacked with it into %s, has %s scales", m.ScaleDType, first.Name, key, first.ScaleDType)

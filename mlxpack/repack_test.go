@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -386,7 +387,7 @@ func checkRewritten(t *testing.T, sc, dc *safetensors.Checkpoint, stacked bool) 
 			}
 			si, sb := readTensor(t, sc, name)
 			di, db := readTensor(t, dc, name)
-			if si.DType != di.DType || !equalShape(si.Shape, di.Shape) || string(sb) != string(db) {
+			if si.DType != di.DType || !slices.Equal(si.Shape, di.Shape) || string(sb) != string(db) {
 				t.Errorf("%s changed", name)
 			}
 			continue
@@ -410,7 +411,7 @@ func checkRewritten(t *testing.T, sc, dc *safetensors.Checkpoint, stacked bool) 
 		}
 		if e >= 0 {
 			// Stacked [4, out, ·]: take expert e's slice.
-			if len(wi.Shape) != 3 || wi.Shape[0] != 4 || !equalShape(sci.Shape, bi.Shape) || len(sci.Shape) != 3 || sci.Shape[0] != 4 {
+			if len(wi.Shape) != 3 || wi.Shape[0] != 4 || !slices.Equal(sci.Shape, bi.Shape) || len(sci.Shape) != 3 || sci.Shape[0] != 4 {
 				t.Fatalf("%s: weight %v, scales %v, biases %v", dmod, wi.Shape, sci.Shape, bi.Shape)
 			}
 			wb = slice(wb, 4, e)

@@ -196,7 +196,7 @@ func (c *sanitizeCtx) stackExperts(w *weightSet, prefix string, n string, option
 		if !ok {
 			return errf(c.cfgPath, name, ErrSanitize, "missing: mlx-lm's sanitize stacks experts 0…%d (num_experts)", c.experts-1)
 		}
-		if t.dtype != t0.dtype || !equalShape(t.shape, t0.shape) {
+		if t.dtype != t0.dtype || !slices.Equal(t.shape, t0.shape) {
 			return errf(c.cfgPath, name, ErrSanitize, "%s %v, but expert 0 is %s %v: experts stack into one tensor", t.dtype, t.shape, t0.dtype, t0.shape)
 		}
 		st.spans = append(st.spans, t.spans...)
