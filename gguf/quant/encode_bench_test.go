@@ -11,19 +11,33 @@ import (
 // weights drawn like a trained layer's (normal, σ 0.02): MB/s of float32
 // input and ns per block.
 func BenchmarkEncode(b *testing.B) {
-	rng := rand.New(rand.NewPCG(1, 2))
+	src := layerWeights(rand.New(rand.NewPCG(1, 2)))
+	benchTypes(b, src, []quant.Type{quant.Q8_0, quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K},
+		func(typ quant.Type, dst []byte) error { return quant.Encode(typ, dst, src) })
+}
+
+// layerWeights is 64 Ki float32 weights drawn from rng like a trained
+// layer's (normal, σ 0.02).
+func layerWeights(rng *rand.Rand) []float32 {
 	src := make([]float32, 64*1024)
 	for i := range src {
 		src[i] = float32(rng.NormFloat64() * 0.02)
 	}
-	for _, typ := range []quant.Type{quant.Q8_0, quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K} {
+	return src
+}
+
+// benchTypes runs encode, which writes the n values of src as its type
+// into dst, as a sub-benchmark of each type: MB/s of float32 input and ns
+// per block.
+func benchTypes(b *testing.B, src []float32, types []quant.Type, encode func(typ quant.Type, dst []byte) error) {
+	for _, typ := range types {
 		b.Run(typ.String(), func(b *testing.B) {
 			blocks := int64(len(src)) / typ.BlockSize()
 			dst := make([]byte, blocks*typ.TypeSize())
 			b.SetBytes(int64(4 * len(src)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := quant.Encode(typ, dst, src); err != nil {
+				if err := encode(typ, dst); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -110,23 +110,15 @@ func quantizeQ2_K(dst []byte, src []float32) {
 				}
 			}
 		}
-		var maxScale, maxMin float32
-		for j := range 16 {
-			if scales[j] > maxScale {
-				maxScale = scales[j]
-			}
-			if minima[j] > maxMin {
-				maxMin = minima[j]
-			}
-		}
+		maxScale, maxMin := maxima(scales[:], minima[:])
 		sc := y[:16]
-		var dh, mh uint16
+		var d, dmin float32
 		if maxScale > 0 {
 			iscale := 15 / maxScale
 			for j := range 16 {
 				sc[j] = byte(nearestInt(float32(iscale * scales[j])))
 			}
-			dh, _ = toHalf(maxScale / 15)
+			d = maxScale / 15
 		} else {
 			clear(sc)
 		}
@@ -135,23 +127,46 @@ func quantizeQ2_K(dst []byte, src []float32) {
 			for j := range 16 {
 				sc[j] |= byte(nearestInt(float32(iscale*minima[j])) << 4)
 			}
-			mh, _ = toHalf(maxMin / 15)
+			dmin = maxMin / 15
 		}
-		binary.LittleEndian.PutUint16(y[80:], dh)
-		binary.LittleEndian.PutUint16(y[82:], mh)
-		df, mf := tensor.F16ToFloat32(dh), tensor.F16ToFloat32(mh)
-		for j := range 16 {
-			d := df * float32(sc[j]&0xF)
-			if d == 0 {
-				continue
-			}
-			dm := float32(mf * float32(sc[j]>>4))
-			for i, v := range xb[16*j : 16*j+16] {
-				L[16*j+i] = uint8(clamp32(nearestInt((v+dm)/d), 0, 3))
-			}
-		}
-		pack2(y[16:80], &L)
+		q2Levels(y, xb, &L, d, dmin)
 	}
+}
+
+// q2Levels stores d and dmin as half into a Q2_K block y whose scales
+// (y[:16]) are set, then re-quantizes x with them to levels 0…3 (those of
+// a group whose scale is zero are kept from L) and packs the levels.
+func q2Levels(y []byte, x []float32, L *[QK_K]uint8, d, dmin float32) {
+	dh, df := toHalf(d)
+	mh, mf := toHalf(dmin)
+	binary.LittleEndian.PutUint16(y[80:], dh)
+	binary.LittleEndian.PutUint16(y[82:], mh)
+	sc := y[:16]
+	for j := range 16 {
+		dl := df * float32(sc[j]&0xF)
+		if dl == 0 {
+			continue
+		}
+		dm := float32(mf * float32(sc[j]>>4))
+		for i, v := range x[16*j : 16*j+16] {
+			L[16*j+i] = uint8(clamp32(nearestInt((v+dm)/dl), 0, 3))
+		}
+	}
+	pack2(y[16:80], L)
+}
+
+// maxima is the largest of scales and the largest of minima, each at
+// least 0.
+func maxima(scales, minima []float32) (maxScale, maxMin float32) {
+	for j := range scales {
+		if scales[j] > maxScale {
+			maxScale = scales[j]
+		}
+		if minima[j] > maxMin {
+			maxMin = minima[j]
+		}
+	}
+	return maxScale, maxMin
 }
 
 // quantizeQ3_K is quantize_row_q3_K_ref: 110-byte blocks of hmask[32] (the
@@ -161,7 +176,6 @@ func quantizeQ3_K(dst []byte, src []float32) {
 	var (
 		L      [QK_K]int8
 		scales [16]float32
-		low    [QK_K]uint8
 	)
 	for bi := 0; bi*QK_K < len(src); bi++ {
 		xb := src[bi*QK_K : bi*QK_K+QK_K]
@@ -170,7 +184,7 @@ func quantizeQ3_K(dst []byte, src []float32) {
 		maxScale, _ := signedMax(scales[:])
 		sc := y[96:108]
 		clear(sc)
-		var dh uint16
+		var d float32
 		if maxScale != 0 {
 			iscale := -32 / maxScale
 			for j := range 16 {
@@ -184,31 +198,9 @@ func quantizeQ3_K(dst []byte, src []float32) {
 				l >>= 4
 				sc[j%4+8] |= byte(l << (2 * (j / 4)))
 			}
-			dh, _ = toHalf(1 / iscale)
+			d = 1 / iscale
 		}
-		binary.LittleEndian.PutUint16(y[108:], dh)
-		df := tensor.F16ToFloat32(dh)
-		for j := range 16 {
-			d := df * float32(q3Scale(sc, j)-32)
-			if d == 0 {
-				continue
-			}
-			for i, v := range xb[16*j : 16*j+16] {
-				L[16*j+i] = int8(clamp32(nearestInt(v/d), -4, 3) + 4)
-			}
-		}
-		hm := y[:32]
-		// Levels are 0…7: bit 2 of level 32b+m is bit b of hmask[m].
-		for m := range 32 {
-			var h uint8
-			for b := range 8 {
-				l := uint8(L[32*b+m])
-				h |= l >> 2 << b
-				low[32*b+m] = l & 3
-			}
-			hm[m] = h
-		}
-		pack2(y[32:96], &low)
+		q3Levels(y, xb, &L, d)
 	}
 }
 
@@ -260,15 +252,7 @@ func quantizeK45(y []byte, xb []float32, L *[QK_K]uint8, p *qkx2) {
 			L[32*k+i] = lt[i][k]
 		}
 	}
-	var maxScale, maxMin float32
-	for j := range 8 {
-		if scales[j] > maxScale {
-			maxScale = scales[j]
-		}
-		if minima[j] > maxMin {
-			maxMin = minima[j]
-		}
-	}
+	maxScale, maxMin := maxima(scales[:], minima[:])
 	var invScale, invMin float32
 	if maxScale > 0 {
 		invScale = 63 / maxScale
@@ -282,21 +266,7 @@ func quantizeK45(y []byte, xb []float32, L *[QK_K]uint8, p *qkx2) {
 		lm[j] = min(63, uint8(nearestInt(float32(invMin*minima[j]))))
 	}
 	kScales(y[4:16], &ls, &lm)
-	dh, df := toHalf(maxScale / 63)
-	mh, mf := toHalf(maxMin / 63)
-	binary.LittleEndian.PutUint16(y[0:], dh)
-	binary.LittleEndian.PutUint16(y[2:], mh)
-	for j := range 8 {
-		s, m := scaleMinK4(j, y[4:16])
-		d := df * float32(s)
-		if d == 0 {
-			continue
-		}
-		dm := float32(mf * float32(m))
-		for i, v := range xb[32*j : 32*j+32] {
-			L[32*j+i] = uint8(clamp32(nearestInt((v+dm)/d), 0, p.nmax))
-		}
-	}
+	k45Levels(y, xb, L, maxScale/63, maxMin/63, p.nmax)
 }
 
 // quantizeQ4_K is quantize_row_q4_K_ref: 144-byte blocks of d and dmin as
@@ -306,12 +276,7 @@ func quantizeQ4_K(dst []byte, src []float32) {
 	for bi := 0; bi*QK_K < len(src); bi++ {
 		y := dst[bi*144 : bi*144+144]
 		quantizeK45(y, src[bi*QK_K:bi*QK_K+QK_K], &L, &qkx2Q4)
-		qs := y[16:144]
-		for c := 0; c < 4; c++ {
-			for l := 0; l < 32; l++ {
-				qs[32*c+l] = L[64*c+l] | L[64*c+32+l]<<4
-			}
-		}
+		packQ4_K(y[16:144], &L)
 	}
 }
 
@@ -322,22 +287,7 @@ func quantizeQ5_K(dst []byte, src []float32) {
 	for bi := 0; bi*QK_K < len(src); bi++ {
 		y := dst[bi*176 : bi*176+176]
 		quantizeK45(y, src[bi*QK_K:bi*QK_K+QK_K], &L, &qkx2Q5)
-		qh, qs := y[16:48], y[48:176]
-		clear(qh)
-		for c := 0; c < 4; c++ {
-			for j := 0; j < 32; j++ {
-				l1, l2 := L[64*c+j], L[64*c+32+j]
-				if l1 > 15 {
-					l1 -= 16
-					qh[j] |= 1 << (2 * c)
-				}
-				if l2 > 15 {
-					l2 -= 16
-					qh[j] |= 2 << (2 * c)
-				}
-				qs[32*c+j] = l1 | l2<<4
-			}
-		}
+		packQ5_K(y[16:48], y[48:176], &L)
 	}
 }
 

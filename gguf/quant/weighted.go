@@ -373,25 +373,11 @@ func weightedQ2_K(dst []byte, src, qw []float32) {
 		}
 		dm := makeQP(scales[:], sw[:], ls[:], 15)
 		mm := makeQP(minima[:], sw[:], lm[:], 15)
-		dh, df := toHalf(dm)
-		mh, mf := toHalf(mm)
-		binary.LittleEndian.PutUint16(y[80:], dh)
-		binary.LittleEndian.PutUint16(y[82:], mh)
 		sc := y[:16]
 		for j := range 16 {
 			sc[j] = ls[j] | lm[j]<<4
 		}
-		for j := range 16 {
-			d := df * float32(sc[j]&0xF)
-			if d == 0 {
-				continue
-			}
-			m := float32(mf * float32(sc[j]>>4))
-			for i, v := range x[16*j : 16*j+16] {
-				L[16*j+i] = uint8(clamp32(nearestInt((v+m)/d), 0, 3))
-			}
-		}
-		pack2(y[16:80], &L)
+		q2Levels(y, x, &L, dm, mm)
 	}
 }
 
@@ -424,19 +410,20 @@ func weightedQ3_K(dst []byte, src, qw []float32) {
 			}
 			sc[j%4+8] |= byte(l>>4) << (2 * (j / 4))
 		}
-		dh, df := toHalf(d)
-		binary.LittleEndian.PutUint16(y[108:], dh)
-		q3Levels(y, x, &L, df)
+		q3Levels(y, x, &L, d)
 	}
 }
 
-// q3Levels re-quantizes x with the block's stored scales (sc[96:108]) and
-// d, then writes the Q3_K levels: the third bits into hmask, the low two
-// into qs. Levels of a group whose scale is zero are kept from L.
+// q3Levels stores d as half into a Q3_K block y whose scales (y[96:108])
+// are set, re-quantizes x with them, then writes the levels: the third
+// bits into hmask, the low two into qs. Levels of a group whose scale is
+// zero are kept from L.
 func q3Levels(y []byte, x []float32, L *[QK_K]int8, d float32) {
+	dh, df := toHalf(d)
+	binary.LittleEndian.PutUint16(y[108:], dh)
 	sc := y[96:108]
 	for j := range 16 {
-		dl := d * float32(q3Scale(sc, j)-32)
+		dl := df * float32(q3Scale(sc, j)-32)
 		if dl == 0 {
 			continue
 		}
@@ -445,14 +432,16 @@ func q3Levels(y []byte, x []float32, L *[QK_K]int8, d float32) {
 		}
 	}
 	hm := y[:32]
-	clear(hm)
 	var low [QK_K]uint8
-	for j, l := range L {
-		if l > 3 {
-			hm[j%32] |= 1 << (j / 32)
-			l -= 4
+	// Levels are 0…7: bit 2 of level 32b+m is bit b of hmask[m].
+	for m := range 32 {
+		var h uint8
+		for b := range 8 {
+			l := uint8(L[32*b+m])
+			h |= l >> 2 << b
+			low[32*b+m] = l & 3
 		}
-		low[j] = uint8(l)
+		hm[m] = h
 	}
 	pack2(y[32:96], &low)
 }

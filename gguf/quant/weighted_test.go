@@ -99,29 +99,14 @@ func TestGoldenImatrixTensors(t *testing.T) {
 func BenchmarkEncodeWeighted(b *testing.B) {
 	const rowLen = 4096
 	rng := rand.New(rand.NewPCG(1, 2))
-	src := make([]float32, 64*1024)
-	for i := range src {
-		src[i] = float32(rng.NormFloat64() * 0.02)
-	}
+	src := layerWeights(rng)
 	weights := make([]float32, rowLen)
 	for i := range weights {
 		weights[i] = float32(math.Exp(2.5 * rng.NormFloat64()))
 	}
-	for _, typ := range []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1,
-		quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K} {
-		b.Run(typ.String(), func(b *testing.B) {
-			blocks := int64(len(src)) / typ.BlockSize()
-			dst := make([]byte, blocks*typ.TypeSize())
-			b.SetBytes(int64(4 * len(src)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := quant.EncodeWeighted(typ, dst, src, rowLen, weights); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(int64(b.N)*blocks), "ns/block")
-		})
-	}
+	benchTypes(b, src, []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1,
+		quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K},
+		func(typ quant.Type, dst []byte) error { return quant.EncodeWeighted(typ, dst, src, rowLen, weights) })
 }
 
 // TestEncodeWeightedArgs: rows that are not whole blocks, values that are
