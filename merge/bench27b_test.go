@@ -2,16 +2,13 @@ package merge
 
 import (
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/ferry-llm/ferry/internal/sysmem"
+	"github.com/ferry-llm/ferry/internal/benchtest"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -147,7 +144,7 @@ func TestMergeBenchHelper(t *testing.T) {
 // effective B·A GFLOP/s and the projected time for a 54 GB checkpoint.
 // Set FERRY_BENCH_DIR to keep the generated checkpoint between runs.
 func BenchmarkMerge27B(b *testing.B) {
-	dir := os.Getenv("FERRY_BENCH_DIR")
+	dir := os.Getenv(benchtest.DirEnv)
 	if dir == "" {
 		dir = b.TempDir()
 	}
@@ -171,18 +168,12 @@ func BenchmarkMerge27B(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		out := filepath.Join(dir, fmt.Sprint("out", i))
 		os.RemoveAll(out)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestMergeBenchHelper$", "-test.count=1")
-		cmd.Env = append(os.Environ(), benchHelperEnv+"=1", "BASE="+base, "ADAPTER="+ad, "OUT="+out)
-		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr // the child's PASS line would split ours
-		start := time.Now()
-		if err := cmd.Run(); err != nil {
-			b.Fatalf("merge helper: %v", err)
-		}
-		wall += time.Since(start)
-		rss = max(rss, sysmem.PeakRSS(cmd.ProcessState))
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			cpu += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-		}
+		// The child's PASS line, on its stdout, would split ours: benchtest.Run discards it.
+		m := benchtest.Run(b, []string{benchHelperEnv + "=1", "BASE=" + base, "ADAPTER=" + ad, "OUT=" + out},
+			os.Args[0], "-test.run=^TestMergeBenchHelper$", "-test.count=1")
+		wall += m.Wall
+		rss = max(rss, m.PeakRSS)
+		cpu += m.CPU
 		b.StopTimer()
 		os.RemoveAll(out)
 		b.StartTimer()

@@ -2,93 +2,30 @@ package mlxpack
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/ferry-llm/ferry/internal/sysmem"
+	"github.com/ferry-llm/ferry/internal/benchtest"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
-// wideCheckpoint writes (once per process) a Qwen3.5-27B-width checkpoint:
-// testmodel.Large27B, 4 layers (3 linear-attention + 1 full) + 1 MTP layer
-// at the real widths, BF16, 2 GB shards. The vocabulary is 32768 by
-// default (4.56 GB); FERRY_BENCH_VOCAB=248320 gives the anchors.md slice
-// itself (8.99 GB, where mlx_lm.convert -q took 29.3 s, 7.9 GiB, 12.3×
-// cp). FERRY_BENCH_LAYERS sets the layer count, FERRY_BENCH_DIR keeps the
+// wideCheckpoint is a Qwen3.5-27B-width checkpoint
+// (benchtest.Checkpoint27B): testmodel.Large27B, 4 layers (3
+// linear-attention + 1 full) + 1 MTP layer at the real widths, BF16, 2 GB
+// shards. The vocabulary is 32768 by default (4.56 GB);
+// FERRY_BENCH_VOCAB=248320 gives the anchors.md slice itself (8.99 GB,
+// where mlx_lm.convert -q took 29.3 s, 7.9 GiB, 12.3× cp).
+// FERRY_BENCH_LAYERS sets the layer count, FERRY_BENCH_DIR keeps the
 // checkpoint between runs.
 func wideCheckpoint(b *testing.B) string {
-	layers, vocab := 4, 32768
-	for env, v := range map[string]*int{"FERRY_BENCH_LAYERS": &layers, "FERRY_BENCH_VOCAB": &vocab} {
-		if s := os.Getenv(env); s != "" {
-			n, err := strconv.Atoi(s)
-			if err != nil || n < 1 {
-				b.Fatalf("%s=%q: want a positive count", env, s)
-			}
-			*v = n
-		}
-	}
-	dir := os.Getenv("FERRY_BENCH_DIR")
-	if dir == "" {
-		wideTmp.once.Do(func() { wideTmp.dir, wideTmp.err = os.MkdirTemp("", "ferry-mlx-bench-") })
-		if wideTmp.err != nil {
-			b.Fatal(wideTmp.err)
-		}
-		dir = filepath.Join(wideTmp.dir, fmt.Sprintf("qwen35-27b-slice-%d-%d", layers, vocab))
-	}
-	if cfg, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
-		var c struct {
-			Layers int `json:"num_hidden_layers"`
-			Vocab  int `json:"vocab_size"`
-		}
-		if err := json.Unmarshal(cfg, &c); err != nil || c.Layers != layers || c.Vocab != vocab {
-			b.Fatalf("%s holds a %d-layer, vocab %d checkpoint (%v), want %d, %d: use another FERRY_BENCH_DIR", dir, c.Layers, c.Vocab, err, layers, vocab)
-		}
-		return dir
-	}
-	o := testmodel.Large27B(layers)
-	o.VocabSize = vocab
-	if _, err := o.Write(dir); err != nil {
-		b.Fatal(err)
-	}
-	return dir
+	return benchtest.Checkpoint27B(b, benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 4), benchtest.EnvInt(b, "FERRY_BENCH_VOCAB", 32768), false)
 }
 
-var wideTmp struct {
-	once sync.Once
-	dir  string
-	err  error
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if wideTmp.dir != "" {
-		os.RemoveAll(wideTmp.dir)
-	}
-	os.Exit(code)
-}
-
-func runTimed(b *testing.B, env, name string, args ...string) (time.Duration, int64) {
-	b.Helper()
-	cmd := exec.Command(name, args...)
-	if env != "" {
-		cmd.Env = append(os.Environ(), env)
-	}
-	cmd.Stderr = os.Stderr
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		b.Fatalf("%s %v: %v", name, args, err)
-	}
-	d := time.Since(start)
-	return d, sysmem.PeakRSS(cmd.ProcessState)
-}
+func TestMain(m *testing.M) { benchtest.Main(m) }
 
 // BenchmarkQuantizeQwen35MLX4 converts the 27B-width checkpoint to 4-bit
 // MLX (group 64, the MTP head dropped: mlx_lm.convert -q) in a child
@@ -110,7 +47,7 @@ func BenchmarkQuantizeQwen35MLX4(b *testing.B) {
 	in := ck.TotalBytes()
 	ck.Close()
 	work := b.TempDir()
-	runTimed(b, "", "cat", shards...) // warm the page cache
+	benchtest.Run(b, nil, "cat", shards...) // warm the page cache
 	b.SetBytes(in)
 	b.ResetTimer()
 	var conv, cp time.Duration
@@ -118,13 +55,12 @@ func BenchmarkQuantizeQwen35MLX4(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		dst := filepath.Join(work, "cp")
 		os.MkdirAll(dst, 0o755)
-		d, _ := runTimed(b, "", "cp", append(append([]string{}, shards...), dst)...)
-		cp += d
+		cp += benchtest.Run(b, nil, "cp", append(append([]string{}, shards...), dst)...).Wall
 		os.RemoveAll(dst)
 		out := filepath.Join(work, "mlx4")
-		d, r := runTimed(b, "FERRY_MLXQ_CHILD="+dir+":"+out+":4:0:1s", os.Args[0], "-test.run=^$")
-		conv += d
-		rss = max(rss, r)
+		m := benchtest.Run(b, []string{"FERRY_MLXQ_CHILD=" + dir + ":" + out + ":4:0:1s"}, os.Args[0], "-test.run=^$")
+		conv += m.Wall
+		rss = max(rss, m.PeakRSS)
 		os.RemoveAll(out)
 	}
 	b.StopTimer()

@@ -3,10 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
-	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -19,6 +17,7 @@ import (
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/inspect"
+	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -277,19 +276,12 @@ func TestGGUFConvertSIGINT(t *testing.T) {
 }
 
 // fileDigest is the sha256 of the file at p, streamed.
-func fileDigest(t *testing.T, p string) [sha256.Size]byte {
+func fileDigest(t *testing.T, p string) hashing.Digest {
 	t.Helper()
-	f, err := os.Open(p)
+	d, _, err := hashing.File(context.Background(), p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	var d [sha256.Size]byte
-	h.Sum(d[:0])
 	return d
 }
 

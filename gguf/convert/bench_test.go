@@ -3,11 +3,9 @@ package convert
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,8 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-llm/ferry/internal/sysmem"
-	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/internal/benchtest"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -58,77 +55,18 @@ func init() {
 	os.Exit(0)
 }
 
-// benchCheckpoint writes (once per process and layer count) a
-// Qwen3.5-27B-width checkpoint:
+// benchCheckpoint is a Qwen3.5-27B-width checkpoint (benchtest.Checkpoint27B):
 // 4 layers (3 linear-attention + 1 full) + 1 MTP layer at the real widths,
 // vocab 32768 (the 248320 vocabulary would add 5 GB of embeddings), BF16,
-// 2 GB shards, with a tokenizer. FERRY_BENCH_DIR keeps it between runs;
-// FERRY_BENCH_LAYERS sets the layer count (default 4: 4.56 GB; 12: 10.65
-// GB, more than the kernel's default dirty-page limit on a 24 GiB machine).
+// 2 GB shards, with a tokenizer. FERRY_BENCH_LAYERS sets the layer count
+// (default 4: 4.56 GB; 12: 10.65 GB, more than the kernel's default
+// dirty-page limit on a 24 GiB machine); FERRY_BENCH_DIR keeps it between
+// runs.
 func benchCheckpoint(b *testing.B) string {
-	layers := 4
-	if s := os.Getenv("FERRY_BENCH_LAYERS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			b.Fatalf("FERRY_BENCH_LAYERS=%q: want a layer count ≥ 1", s)
-		}
-		layers = n
-	}
-	dir := os.Getenv("FERRY_BENCH_DIR")
-	if dir == "" {
-		benchTmp.once.Do(func() { benchTmp.dir, benchTmp.err = os.MkdirTemp("", "ferry-bench-") })
-		if benchTmp.err != nil {
-			b.Fatal(benchTmp.err)
-		}
-		dir = filepath.Join(benchTmp.dir, fmt.Sprintf("qwen35-27b-slice-%d", layers))
-	}
-	if cfg, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
-		var c struct {
-			Layers int `json:"num_hidden_layers"`
-		}
-		if err := json.Unmarshal(cfg, &c); err != nil || c.Layers != layers {
-			b.Fatalf("%s holds a %d-layer checkpoint (%v), want %d (FERRY_BENCH_LAYERS): use another FERRY_BENCH_DIR", dir, c.Layers, err, layers)
-		}
-		return dir
-	}
-	o := testmodel.Large27B(layers)
-	o.VocabSize = 32768
-	o.NoTokenizer = false
-	if _, err := o.Write(dir); err != nil {
-		b.Fatal(err)
-	}
-	return dir
+	return benchtest.Checkpoint27B(b, benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 4), 32768, true)
 }
 
-// benchTmp holds the generated benchmark checkpoints of this process
-// (without FERRY_BENCH_DIR), shared by the benchmarks, removed by TestMain.
-var benchTmp struct {
-	once sync.Once
-	dir  string
-	err  error
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if benchTmp.dir != "" {
-		os.RemoveAll(benchTmp.dir)
-	}
-	os.Exit(code)
-}
-
-func runChild(b *testing.B, env string, name string, args ...string) (time.Duration, int64) {
-	cmd := exec.Command(name, args...)
-	if env != "" {
-		cmd.Env = append(os.Environ(), env)
-	}
-	cmd.Stderr = os.Stderr
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		b.Fatalf("%s %v: %v", name, args, err)
-	}
-	d := time.Since(start)
-	return d, sysmem.PeakRSS(cmd.ProcessState)
-}
+func TestMain(m *testing.M) { benchtest.Main(m) }
 
 // BenchmarkConvertQwen35F16 converts a ≥ 2 GB Qwen3.5-shaped BF16
 // checkpoint to GGUF F16 in a child process (all cores) and, in the same
@@ -156,7 +94,7 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 	}
 	work := b.TempDir()
 	// Warm the page cache as a previous pipeline stage would leave it.
-	runChild(b, "", "cat", shards...)
+	benchtest.Run(b, nil, "cat", shards...)
 	b.SetBytes(in)
 	b.ResetTimer()
 	var conv, convTail, cp, cpSync, cat time.Duration
@@ -164,7 +102,7 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		dst := filepath.Join(work, "cp")
 		os.MkdirAll(dst, 0o755)
-		d, _ := runChild(b, "", "cp", append(append([]string{}, shards...), dst)...)
+		d := benchtest.Run(b, nil, "cp", append(append([]string{}, shards...), dst)...).Wall
 		cp += d
 		os.RemoveAll(dst)
 		os.MkdirAll(dst, 0o755)
@@ -172,21 +110,22 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 		for _, s := range shards {
 			synced = append(synced, filepath.Join(dst, filepath.Base(s)))
 		}
-		d1, _ := runChild(b, "", "cp", append(append([]string{}, shards...), dst)...)
-		d2, _ := runChild(b, "", "sync", synced...)
+		d1 := benchtest.Run(b, nil, "cp", append(append([]string{}, shards...), dst)...).Wall
+		d2 := benchtest.Run(b, nil, "sync", synced...).Wall
 		cpSync += d1 + d2
 		os.RemoveAll(dst)
 		// cat > file: every shard's bytes into one output file, as the
 		// converter writes one GGUF (cp may clone or copy_file_range).
 		catOut := filepath.Join(work, "cat.out")
-		d, _ = runChild(b, "", "sh", append([]string{"-c", `out="$1"; shift; cat "$@" > "$out"`, "sh", catOut}, shards...)...)
+		d = benchtest.Run(b, nil, "sh", append([]string{"-c", `out="$1"; shift; cat "$@" > "$out"`, "sh", catOut}, shards...)...).Wall
 		cat += d
 		os.Remove(catOut)
 
 		out := filepath.Join(work, "out.gguf")
-		d, r := runChild(b, "FERRY_CONVERT_CHILD="+dir+":"+out, os.Args[0], "-test.run=^$")
+		child := benchtest.Run(b, []string{"FERRY_CONVERT_CHILD=" + dir + ":" + out}, os.Args[0], "-test.run=^$")
+		d = child.Wall
 		conv += d
-		rss = max(rss, r)
+		rss = max(rss, child.PeakRSS)
 		tail, err := os.ReadFile(out + ".times")
 		if err != nil {
 			b.Fatal(err)

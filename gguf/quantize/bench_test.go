@@ -1,20 +1,18 @@
 package quantize
 
 import (
-	"crypto/sha256"
+	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/ferry-llm/ferry/internal/sysmem"
+	"github.com/ferry-llm/ferry/internal/benchtest"
+	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
@@ -25,28 +23,9 @@ import (
 // FERRY_BENCH_VOCAB the vocabulary (248320 is Qwen3.5's: 5.1 GB of
 // token_embd and output); FERRY_BENCH_DIR keeps the file between runs.
 func benchInput(b *testing.B) string {
-	envInt := func(key string, def int) int {
-		s := os.Getenv(key)
-		if s == "" {
-			return def
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			b.Fatalf("%s=%q: want a positive integer", key, s)
-		}
-		return n
-	}
-	o := testmodel.Wide27B(envInt("FERRY_BENCH_LAYERS", 1))
-	o.Vocab = envInt("FERRY_BENCH_VOCAB", o.Vocab)
-	dir := os.Getenv("FERRY_BENCH_DIR")
-	if dir == "" {
-		benchTmp.once.Do(func() { benchTmp.dir, benchTmp.err = os.MkdirTemp("", "ferry-quantize-bench-") })
-		if benchTmp.err != nil {
-			b.Fatal(benchTmp.err)
-		}
-		dir = benchTmp.dir
-	}
-	p := filepath.Join(dir, fmt.Sprintf("wide27b-%d-%d-F16.gguf", o.Layers, o.Vocab))
+	o := testmodel.Wide27B(benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 1))
+	o.Vocab = benchtest.EnvInt(b, "FERRY_BENCH_VOCAB", o.Vocab)
+	p := filepath.Join(benchtest.Dir(b), fmt.Sprintf("wide27b-%d-%d-F16.gguf", o.Layers, o.Vocab))
 	if _, err := os.Stat(p); err == nil {
 		return p
 	}
@@ -56,49 +35,15 @@ func benchInput(b *testing.B) string {
 	return p
 }
 
-// benchTmp holds this process's generated input (without FERRY_BENCH_DIR),
-// removed by TestMain.
-var benchTmp struct {
-	once sync.Once
-	dir  string
-	err  error
-}
+func TestMain(m *testing.M) { benchtest.Main(m) }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if benchTmp.dir != "" {
-		os.RemoveAll(benchTmp.dir)
-	}
-	os.Exit(code)
-}
-
-// runTimed runs a command, its stdout discarded, and returns its wall time
-// and peak RSS. (Nothing it prints is kept in this process: a child
-// starts with its parent's peak RSS as its own on Linux, so a parent that
-// grew would inflate every later child's figure.)
-func runTimed(b *testing.B, env []string, name string, args ...string) (time.Duration, int64) {
-	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		b.Fatalf("%s %v: %v", name, args, err)
-	}
-	d := time.Since(start)
-	return d, sysmem.PeakRSS(cmd.ProcessState)
-}
-
+// sha256File is the hex sha256 of the file at p.
 func sha256File(b *testing.B, p string) string {
-	f, err := os.Open(p)
+	d, _, err := hashing.File(context.Background(), p, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		b.Fatal(err)
-	}
-	return fmt.Sprintf("%x", h.Sum(nil))
+	return d.Hex()
 }
 
 // BenchmarkQuantize quantizes the generated Qwen3.5-27B-width F16 GGUF
@@ -129,7 +74,7 @@ func BenchmarkQuantize(b *testing.B) {
 	llama := os.Getenv("FERRY_LLAMA_QUANTIZE")
 	work := b.TempDir()
 	// Warm the page cache as the gguf stage before it would leave it.
-	runTimed(b, nil, "cat", in)
+	benchtest.Run(b, nil, "cat", in)
 	b.SetBytes(st.Size())
 	b.ResetTimer()
 	var ours, theirs time.Duration
@@ -137,14 +82,14 @@ func BenchmarkQuantize(b *testing.B) {
 	identical := 1.0
 	for range b.N {
 		out := filepath.Join(work, "out.gguf")
-		d, r := runTimed(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + out + ":" + typ + ":" + strconv.Itoa(jobs)}, os.Args[0], "-test.run=^$")
-		ours += d
-		rss = max(rss, r)
+		m := benchtest.Run(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + out + ":" + typ + ":" + strconv.Itoa(jobs)}, os.Args[0], "-test.run=^$")
+		ours += m.Wall
+		rss = max(rss, m.PeakRSS)
 		if llama != "" {
 			ref := filepath.Join(work, "llama.gguf")
-			d, r := runTimed(b, nil, llama, in, ref, typ, strconv.Itoa(jobs))
-			theirs += d
-			llamaRSS = max(llamaRSS, r)
+			m := benchtest.Run(b, nil, llama, in, ref, typ, strconv.Itoa(jobs))
+			theirs += m.Wall
+			llamaRSS = max(llamaRSS, m.PeakRSS)
 			b.StopTimer()
 			if sha256File(b, out) != sha256File(b, ref) {
 				identical = 0
@@ -200,7 +145,7 @@ func BenchmarkQuantizeLadder(b *testing.B) {
 		jobs = s
 	}
 	work := b.TempDir()
-	runTimed(b, nil, "cat", in) // warm the page cache
+	benchtest.Run(b, nil, "cat", in) // warm the page cache
 	b.SetBytes(st.Size())
 	b.ResetTimer()
 	var ladder, separate time.Duration
@@ -210,14 +155,14 @@ func BenchmarkQuantizeLadder(b *testing.B) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			b.Fatal(err)
 		}
-		d, r := runTimed(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + dir + ":" + types + ":" + jobs}, os.Args[0], "-test.run=^$")
-		ladder += d
-		ladderRSS = max(ladderRSS, r)
+		m := benchtest.Run(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + dir + ":" + types + ":" + jobs}, os.Args[0], "-test.run=^$")
+		ladder += m.Wall
+		ladderRSS = max(ladderRSS, m.PeakRSS)
 		for _, ty := range names {
 			out := filepath.Join(work, "single.gguf")
-			d, r := runTimed(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + out + ":" + ty + ":" + jobs}, os.Args[0], "-test.run=^$")
-			separate += d
-			separateRSS = max(separateRSS, r)
+			m := benchtest.Run(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + out + ":" + ty + ":" + jobs}, os.Args[0], "-test.run=^$")
+			separate += m.Wall
+			separateRSS = max(separateRSS, m.PeakRSS)
 			b.StopTimer()
 			ft, err := ParseType(ty)
 			if err != nil {

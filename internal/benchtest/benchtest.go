@@ -1,0 +1,127 @@
+// Package benchtest is what ferry's model-sized benchmarks share: where
+// their generated inputs live, how they are sized from the environment,
+// and how the measured command runs in a process of its own, so that its
+// wall time, CPU time and peak RSS are its alone.
+//
+// Inputs are written once per process into a temporary directory that
+// Main removes; FERRY_BENCH_DIR names a directory that keeps them between
+// runs instead. FERRY_BENCH_LAYERS and FERRY_BENCH_VOCAB size them where a
+// benchmark says so.
+package benchtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/sysmem"
+	"github.com/ferry-llm/ferry/internal/testmodel"
+)
+
+// DirEnv names a directory that keeps generated inputs between runs.
+const DirEnv = "FERRY_BENCH_DIR"
+
+var tmp struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// Dir is the directory generated inputs go in: $FERRY_BENCH_DIR when set,
+// else a temporary directory made once per process and removed by Main.
+func Dir(tb testing.TB) string {
+	tb.Helper()
+	if dir := os.Getenv(DirEnv); dir != "" {
+		return dir
+	}
+	tmp.once.Do(func() { tmp.dir, tmp.err = os.MkdirTemp("", "ferry-bench-") })
+	if tmp.err != nil {
+		tb.Fatal(tmp.err)
+	}
+	return tmp.dir
+}
+
+// Main is the TestMain of a package whose benchmarks use Dir: it runs the
+// tests and benchmarks, then removes Dir's temporary directory.
+func Main(m *testing.M) {
+	code := m.Run()
+	if tmp.dir != "" {
+		os.RemoveAll(tmp.dir)
+	}
+	os.Exit(code)
+}
+
+// EnvInt is the positive integer in the environment variable key, def
+// when it is unset.
+func EnvInt(tb testing.TB, key string, def int) int {
+	tb.Helper()
+	s := os.Getenv(key)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		tb.Fatalf("%s=%q: want a positive integer", key, s)
+	}
+	return n
+}
+
+// Checkpoint27B is the path of a testmodel.Large27B(layers) checkpoint
+// (Qwen3.5-27B widths, 2 GB BF16 shards) with a vocab-entry embedding and,
+// with tokenizer, a tokenizer, written into Dir on first use.
+func Checkpoint27B(tb testing.TB, layers, vocab int, tokenizer bool) string {
+	tb.Helper()
+	name := fmt.Sprintf("qwen35-27b-slice-%d-%d", layers, vocab)
+	if tokenizer {
+		name += "-tok"
+	}
+	dir := filepath.Join(Dir(tb), name)
+	if cfg, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
+		var c struct {
+			Layers int `json:"num_hidden_layers"`
+			Vocab  int `json:"vocab_size"`
+		}
+		if err := json.Unmarshal(cfg, &c); err != nil || c.Layers != layers || c.Vocab != vocab {
+			tb.Fatalf("%s holds a %d-layer, vocab %d checkpoint (%v), want %d, %d: remove it", dir, c.Layers, c.Vocab, err, layers, vocab)
+		}
+		return dir
+	}
+	o := testmodel.Large27B(layers)
+	o.VocabSize = vocab
+	o.NoTokenizer = !tokenizer
+	if _, err := o.Write(dir); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
+// Measured is what Run measured of a finished child process.
+type Measured struct {
+	Wall, CPU time.Duration // CPU: user and system
+	PeakRSS   int64         // bytes
+}
+
+// Run runs a command with env added to this process's environment, its
+// stdout discarded, its stderr this process's, and fails tb unless it
+// succeeds. (Nothing it prints is kept in this process: a child starts
+// with its parent's peak RSS as its own on Linux, so a parent that grew
+// would inflate every later child's figure.)
+func Run(tb testing.TB, env []string, name string, args ...string) Measured {
+	tb.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		tb.Fatalf("%s %v: %v", name, args, err)
+	}
+	wall := time.Since(start)
+	ps := cmd.ProcessState
+	return Measured{Wall: wall, CPU: ps.UserTime() + ps.SystemTime(), PeakRSS: sysmem.PeakRSS(ps)}
+}

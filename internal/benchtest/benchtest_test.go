@@ -1,0 +1,58 @@
+package benchtest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// TestEnvInt: unset is the default, a positive integer is itself.
+func TestEnvInt(t *testing.T) {
+	for _, tc := range []struct {
+		val  string
+		want int
+	}{{"", 4}, {"1", 1}, {"12", 12}} {
+		t.Setenv("FERRY_BENCHTEST_N", tc.val)
+		if got := EnvInt(t, "FERRY_BENCHTEST_N", 4); got != tc.want {
+			t.Errorf("FERRY_BENCHTEST_N=%q: %d, want %d", tc.val, got, tc.want)
+		}
+	}
+}
+
+// TestDir: FERRY_BENCH_DIR is the directory when set; otherwise one
+// temporary directory serves the whole process.
+func TestDir(t *testing.T) {
+	keep := t.TempDir()
+	t.Setenv(DirEnv, keep)
+	if got := Dir(t); got != keep {
+		t.Errorf("with %s=%s: Dir %s", DirEnv, keep, got)
+	}
+	t.Setenv(DirEnv, "")
+	a, b := Dir(t), Dir(t)
+	if a != b || a == keep {
+		t.Errorf("without %s: Dir %s then %s", DirEnv, a, b)
+	}
+	if st, err := os.Stat(a); err != nil || !st.IsDir() {
+		t.Errorf("Dir %s: %v", a, err)
+	}
+}
+
+// TestRun: the child gets the added environment, and its wall time and
+// peak RSS are measured.
+func TestRun(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh on this machine")
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	m := Run(t, []string{"BENCHTEST_VALUE=ok"}, sh, "-c", `printf %s "$BENCHTEST_VALUE" > "$1"`, "sh", out)
+	if b, err := os.ReadFile(out); err != nil || string(b) != "ok" {
+		t.Errorf("child wrote %q (%v), want ok", b, err)
+	}
+	if m.Wall <= 0 || m.PeakRSS <= 0 || m.CPU < 0 {
+		t.Errorf("measured %+v, want a wall time and a peak RSS", m)
+	}
+}
+
+func TestMain(m *testing.M) { Main(m) }
