@@ -2,13 +2,13 @@ package safetensors
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/jsonout"
 )
 
 // PlanShards splits specs, in order, into shards the way huggingface_hub's
@@ -55,10 +55,7 @@ func WriteIndex(dir string, weightMap map[string]string, totalSize int64, extra 
 		md[k] = v
 	}
 	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(map[string]any{"metadata": md, "weight_map": weightMap}); err != nil {
+	if err := jsonout.Write(&b, map[string]any{"metadata": md, "weight_map": weightMap}); err != nil {
 		return err
 	}
 	return fsutil.WriteFileAtomic(filepath.Join(dir, IndexName), b.Bytes(), 0o644)

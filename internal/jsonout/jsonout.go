@@ -1,6 +1,9 @@
 // Package jsonout is ferry's one JSON emitter: every --json result and every
 // JSON report a stage stores is written by Write, so they all share one
 // layout (two-space indent, a final newline, '<', '>' and '&' as they are).
+// A file whose format has that layout (a safetensors index: Python's
+// json.dumps(indent=2, sort_keys=True) and a newline; Go sorts map keys)
+// is written by Write too.
 package jsonout
 
 import (

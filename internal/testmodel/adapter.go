@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/jsonout"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -579,10 +580,7 @@ func (o AdapterOptions) write(dir string, s *baseSource) (*Adapter, error) {
 	}
 	a.Config = cfg
 	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(cfg); err != nil {
+	if err := jsonout.Write(&b, cfg); err != nil {
 		return nil, err
 	}
 	// peft writes json.dumps(indent=2, sort_keys=True) with no final newline.

@@ -2,7 +2,6 @@ package testmodel
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/jsonout"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -448,10 +448,7 @@ const transformersVersion = "5.17.0"
 // newline, atomically.
 func writeJSON(path string, v any) error {
 	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
+	if err := jsonout.Write(&b, v); err != nil {
 		return fmt.Errorf("testmodel: %s: %w", path, err)
 	}
 	return fsutil.WriteFileAtomic(path, b.Bytes(), 0o644)
