@@ -90,6 +90,17 @@ func loadSpec(c *cli.Context) (*pipeline.Spec, error) {
 	return pipeline.Load(c.Args().First(), pipeline.WithKinds(stageKinds()), pipeline.WithVars(vars))
 }
 
+// pipelineSpec is the pipeline file that run and plan load, and the
+// options their flags give.
+func pipelineSpec(c *cli.Context) (*pipeline.Spec, pipeline.Options, error) {
+	spec, err := loadSpec(c)
+	if err != nil {
+		return nil, pipeline.Options{}, err
+	}
+	opts, err := pipelineOptions(c)
+	return spec, opts, err
+}
+
 func pipelineOptions(c *cli.Context) (pipeline.Options, error) {
 	o := pipeline.Options{
 		Force:    c.StringSlice("force"),
@@ -113,11 +124,7 @@ func pipelineOptions(c *cli.Context) (pipeline.Options, error) {
 }
 
 func pipelineRun(c *cli.Context) error {
-	spec, err := loadSpec(c)
-	if err != nil {
-		return err
-	}
-	opts, err := pipelineOptions(c)
+	spec, opts, err := pipelineSpec(c)
 	if err != nil {
 		return err
 	}
@@ -169,11 +176,7 @@ func pipelineRun(c *cli.Context) error {
 }
 
 func pipelinePlan(c *cli.Context) error {
-	spec, err := loadSpec(c)
-	if err != nil {
-		return err
-	}
-	opts, err := pipelineOptions(c)
+	spec, opts, err := pipelineSpec(c)
 	if err != nil {
 		return err
 	}
