@@ -50,6 +50,12 @@ type Options struct {
 	// round trip, so on a 40 ms link more channels and connections, not
 	// bigger packets, are what makes a copy fast.
 	Streams int
+	// Sessions is the number of SFTP sessions (SSH channels) on each
+	// stream's connection (default SessionsPerConn). Each moves at most
+	// its window per round trip and idles while the last writes of a
+	// chunk and its fsync are acknowledged; more of them keep more bytes
+	// in flight, at the cost of one chunk buffer each.
+	Sessions int
 	// StateDir holds the resume journals, one per destination (required).
 	StateDir string
 	// MaxPacket is the SFTP write size; 0 picks the largest the server
@@ -80,6 +86,9 @@ type Options struct {
 func (o *Options) defaults() {
 	if o.Streams < 1 {
 		o.Streams = 4
+	}
+	if o.Sessions < 1 {
+		o.Sessions = SessionsPerConn
 	}
 	if o.Retries == 0 {
 		o.Retries = 8
@@ -238,7 +247,7 @@ type host struct {
 	dir    string // remote directory as SFTP and the shell take it
 	p      *Plan
 	o      *Options
-	slots  []*conn    // SFTP sessions: Streams × SessionsPerConn
+	slots  []*conn    // SFTP sessions: Streams × Sessions
 	conns  []*sshConn // SSH connections: Streams
 	packet int        // SFTP packet size, decided on the first connection
 
@@ -273,7 +282,7 @@ func newHost(d Destination, p *Plan, o *Options) *host {
 	case strings.HasPrefix(dir, "~/"):
 		dir = strings.TrimPrefix(dir, "~/")
 	}
-	h := &host{d: d, dir: path.Clean(dir), p: p, o: o, slots: make([]*conn, o.Streams*SessionsPerConn), state: map[string]*fileState{},
+	h := &host{d: d, dir: path.Clean(dir), p: p, o: o, slots: make([]*conn, o.Streams*o.Sessions), state: map[string]*fileState{},
 		fr: map[string]*FileReport{}, conns: make([]*sshConn, o.Streams)}
 	for i := range h.conns {
 		h.conns[i] = &sshConn{}
@@ -304,8 +313,8 @@ func (h *host) fail(file string, err error) {
 	h.o.Log.Warn("transfer failed", "dest", h.d.Name, "file", file, "err", err)
 }
 
-// SessionsPerConn is the number of SFTP sessions (SSH channels) each
-// stream's connection carries, each writing chunks of its own: a channel
+// SessionsPerConn is the default number of SFTP sessions (SSH channels)
+// each stream's connection carries, each writing chunks of its own: a channel
 // moves at most its 2 MiB window per round trip, and the channels of one
 // connection share its TCP window and one cipher stream. Two per
 // connection keep a stream's pipe full across the round trip that ends
@@ -325,7 +334,7 @@ func (h *host) connect(ctx context.Context, i int) (*conn, error) {
 	if c := h.slot(i); c != nil {
 		return c, nil
 	}
-	g := h.conns[i/SessionsPerConn]
+	g := h.conns[i/h.o.Sessions]
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.ssh != nil && isClosed(g.dead) {
@@ -1110,7 +1119,7 @@ func sendFile(ctx context.Context, f *File, hosts []*host) error {
 		return err
 	}
 	bufLen := int(min(cs, max(f.Size, 1)))
-	workers := o.Streams * SessionsPerConn
+	workers := o.Streams * o.Sessions
 	pool := make(chan []byte, workers+1)
 	for range workers + 1 {
 		pool <- nil
