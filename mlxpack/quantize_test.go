@@ -12,11 +12,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/killtest"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -198,7 +198,7 @@ func TestPartialOfOtherPlan(t *testing.T) {
 // ends with the files of an uninterrupted run, and no kill leaves OUT
 // that is not the whole output. The children journal every 10 ms, so
 // most kills inside the write leave durable row blocks; the test fails
-// unless some did.
+// unless some did (see killtest.AtRandom).
 func TestQuantizeKillAtRandomPoints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills a conversion 6 times; not in -short")
@@ -221,28 +221,17 @@ func TestQuantizeKillAtRandomPoints(t *testing.T) {
 	t.Logf("seed %d, uninterrupted run %v", seed, full)
 	rng := rand.New(rand.NewPCG(seed, 0x31c))
 	out := filepath.Join(dir, "out")
-	resumable := 0
-	for kill := range 6 {
-		cmd := child(out)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+	killtest.AtRandom(t, 6, full, rng, func() *exec.Cmd { return child(out) }, func(kill int) bool {
+		if _, err := os.Stat(out); err != nil {
+			return false
 		}
-		time.Sleep(time.Duration(rng.Int64N(int64(full))))
-		cmd.Process.Signal(syscall.SIGKILL)
-		cmd.Wait()
-		if _, err := os.Stat(out); err == nil {
-			sameTree(t, fmt.Sprintf("kill %d: finished output", kill), want, readTree(t, out))
-			os.RemoveAll(out)
-			continue
-		}
-		if j, err := os.ReadFile(filepath.Join(PartialDir(out), journalName)); err == nil && bytes.Contains(j, []byte(`"unit"`)) {
-			resumable++
-		}
-	}
-	t.Logf("%d of 6 kills left durable row blocks for the next run", resumable)
-	if resumable == 0 {
-		t.Error("no kill left a journal with durable row blocks: the test never exercised a resume")
-	}
+		sameTree(t, fmt.Sprintf("kill %d: finished output", kill), want, readTree(t, out))
+		os.RemoveAll(out)
+		return true
+	}, func() bool {
+		j, err := os.ReadFile(filepath.Join(PartialDir(out), journalName))
+		return err == nil && bytes.Contains(j, []byte(`"unit"`))
+	})
 	if b, err := child(out).CombinedOutput(); err != nil {
 		t.Fatalf("last run: %v: %s", err, b)
 	}

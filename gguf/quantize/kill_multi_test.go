@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/internal/killtest"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
@@ -53,7 +54,7 @@ func planOutputs(s *Source, types []string, dir string) ([]Output, error) {
 // each, ends with every output byte-identical to an uninterrupted run's;
 // no kill leaves a file under an output's name that is not that whole
 // file, and some kill must leave journals the next run resumes from (see
-// killAtRandom).
+// killtest.AtRandom).
 func TestKillMultiAtRandomPoints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills a three-type quantization 6 times; not in -short")
@@ -106,7 +107,7 @@ func TestKillMultiAtRandomPoints(t *testing.T) {
 		}
 		return false
 	}
-	killAtRandom(t, 6, full, rng, func() *exec.Cmd { return child(out) }, func(kill int) bool {
+	killtest.AtRandom(t, 6, full, rng, func() *exec.Cmd { return child(out) }, func(kill int) bool {
 		finished := 0
 		for _, n := range names {
 			b, err := os.ReadFile(filepath.Join(out, n))

@@ -10,12 +10,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/killtest"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
@@ -73,46 +73,6 @@ func childQuantize(parts []string) error {
 	return err
 }
 
-// killAtRandom starts n children one after another and SIGKILLs each at a
-// random moment in [0, full); after each, finished checks what the kill
-// left and says whether the child had finished (and cleared its output for
-// the next). Kills after which durable says a journal holds finished work
-// are resumes the next child makes; if no random moment gave one (a loaded
-// machine runs the child slower than the timed run), one more child is
-// killed right after durable turns true. The test fails if none did.
-func killAtRandom(t *testing.T, n int, full time.Duration, rng *rand.Rand, start func() *exec.Cmd, finished func(kill int) bool, durable func() bool) {
-	t.Helper()
-	run := func(kill int, ready func() bool) bool {
-		cmd := start()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		for !ready() {
-			time.Sleep(2 * time.Millisecond)
-		}
-		cmd.Process.Signal(syscall.SIGKILL)
-		cmd.Wait()
-		return !finished(kill) && durable()
-	}
-	resumable := 0
-	for kill := range n {
-		at := time.Now().Add(time.Duration(rng.Int64N(int64(full))))
-		if run(kill, func() bool { return !time.Now().Before(at) }) {
-			resumable++
-		}
-	}
-	t.Logf("%d of %d kills at random moments left durable work for the next run to keep", resumable, n)
-	if resumable > 0 {
-		return
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	if !run(n, func() bool { return durable() || time.Now().After(deadline) }) {
-		t.Error("no kill left a journal with durable work: the test never exercised a resume")
-		return
-	}
-	t.Logf("kill %d, right after the first durable work, left journals to resume from", n+1)
-}
-
 // A quantization SIGKILLed at 12 random moments, and run again after each,
 // ends with the bytes of an uninterrupted run, and no kill leaves a file
 // under the output's name that is not that whole file. The moments are
@@ -121,7 +81,7 @@ func killAtRandom(t *testing.T, n int, full time.Duration, rng *rand.Rand, start
 // fsync and rename. The children record durable tensors every 20 ms
 // (not every second), so most kills inside the write leave a journal that
 // the next run resumes from; the test fails unless some did (see
-// killAtRandom).
+// killtest.AtRandom).
 func TestKillAtRandomPoints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills a quantization 12 times; not in -short")
@@ -159,7 +119,7 @@ func TestKillAtRandomPoints(t *testing.T) {
 		}
 		return false
 	}
-	killAtRandom(t, 12, full, rng, func() *exec.Cmd { return child(out) }, func(kill int) bool {
+	killtest.AtRandom(t, 12, full, rng, func() *exec.Cmd { return child(out) }, func(kill int) bool {
 		b, err := os.ReadFile(out)
 		if err != nil {
 			return false
