@@ -10,7 +10,6 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/benchtest"
 	"github.com/ferry-llm/ferry/internal/testmodel"
-	"github.com/ferry-llm/ferry/safetensors"
 )
 
 // wideCheckpoint is a Qwen3.5-27B-width checkpoint
@@ -21,7 +20,7 @@ import (
 // where mlx_lm.convert -q took 29.3 s, 7.9 GiB, 12.3× cp).
 // FERRY_BENCH_LAYERS sets the layer count, FERRY_BENCH_DIR keeps the
 // checkpoint between runs.
-func wideCheckpoint(b *testing.B) string {
+func wideCheckpoint(b *testing.B) benchtest.Checkpoint {
 	return benchtest.Checkpoint27B(b, benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 4), benchtest.EnvInt(b, "FERRY_BENCH_VOCAB", 32768), false)
 }
 
@@ -35,17 +34,8 @@ func TestMain(m *testing.M) { benchtest.Main(m) }
 // of the converting process, and the ratio of its wall time to cp's — the
 // figure to hold against mlx_lm.convert's 12.3× cp (anchors.md).
 func BenchmarkQuantizeQwen35MLX4(b *testing.B) {
-	dir := wideCheckpoint(b)
-	ck, err := safetensors.OpenDir(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var shards []string
-	for _, s := range ck.Shards {
-		shards = append(shards, s.Path)
-	}
-	in := ck.TotalBytes()
-	ck.Close()
+	ck := wideCheckpoint(b)
+	dir, shards, in := ck.Dir, ck.Shards, ck.Bytes
 	work := b.TempDir()
 	benchtest.Run(b, nil, "cat", shards...) // warm the page cache
 	b.SetBytes(in)

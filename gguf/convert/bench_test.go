@@ -62,7 +62,7 @@ func init() {
 // (default 4: 4.56 GB; 12: 10.65 GB, more than the kernel's default
 // dirty-page limit on a 24 GiB machine); FERRY_BENCH_DIR keeps it between
 // runs.
-func benchCheckpoint(b *testing.B) string {
+func benchCheckpoint(b *testing.B) benchtest.Checkpoint {
 	return benchtest.Checkpoint27B(b, benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 4), 32768, true)
 }
 
@@ -78,17 +78,8 @@ func TestMain(m *testing.M) { benchtest.Main(m) }
 // byte is in the page cache, before the final fsync waits for the disk,
 // over cp's (which never waits for the disk): the like-for-like ratio.
 func BenchmarkConvertQwen35F16(b *testing.B) {
-	dir := benchCheckpoint(b)
-	ck, err := safetensors.OpenDir(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var shards []string
-	for _, s := range ck.Shards {
-		shards = append(shards, s.Path)
-	}
-	in := ck.TotalBytes()
-	ck.Close()
+	ck := benchCheckpoint(b)
+	dir, shards, in := ck.Dir, ck.Shards, ck.Bytes
 	if in < 2e9 {
 		b.Fatalf("checkpoint is %d bytes, want ≥ 2 GB", in)
 	}
@@ -184,8 +175,7 @@ func BenchmarkConvertSmall(b *testing.B) {
 // back to hash it (what the stage did before). Same checkpoint as
 // BenchmarkConvertQwen35F16, in process.
 func BenchmarkConvertHashed(b *testing.B) {
-	dir := benchCheckpoint(b)
-	ck, err := safetensors.OpenDir(dir)
+	ck, err := safetensors.OpenDir(benchCheckpoint(b).Dir)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"sync"
 	"testing"
@@ -72,33 +73,58 @@ func EnvInt(tb testing.TB, key string, def int) int {
 	return n
 }
 
-// Checkpoint27B is the path of a testmodel.Large27B(layers) checkpoint
-// (Qwen3.5-27B widths, 2 GB BF16 shards) with a vocab-entry embedding and,
-// with tokenizer, a tokenizer, written into Dir on first use.
-func Checkpoint27B(tb testing.TB, layers, vocab int, tokenizer bool) string {
+// Checkpoint is a generated checkpoint: its directory, the paths of its
+// shard files in order, and the bytes of all its tensors.
+type Checkpoint struct {
+	Dir    string
+	Shards []string
+	Bytes  int64
+}
+
+// Checkpoint27B is a testmodel.Large27B(layers) checkpoint (Qwen3.5-27B
+// widths, 2 GB BF16 shards) with a vocab-entry embedding and, with
+// tokenizer, a tokenizer (WriteQwen35).
+func Checkpoint27B(tb testing.TB, layers, vocab int, tokenizer bool) Checkpoint {
 	tb.Helper()
+	o := testmodel.Large27B(layers)
+	o.VocabSize = vocab
+	o.NoTokenizer = !tokenizer
 	name := fmt.Sprintf("qwen35-27b-slice-%d-%d", layers, vocab)
 	if tokenizer {
 		name += "-tok"
 	}
+	return WriteQwen35(tb, name, o)
+}
+
+// WriteQwen35 writes the checkpoint o describes into Dir/name on first
+// use; a later call (or run, with FERRY_BENCH_DIR) finds it there.
+func WriteQwen35(tb testing.TB, name string, o testmodel.Qwen35Options) Checkpoint {
+	tb.Helper()
 	dir := filepath.Join(Dir(tb), name)
-	if cfg, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
-		var c struct {
-			Layers int `json:"num_hidden_layers"`
-			Vocab  int `json:"vocab_size"`
-		}
-		if err := json.Unmarshal(cfg, &c); err != nil || c.Layers != layers || c.Vocab != vocab {
-			tb.Fatalf("%s holds a %d-layer, vocab %d checkpoint (%v), want %d, %d: remove it", dir, c.Layers, c.Vocab, err, layers, vocab)
-		}
-		return dir
-	}
-	o := testmodel.Large27B(layers)
-	o.VocabSize = vocab
-	o.NoTokenizer = !tokenizer
-	if _, err := o.Write(dir); err != nil {
+	m, err := o.Layout()
+	if err != nil {
 		tb.Fatal(err)
 	}
-	return dir
+	if cfg, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
+		var got, want any
+		b, err := json.Marshal(m.Config)
+		if err == nil {
+			err = json.Unmarshal(b, &want)
+		}
+		if err == nil {
+			err = json.Unmarshal(cfg, &got)
+		}
+		if err != nil || !reflect.DeepEqual(got, want) {
+			tb.Fatalf("%s holds another checkpoint (its config.json is not this one's: %v): remove it", dir, err)
+		}
+	} else if m, err = o.Write(dir); err != nil {
+		tb.Fatal(err)
+	}
+	ck := Checkpoint{Dir: dir, Bytes: m.TotalSize()}
+	for _, s := range m.Shards {
+		ck.Shards = append(ck.Shards, filepath.Join(dir, s))
+	}
+	return ck
 }
 
 // Measured is what Run measured of a finished child process.

@@ -4,7 +4,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"testing"
+
+	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
 // TestEnvInt: unset is the default, a positive integer is itself.
@@ -52,6 +55,36 @@ func TestRun(t *testing.T) {
 	}
 	if m.Wall <= 0 || m.PeakRSS <= 0 || m.CPU < 0 {
 		t.Errorf("measured %+v, want a wall time and a peak RSS", m)
+	}
+}
+
+// TestWriteQwen35: the first call writes the checkpoint, a later one finds
+// it and describes it alike (from the layout, writing nothing): the same
+// shard files, each there, holding the tensor bytes.
+func TestWriteQwen35(t *testing.T) {
+	t.Setenv(DirEnv, t.TempDir())
+	o := testmodel.Qwen35Options{}
+	first := WriteQwen35(t, "tiny", o)
+	again := WriteQwen35(t, "tiny", o)
+	if !reflect.DeepEqual(first, again) {
+		t.Fatalf("first call %+v, then %+v", first, again)
+	}
+	if len(first.Shards) < 2 || first.Bytes <= 0 {
+		t.Fatalf("%+v: want several shards and their tensor bytes", first)
+	}
+	var files int64
+	for _, s := range first.Shards {
+		st, err := os.Stat(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Dir(s) != first.Dir {
+			t.Errorf("shard %s is not in %s", s, first.Dir)
+		}
+		files += st.Size()
+	}
+	if first.Bytes >= files {
+		t.Errorf("%d tensor bytes in %d bytes of shards (headers included)", first.Bytes, files)
 	}
 }
 
