@@ -23,7 +23,7 @@ import (
 // as `ferry transfer` does (transfer.Run: parallel streams, sha256 checked
 // on each host, resumable):
 //
-//	transfer: { from: [quants, mlx4], to: [studio-a:~/models/x, studio-b:~/models/x], streams: 4 }
+//	transfer: { from: [quants, mlx4], to: [studio-a:~/models/x, studio-b:~/models/x], streams: 4, sessions: 4 }
 //
 // Stage S's output P lands at DIR/S/P on every host. Each file's digest
 // comes from the manifest (nothing is hashed twice); hosts are reached as
@@ -42,9 +42,10 @@ import (
 // `ferry pipeline run --verify` runs it again, which re-hashes every
 // remote file and sends only what does not match.
 type transferStage struct {
-	From    []string `json:"from"`
-	To      []string `json:"to"`
-	Streams int      `json:"-"` // how, not what: not part of the key
+	From     []string `json:"from"`
+	To       []string `json:"to"`
+	Streams  int      `json:"-"` // how, not what: not part of the key
+	Sessions int      `json:"-"`
 	TransferNetcheck
 	// SkipNetcheck (skip_netcheck: true) sends without the route and
 	// interface checks; how, not what: not part of the key.
@@ -99,6 +100,13 @@ func newTransfer(p *Params) (Stage, error) {
 		return nil, p.Errorf("streams", "must be between 1 and 64")
 	}
 	s.Streams = int(n)
+	if n, err = p.Int("sessions", transfer.SessionsPerConn); err != nil {
+		return nil, err
+	}
+	if n < 1 || n > 16 {
+		return nil, p.Errorf("sessions", "must be between 1 and 16")
+	}
+	s.Sessions = int(n)
 	if s.Via, err = p.String("via", false); err != nil {
 		return nil, err
 	}
@@ -151,7 +159,7 @@ func (s *transferStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 	return &StagePlan{
 		Summary: fmt.Sprintf("%d files, %d bytes, to %d destinations", len(p.Files), p.Bytes(), len(s.dests)),
 		// A chunk buffer per session, and one more, shared by the destinations.
-		Memory: int64(s.Streams*transfer.SessionsPerConn+1)*p.ChunkSize + 16<<20,
+		Memory: int64(s.Streams*s.Sessions+1)*p.ChunkSize + 16<<20,
 	}, nil
 }
 
@@ -209,7 +217,7 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	env.Progress.SetTotal(p.Bytes() * int64(len(dests)))
-	o := transfer.Options{Streams: s.Streams, StateDir: state, Verify: env.Verify, Log: env.Log,
+	o := transfer.Options{Streams: s.Streams, Sessions: s.Sessions, StateDir: state, Verify: env.Verify, Log: env.Log,
 		Progress: func(string, int64) progress.Reporter { return transferProgress{env.Progress} }}
 	checked := map[string]netcheck.Summary{} // by destination host
 	var mu sync.Mutex

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/pipeline/pipelinetest"
 
 	. "github.com/ferry-llm/ferry/pipeline"
 )
@@ -131,6 +132,21 @@ stages:
 	}
 	if _, err := os.Stat(filepath.Join(dst, "skip", "model", "a.gguf")); err != nil {
 		t.Errorf("skip_netcheck: %v", err)
+	}
+	// Out-of-range tuning is refused when the file is loaded, naming the key.
+	for _, extra := range []string{"streams: 0", "streams: 65", "sessions: 0", "sessions: 17"} {
+		p := filepath.Join(dir, "tuning.yaml")
+		writeFile(t, p, `name: x
+stages:
+  - name: model
+    import: { path: model }
+  - name: shipped
+    transfer: { from: [model], to: [studio:`+dst+`/tuning], `+extra+` }
+`)
+		key, _, _ := strings.Cut(extra, ":")
+		if _, err := Load(p, WithKinds(pipelinetest.Kinds())); errkind.Of(err) != errkind.BadInput || err == nil || !strings.Contains(err.Error(), "transfer."+key+": must be between") {
+			t.Errorf("%s: %v (kind %v), want bad input naming transfer.%s", extra, err, errkind.Of(err), key)
+		}
 	}
 	if _, err := Run(context.Background(), reqSpec("via", "via: nosuch0"), Options{}); errkind.Of(err) != errkind.Usage {
 		t.Errorf("via nosuch0: %v (kind %v), want a usage error", err, errkind.Of(err))

@@ -198,9 +198,10 @@ func BenchmarkTransfer(b *testing.B) {
 		rates := map[string]float64{}
 		// ferry-32KiB: SFTP writes of the 32 KiB every server takes, not
 		// the 255 KiB OpenSSH allows: what the larger packets are worth.
-		// ferry-sess4: four SFTP sessions on each of the 4 connections
-		// instead of two: twice the bytes in flight per round trip.
-		for _, tool := range []string{"scp", "rsync", "ferry", "ferry-32KiB", "ferry-sess4"} {
+		// ferry-sess2: two SFTP sessions on each of the 4 connections
+		// instead of four (SessionsPerConn): half the bytes in flight per
+		// round trip.
+		for _, tool := range []string{"scp", "rsync", "ferry", "ferry-32KiB", "ferry-sess2"} {
 			b.Run(fmt.Sprintf("rtt=%dms/%s", 2*lat, tool), func(b *testing.B) {
 				b.SetBytes(size)
 				for i := 0; i < b.N; i++ {
@@ -211,15 +212,15 @@ func BenchmarkTransfer(b *testing.B) {
 					px0, _, _ := procCPU(proxyPid)
 					start := time.Now()
 					switch tool {
-					case "ferry", "ferry-32KiB", "ferry-sess4":
+					case "ferry", "ferry-32KiB", "ferry-sess2":
 						cpu0 = cpuSeconds(syscall.RUSAGE_SELF)
 						d := Destination{Name: "bench:" + dst, Host: "bench", Dir: dst, Dial: testDialer(s, proxy)}
 						o := Options{StateDir: b.TempDir()}
 						switch tool {
 						case "ferry-32KiB":
 							o.MaxPacket = 32 << 10
-						case "ferry-sess4":
-							o.Sessions = 4
+						case "ferry-sess2":
+							o.Sessions = 2
 						}
 						if _, err := Run(context.Background(), p, []Destination{d}, o); err != nil {
 							b.Fatal(err)

@@ -33,6 +33,7 @@ run again. One destination failing does not stop the others; the error
 and the --json report say which failed.`,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "streams", Value: 4, Usage: "SSH connections per destination"},
+			&cli.IntFlag{Name: "sessions", Value: transfer.SessionsPerConn, Usage: "SFTP sessions (SSH channels) on each connection, each with a chunk buffer"},
 			&cli.BoolFlag{Name: "dereference", Usage: "copy what symlinks point to (links inside a source tree are otherwise recreated as links, and links leaving it refused)"},
 			&cli.StringFlag{Name: "chunk-size", Value: "16MiB", Usage: "unit of parallel writes, of the resume journal and of repair"},
 			&cli.StringFlag{Name: "state-dir", Usage: "where resume journals are kept (default: the user cache directory's ferry/transfer)"},
@@ -85,6 +86,10 @@ func runTransfer(c *cli.Context) error {
 	if streams < 1 || streams > 64 {
 		return usageErrorf("transfer: --streams must be between 1 and 64")
 	}
+	sessions := c.Int("sessions")
+	if sessions < 1 || sessions > 16 {
+		return usageErrorf("transfer: --sessions must be between 1 and 16")
+	}
 	cs, ok := pipeline.ParseSize(c.String("chunk-size"))
 	if !ok || cs < 64<<10 || cs > 1<<30 {
 		return usageErrorf("transfer: --chunk-size %q: want a size from 64KiB to 1GiB", c.String("chunk-size"))
@@ -119,7 +124,7 @@ func runTransfer(c *cli.Context) error {
 		pg.Close()
 		return err
 	}
-	o := transfer.Options{Streams: streams, StateDir: state, Verify: c.Bool("verify"),
+	o := transfer.Options{Streams: streams, Sessions: sessions, StateDir: state, Verify: c.Bool("verify"),
 		Progress: func(dest string, total int64) progress.Reporter { return pg.New(dest, total, "dest", dest) }}
 	o.PreFlight = preFlight
 	rep, err := transfer.Run(c.Context, plan, dests, o)

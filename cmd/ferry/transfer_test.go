@@ -152,6 +152,27 @@ func TestTransferCLIRefused(t *testing.T) {
 	}
 }
 
+// Out-of-range tuning flags are usage errors (exit 2) that name the flag,
+// refused before any connection or hashing.
+func TestTransferCLIUsage(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "w.bin")
+	writeRandom(t, src, 1000, 3)
+	for _, tc := range []struct{ flag, value string }{
+		{"--streams", "0"},
+		{"--streams", "65"},
+		{"--sessions", "0"},
+		{"--sessions", "17"},
+		{"--chunk-size", "1KiB"},
+	} {
+		t.Run(tc.flag+"="+tc.value, func(t *testing.T) {
+			r := execFerry(t, nil, "transfer", "--state-dir", t.TempDir(), tc.flag, tc.value, src, "nosuchhost.invalid:/x")
+			if r.code != exitBadInput || !strings.Contains(r.stderr, tc.flag) {
+				t.Errorf("exit %d (want %d), stderr %q (want it to name %s)", r.code, exitBadInput, r.stderr, tc.flag)
+			}
+		})
+	}
+}
+
 // ferry transfer SIGKILLed at random moments, and run again after each,
 // ends with the file byte-identical, and no run sends a chunk that the
 // journal said was already there when it started.
