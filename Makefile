@@ -112,9 +112,7 @@ qemu:
 # lowest CPU priority (nice 19), taking only the CPU the tests leave idle
 # while they wait on child processes, sshd, lock polls and kill timers:
 # fuzz-smoke's instrumented test binaries (every dependency of the package
-# is instrumented: ./pipeline's, Apache Arrow's among them, is about 300
-# CPU seconds cold) and cross's two platforms, about 600 CPU seconds in
-# all. They only fill the build cache (their output goes to
+# is instrumented) and cross's two platforms. They only fill the build cache (their output goes to
 # bin/prebuild.log); the steps then run as before, find their packages
 # compiled, and report any failure themselves.
 test: vet

@@ -1,53 +1,32 @@
 package inspect
 
 import (
-	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
-
 	"github.com/ferry-llm/ferry/internal/parquetfile"
 )
 
-// Schema is the Parquet layout of the per-tensor table; sha256 is
-// null when --hash was not given.
-var Schema = arrow.NewSchema([]arrow.Field{
-	{Name: "name", Type: arrow.BinaryTypes.String},
-	{Name: "dtype", Type: arrow.BinaryTypes.String},
-	{Name: "shape", Type: arrow.ListOf(arrow.PrimitiveTypes.Int64)},
-	{Name: "bytes", Type: arrow.PrimitiveTypes.Int64},
-	{Name: "shard", Type: arrow.BinaryTypes.String},
-	{Name: "offset", Type: arrow.PrimitiveTypes.Int64},
-	{Name: "sha256", Type: arrow.BinaryTypes.String, Nullable: true},
-}, nil)
-
-// WriteParquet writes rows to path atomically; createdBy names the
-// writing program ("ferry 0.1.0").
+// WriteParquet writes rows to path atomically, one row per tensor: name,
+// dtype, shape (list<int64>), bytes, shard, offset, and sha256 (null when
+// --hash was not given); createdBy names the writing program ("ferry
+// 0.1.0").
 func WriteParquet(path string, rows []Row, createdBy string) error {
-	b := array.NewRecordBuilder(memory.DefaultAllocator, Schema)
-	defer b.Release()
-	name := b.Field(0).(*array.StringBuilder)
-	dtype := b.Field(1).(*array.StringBuilder)
-	shape := b.Field(2).(*array.ListBuilder)
-	dims := shape.ValueBuilder().(*array.Int64Builder)
-	size := b.Field(3).(*array.Int64Builder)
-	shard := b.Field(4).(*array.StringBuilder)
-	offset := b.Field(5).(*array.Int64Builder)
-	sum := b.Field(6).(*array.StringBuilder)
-	for _, r := range rows {
-		name.Append(r.Name)
-		dtype.Append(r.DType)
-		shape.Append(true)
-		dims.AppendValues(r.Shape, nil)
-		size.Append(r.Bytes)
-		shard.Append(r.Shard)
-		offset.Append(r.Offset)
-		if r.SHA256 == "" {
-			sum.AppendNull()
-		} else {
-			sum.Append(r.SHA256)
-		}
+	cols := []parquetfile.Column{
+		{Name: "name", Kind: parquetfile.String},
+		{Name: "dtype", Kind: parquetfile.String},
+		{Name: "shape", Kind: parquetfile.Int64List},
+		{Name: "bytes", Kind: parquetfile.Int64},
+		{Name: "shard", Kind: parquetfile.String},
+		{Name: "offset", Kind: parquetfile.Int64},
+		{Name: "sha256", Kind: parquetfile.String, Nullable: true, Null: make([]bool, len(rows))},
 	}
-	rec := b.NewRecordBatch()
-	defer rec.Release()
-	return parquetfile.Write(path, rec, createdBy)
+	for i, r := range rows {
+		cols[0].Strings = append(cols[0].Strings, r.Name)
+		cols[1].Strings = append(cols[1].Strings, r.DType)
+		cols[2].Lists = append(cols[2].Lists, r.Shape)
+		cols[3].Int64s = append(cols[3].Int64s, r.Bytes)
+		cols[4].Strings = append(cols[4].Strings, r.Shard)
+		cols[5].Int64s = append(cols[5].Int64s, r.Offset)
+		cols[6].Strings = append(cols[6].Strings, r.SHA256)
+		cols[6].Null[i] = r.SHA256 == ""
+	}
+	return parquetfile.Write(path, len(rows), cols, createdBy)
 }

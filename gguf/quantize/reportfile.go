@@ -8,77 +8,67 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
-
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/parquetfile"
 )
 
-// ReportSchema is the Parquet layout of --report: one row per output ×
-// tensor. layer is null for a tensor outside the blocks; the errors of a
-// copied tensor are 0 (cosine 1); weighted_rmse is null without an
-// importance vector.
-var ReportSchema = arrow.NewSchema([]arrow.Field{
-	{Name: "output", Type: arrow.BinaryTypes.String},      // the output's file name
-	{Name: "output_type", Type: arrow.BinaryTypes.String}, // its llama-quantize type (Q4_K_M)
-	{Name: "tensor", Type: arrow.BinaryTypes.String},
-	{Name: "layer", Type: arrow.PrimitiveTypes.Int32, Nullable: true},
-	{Name: "type", Type: arrow.BinaryTypes.String},       // ggml type written
-	{Name: "input_type", Type: arrow.BinaryTypes.String}, // ggml type read
-	{Name: "parameters", Type: arrow.PrimitiveTypes.Int64},
-	{Name: "bytes", Type: arrow.PrimitiveTypes.Int64},
-	{Name: "bits_per_weight", Type: arrow.PrimitiveTypes.Float64},
-	{Name: "rmse", Type: arrow.PrimitiveTypes.Float64},
-	{Name: "relative_rmse", Type: arrow.PrimitiveTypes.Float64},
-	{Name: "max_abs_error", Type: arrow.PrimitiveTypes.Float64},
-	{Name: "cosine_similarity", Type: arrow.PrimitiveTypes.Float64},
-	// The error weighted by the importance matrix (TensorError.WeightedRMSE);
-	// null for a tensor quantized without one.
-	{Name: "weighted_rmse", Type: arrow.PrimitiveTypes.Float64, Nullable: true},
-}, nil)
-
-// WriteReportParquet writes the reports to path (atomically) as
-// ReportSchema rows, output by output, tensors in plan order; createdBy
-// names the writing program.
+// WriteReportParquet writes the reports to path (atomically), one row per
+// output × tensor, output by output, tensors in plan order; createdBy
+// names the writing program. Columns: output (the output's file name),
+// output_type (its llama-quantize type, Q4_K_M), tensor, layer (int32,
+// null for a tensor outside the blocks), type (ggml type written),
+// input_type (ggml type read), parameters, bytes, bits_per_weight, rmse,
+// relative_rmse, max_abs_error, cosine_similarity (the errors of a copied
+// tensor are 0, cosine 1), weighted_rmse (TensorError.WeightedRMSE; null
+// for a tensor quantized without an importance vector).
 func WriteReportParquet(path string, reports []OutputReport, createdBy string) error {
-	b := array.NewRecordBuilder(memory.DefaultAllocator, ReportSchema)
-	defer b.Release()
-	str := func(i int) *array.StringBuilder { return b.Field(i).(*array.StringBuilder) }
-	i64 := func(i int) *array.Int64Builder { return b.Field(i).(*array.Int64Builder) }
-	f64 := func(i int) *array.Float64Builder { return b.Field(i).(*array.Float64Builder) }
-	layer := b.Field(3).(*array.Int32Builder)
+	cols := []parquetfile.Column{
+		{Name: "output", Kind: parquetfile.String},
+		{Name: "output_type", Kind: parquetfile.String},
+		{Name: "tensor", Kind: parquetfile.String},
+		{Name: "layer", Kind: parquetfile.Int32, Nullable: true},
+		{Name: "type", Kind: parquetfile.String},
+		{Name: "input_type", Kind: parquetfile.String},
+		{Name: "parameters", Kind: parquetfile.Int64},
+		{Name: "bytes", Kind: parquetfile.Int64},
+		{Name: "bits_per_weight", Kind: parquetfile.Float64},
+		{Name: "rmse", Kind: parquetfile.Float64},
+		{Name: "relative_rmse", Kind: parquetfile.Float64},
+		{Name: "max_abs_error", Kind: parquetfile.Float64},
+		{Name: "cosine_similarity", Kind: parquetfile.Float64},
+		{Name: "weighted_rmse", Kind: parquetfile.Float64, Nullable: true},
+	}
+	str := func(i int, v string) { cols[i].Strings = append(cols[i].Strings, v) }
+	i64 := func(i int, v int64) { cols[i].Int64s = append(cols[i].Int64s, v) }
+	f64 := func(i int, v float64) { cols[i].Float64s = append(cols[i].Float64s, v) }
+	rows := 0
 	for _, r := range reports {
 		for _, t := range r.Tensors {
-			str(0).Append(filepath.Base(r.Path))
-			str(1).Append(r.FileType.String())
-			str(2).Append(t.Name)
-			if l, ok := quant.BlockOf(t.Name); ok {
-				layer.Append(int32(l))
-			} else {
-				layer.AppendNull()
-			}
-			str(4).Append(t.Type.String())
-			str(5).Append(t.InType.String())
-			i64(6).Append(t.Params)
-			i64(7).Append(t.Bytes)
-			f64(8).Append(t.BitsPerWeight())
-			f64(9).Append(t.RMSE)
-			f64(10).Append(t.RelRMSE)
-			f64(11).Append(t.MaxAbs)
-			f64(12).Append(t.Cosine)
-			if t.Weighted {
-				f64(13).Append(t.WeightedRMSE)
-			} else {
-				f64(13).AppendNull()
-			}
+			rows++
+			str(0, filepath.Base(r.Path))
+			str(1, r.FileType.String())
+			str(2, t.Name)
+			l, ok := quant.BlockOf(t.Name)
+			cols[3].Int32s = append(cols[3].Int32s, int32(l))
+			cols[3].Null = append(cols[3].Null, !ok)
+			str(4, t.Type.String())
+			str(5, t.InType.String())
+			i64(6, t.Params)
+			i64(7, t.Bytes)
+			f64(8, t.BitsPerWeight())
+			f64(9, t.RMSE)
+			f64(10, t.RelRMSE)
+			f64(11, t.MaxAbs)
+			f64(12, t.Cosine)
+			f64(13, t.WeightedRMSE)
+			cols[13].Null = append(cols[13].Null, !t.Weighted)
 		}
 	}
-	rec := b.NewRecordBatch()
-	defer rec.Release()
-	return parquetfile.Write(path, rec, createdBy)
+	if rows == 0 {
+		cols[3].Null, cols[13].Null = nil, nil
+	}
+	return parquetfile.Write(path, rows, cols, createdBy)
 }
 
 // svgColors are the lines' colours, one per output (cycled).
