@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,11 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
-	"github.com/apache/arrow-go/v18/parquet/file"
-	"github.com/apache/arrow-go/v18/parquet/pqarrow"
+	"github.com/parquet-go/parquet-go"
 
 	"github.com/ferry-llm/ferry/inspect"
 	"github.com/ferry-llm/ferry/internal/sysmem"
@@ -183,65 +178,83 @@ func TestInspectHash(t *testing.T) {
 	}
 }
 
+// parquetSchema is the Parquet schema inspect --parquet writes, as
+// parquet-go prints what it reads (a plain int64 as INT(64,true)): Arrow's
+// string, list<int64>, int64 and a nullable string.
+const parquetSchema = `message schema {
+	required binary name (STRING);
+	required binary dtype (STRING);
+	required group shape (LIST) {
+		repeated group list {
+			optional int64 element (INT(64,true));
+		}
+	}
+	required int64 bytes (INT(64,true));
+	required binary shard (STRING);
+	required int64 offset (INT(64,true));
+	optional binary sha256 (STRING);
+}`
+
+// readParquetRows reads the rows of an inspect --parquet file with
+// parquet-go, a reader independent of the writer.
 func readParquetRows(t *testing.T, p string) []inspect.Row {
 	t.Helper()
-	rdr, err := file.OpenParquetFile(p, false)
+	fh, err := os.Open(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rdr.Close()
-	fr, err := pqarrow.NewFileReader(rdr, pqarrow.ArrowReadProperties{}, memory.DefaultAllocator)
+	defer fh.Close()
+	st, err := fh.Stat()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tbl, err := fr.ReadTable(context.Background())
+	f, err := parquet.OpenFile(fh, st.Size())
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", p, err)
 	}
-	defer tbl.Release()
-	// Compare names and types: the reader adds PARQUET:field_id metadata.
-	got := tbl.Schema().Fields()
-	want := []arrow.Field{
-		{Name: "name", Type: arrow.BinaryTypes.String},
-		{Name: "dtype", Type: arrow.BinaryTypes.String},
-		{Name: "shape", Type: arrow.ListOf(arrow.PrimitiveTypes.Int64)},
-		{Name: "bytes", Type: arrow.PrimitiveTypes.Int64},
-		{Name: "shard", Type: arrow.BinaryTypes.String},
-		{Name: "offset", Type: arrow.PrimitiveTypes.Int64},
-		{Name: "sha256", Type: arrow.BinaryTypes.String, Nullable: true},
-	}
-	if len(got) != len(want) {
-		t.Fatalf("schema %v", tbl.Schema())
-	}
-	for i := range want {
-		if got[i].Name != want[i].Name || !arrow.TypeEqual(got[i].Type, want[i].Type) || got[i].Nullable != want[i].Nullable {
-			t.Errorf("column %d: %v, want %v", i, got[i], want[i])
-		}
+	if got := f.Schema().String(); got != parquetSchema {
+		t.Errorf("schema:\n%s\nwant:\n%s", got, parquetSchema)
 	}
 	var rows []inspect.Row
-	tr := array.NewTableReader(tbl, 1024)
-	defer tr.Release()
-	for tr.Next() {
-		rec := tr.RecordBatch()
-		name := rec.Column(0).(*array.String)
-		dtype := rec.Column(1).(*array.String)
-		shape := rec.Column(2).(*array.List)
-		dims := shape.ListValues().(*array.Int64)
-		size := rec.Column(3).(*array.Int64)
-		shard := rec.Column(4).(*array.String)
-		off := rec.Column(5).(*array.Int64)
-		sum := rec.Column(6).(*array.String)
-		for i := 0; i < int(rec.NumRows()); i++ {
-			lo, hi := shape.ValueOffsets(i)
-			r := inspect.Row{Name: name.Value(i), DType: dtype.Value(i), Shape: []int64{}, Bytes: size.Value(i), Shard: shard.Value(i), Offset: off.Value(i)}
-			for j := lo; j < hi; j++ {
-				r.Shape = append(r.Shape, dims.Value(int(j)))
+	for _, rg := range f.RowGroups() {
+		rr := rg.Rows()
+		buf := make([]parquet.Row, 64)
+		for {
+			n, err := rr.ReadRows(buf)
+			for _, row := range buf[:n] {
+				r := inspect.Row{Shape: []int64{}}
+				for _, v := range row {
+					switch v.Column() {
+					case 0:
+						r.Name = string(v.ByteArray())
+					case 1:
+						r.DType = string(v.ByteArray())
+					case 2:
+						if !v.IsNull() { // an empty list is one null leaf
+							r.Shape = append(r.Shape, v.Int64())
+						}
+					case 3:
+						r.Bytes = v.Int64()
+					case 4:
+						r.Shard = string(v.ByteArray())
+					case 5:
+						r.Offset = v.Int64()
+					case 6:
+						if !v.IsNull() {
+							r.SHA256 = string(v.ByteArray())
+						}
+					}
+				}
+				rows = append(rows, r)
 			}
-			if sum.IsValid(i) {
-				r.SHA256 = sum.Value(i)
+			if err == io.EOF {
+				break
 			}
-			rows = append(rows, r)
+			if err != nil {
+				t.Fatal(err)
+			}
 		}
+		rr.Close()
 	}
 	return rows
 }

@@ -5,109 +5,103 @@ import (
 	"context"
 	"encoding/xml"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/apache/arrow-go/v18/parquet"
-	"github.com/apache/arrow-go/v18/parquet/file"
+	"github.com/parquet-go/parquet-go"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
-// pqColumn reads column name of every row group of r: strings, int64s,
-// int32s (nulls as -1) or float64s (nulls as NaN), by the column's
-// physical type. It uses
-// the parquet package's column readers, not the Arrow layer the report is
-// written through.
-func pqColumn(t *testing.T, r *file.Reader, name string) any {
+// pqColumn reads column name of every row group of f with parquet-go, a
+// reader independent of the writer: strings, int64s, int32s (nulls as -1)
+// or float64s (nulls as NaN), by the column's physical type.
+func pqColumn(t *testing.T, f *parquet.File, name string) any {
 	t.Helper()
-	col := r.MetaData().Schema.ColumnIndexByName(name)
-	if col < 0 {
+	leaf, ok := f.Schema().Lookup(name)
+	if !ok {
 		t.Fatalf("no column %q", name)
 	}
 	var strs []string
 	var i64s []int64
 	var i32s []int32
 	var f64s []float64
-	for g := range r.NumRowGroups() {
-		rg := r.RowGroup(g)
-		n := rg.NumRows()
-		cr, err := rg.Column(col)
-		if err != nil {
-			t.Fatal(err)
-		}
-		def := make([]int16, n)
-		switch c := cr.(type) {
-		case *file.ByteArrayColumnChunkReader:
-			vals := make([]parquet.ByteArray, n)
-			_, m, err := c.ReadBatch(n, vals, def, nil)
-			if err != nil || int64(m) != n {
-				t.Fatalf("%s: %d of %d values: %v", name, m, n, err)
-			}
-			for _, v := range vals {
-				strs = append(strs, string(v))
-			}
-		case *file.Int64ColumnChunkReader:
-			vals := make([]int64, n)
-			if _, m, err := c.ReadBatch(n, vals, def, nil); err != nil || int64(m) != n {
-				t.Fatalf("%s: %d of %d values: %v", name, m, n, err)
-			}
-			i64s = append(i64s, vals...)
-		case *file.Int32ColumnChunkReader:
-			vals := make([]int32, n)
-			tot, m, err := c.ReadBatch(n, vals, def, nil)
-			if err != nil || tot != n {
-				t.Fatalf("%s: %d of %d rows: %v", name, tot, n, err)
-			}
-			k := 0
-			for _, d := range def[:tot] {
-				if d == 0 {
-					i32s = append(i32s, -1)
-					continue
+	kind := leaf.Node.Type().Kind()
+	for _, rg := range f.RowGroups() {
+		rows := rg.Rows()
+		buf := make([]parquet.Row, 64)
+		for {
+			n, err := rows.ReadRows(buf)
+			for _, row := range buf[:n] {
+				for _, v := range row {
+					if v.Column() != leaf.ColumnIndex {
+						continue
+					}
+					switch kind {
+					case parquet.ByteArray:
+						strs = append(strs, string(v.ByteArray()))
+					case parquet.Int64:
+						i64s = append(i64s, v.Int64())
+					case parquet.Int32:
+						if v.IsNull() {
+							i32s = append(i32s, -1)
+						} else {
+							i32s = append(i32s, v.Int32())
+						}
+					case parquet.Double:
+						if v.IsNull() {
+							f64s = append(f64s, math.NaN())
+						} else {
+							f64s = append(f64s, v.Double())
+						}
+					default:
+						t.Fatalf("%s: physical type %v", name, kind)
+					}
 				}
-				i32s = append(i32s, vals[k])
-				k++
 			}
-			if k != m {
-				t.Fatalf("%s: %d values for %d defined rows", name, m, k)
+			if err == io.EOF {
+				break
 			}
-		case *file.Float64ColumnChunkReader: // nulls as NaN
-			vals := make([]float64, n)
-			tot, m, err := c.ReadBatch(n, vals, def, nil)
-			if err != nil || tot != n {
-				t.Fatalf("%s: %d of %d rows: %v", name, tot, n, err)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
 			}
-			if m == int(n) {
-				f64s = append(f64s, vals...)
-				continue
-			}
-			k := 0
-			for _, d := range def[:tot] {
-				if d == 0 {
-					f64s = append(f64s, math.NaN())
-					continue
-				}
-				f64s = append(f64s, vals[k])
-				k++
-			}
-		default:
-			t.Fatalf("%s: column reader %T", name, cr)
 		}
+		rows.Close()
 	}
-	switch {
-	case strs != nil:
+	switch kind {
+	case parquet.ByteArray:
 		return strs
-	case i64s != nil:
+	case parquet.Int64:
 		return i64s
-	case i32s != nil:
+	case parquet.Int32:
 		return i32s
 	}
 	return f64s
+}
+
+// openParquet opens path with parquet-go for the test's duration.
+func openParquet(t *testing.T, path string) *parquet.File {
+	t.Helper()
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fh.Close() })
+	st, err := fh.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := parquet.OpenFile(fh, st.Size())
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return f
 }
 
 // tensorValues decodes tensor name of the GGUF file path to float32.
@@ -173,11 +167,7 @@ func TestReportParquet(t *testing.T) {
 	if err := WriteReportParquet(pq, reports, "ferry test"); err != nil {
 		t.Fatal(err)
 	}
-	r, err := file.OpenParquetFile(pq, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := openParquet(t, pq)
 	rows := 0
 	for _, o := range outs {
 		rows += len(o.Plan.Tensors)
@@ -331,11 +321,7 @@ func TestReportWeighted(t *testing.T) {
 	if err := WriteReportParquet(pq, []OutputReport{r}, "ferry test"); err != nil {
 		t.Fatal(err)
 	}
-	pf, err := file.OpenParquetFile(pq, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pf.Close()
+	pf := openParquet(t, pq)
 	wrmse := pqColumn(t, pf, "weighted_rmse").([]float64)
 	weighted, unweighted := 0, 0
 	for i, tp := range p.Tensors {
