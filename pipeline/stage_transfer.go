@@ -96,15 +96,15 @@ func newTransfer(p *Params) (Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n < 1 || n > 64 {
-		return nil, p.Errorf("streams", "must be between 1 and 64")
+	if n < 1 || n > transfer.MaxStreams {
+		return nil, p.Errorf("streams", "must be between 1 and %d", transfer.MaxStreams)
 	}
 	s.Streams = int(n)
 	if n, err = p.Int("sessions", transfer.SessionsPerConn); err != nil {
 		return nil, err
 	}
-	if n < 1 || n > 16 {
-		return nil, p.Errorf("sessions", "must be between 1 and 16")
+	if n < 1 || n > transfer.MaxSessions {
+		return nil, p.Errorf("sessions", "must be between 1 and %d", transfer.MaxSessions)
 	}
 	s.Sessions = int(n)
 	if s.Via, err = p.String("via", false); err != nil {

@@ -325,6 +325,13 @@ func (h *host) fail(file string, err error) {
 // buffer.
 const SessionsPerConn = 4
 
+// MaxStreams and MaxSessions bound Options.Streams and Options.Sessions
+// where users choose them (ferry transfer's flags, the transfer stage).
+const (
+	MaxStreams  = 64
+	MaxSessions = 16
+)
+
 // sshConn is one stream's SSH connection, shared by its sessions.
 type sshConn struct {
 	mu   sync.Mutex // held while dialing

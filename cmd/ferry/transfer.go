@@ -83,12 +83,12 @@ func runTransfer(c *cli.Context) error {
 		return err
 	}
 	streams := c.Int("streams")
-	if streams < 1 || streams > 64 {
-		return usageErrorf("transfer: --streams must be between 1 and 64")
+	if streams < 1 || streams > transfer.MaxStreams {
+		return usageErrorf("transfer: --streams must be between 1 and %d", transfer.MaxStreams)
 	}
 	sessions := c.Int("sessions")
-	if sessions < 1 || sessions > 16 {
-		return usageErrorf("transfer: --sessions must be between 1 and 16")
+	if sessions < 1 || sessions > transfer.MaxSessions {
+		return usageErrorf("transfer: --sessions must be between 1 and %d", transfer.MaxSessions)
 	}
 	cs, ok := pipeline.ParseSize(c.String("chunk-size"))
 	if !ok || cs < 64<<10 || cs > 1<<30 {
