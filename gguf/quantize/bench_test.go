@@ -158,11 +158,13 @@ func BenchmarkQuantizeLadder(b *testing.B) {
 		m := benchtest.Run(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + dir + ":" + types + ":" + jobs}, os.Args[0], "-test.run=^$")
 		ladder += m.Wall
 		ladderRSS = max(ladderRSS, m.PeakRSS)
+		b.Logf("one read, %s: %.2fs, CPU %.2fs (%.1f cores busy)", types, m.Wall.Seconds(), m.CPU.Seconds(), m.CPU.Seconds()/m.Wall.Seconds())
 		for _, ty := range names {
 			out := filepath.Join(work, "single.gguf")
 			m := benchtest.Run(b, []string{"FERRY_QUANTIZE_CHILD=" + in + ":" + out + ":" + ty + ":" + jobs}, os.Args[0], "-test.run=^$")
 			separate += m.Wall
 			separateRSS = max(separateRSS, m.PeakRSS)
+			b.Logf("single run, %s: %.2fs, CPU %.2fs (%.1f cores busy)", ty, m.Wall.Seconds(), m.CPU.Seconds(), m.CPU.Seconds()/m.Wall.Seconds())
 			b.StopTimer()
 			ft, err := ParseType(ty)
 			if err != nil {
