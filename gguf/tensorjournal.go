@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/journal"
 )
 
@@ -28,6 +29,7 @@ type TensorJournal struct {
 	path     string
 	log      *journal.Log
 	partial  string
+	noSync   bool // see OpenTensorJournal
 	durableM map[string]bool
 	pending  []string
 	last     time.Time
@@ -41,12 +43,23 @@ type TensorJournal struct {
 // written as PartialPath(out); stamp identifies the write (its plan and
 // inputs), and a journal of another stamp, or of a partial file that is
 // gone, starts over.
-func OpenTensorJournal(path, out, stamp string) (*TensorJournal, error) {
+//
+// noSync is for a writer with Options.NoSync: the journal then fsyncs
+// neither the partial file nor itself, so a tensor it records is in the
+// page cache, not necessarily on the disk. That survives a kill, not a
+// power loss or a crash of the system, so its stamp also names the boot
+// (fsutil.BootID): after a reboot the journal is not trusted and the file
+// starts over, and a journal of a synced run is not resumed by an
+// unsynced one or the other way round.
+func OpenTensorJournal(path, out, stamp string, noSync bool) (*TensorJournal, error) {
+	if noSync {
+		stamp += "\x00no-sync\x00" + fsutil.BootID()
+	}
 	log, entries, _, err := journal.Open(path, stamp)
 	if err != nil {
 		return nil, err
 	}
-	j := &TensorJournal{Every: time.Second, path: path, log: log, partial: PartialPath(out), durableM: map[string]bool{}, last: time.Now()}
+	j := &TensorJournal{Every: time.Second, path: path, log: log, partial: PartialPath(out), durableM: map[string]bool{}, last: time.Now(), noSync: noSync}
 	if _, err := os.Stat(j.partial); errors.Is(err, fs.ErrNotExist) {
 		// Units of a partial file that is gone mean nothing.
 		if len(entries) > 0 {
@@ -124,6 +137,13 @@ func (j *TensorJournal) Flush() error {
 }
 
 func (j *TensorJournal) record(units []string) error {
+	es := make([]journal.Entry, len(units))
+	for k, u := range units {
+		es[k] = journal.Entry{Unit: u}
+	}
+	if j.noSync {
+		return j.log.AppendNoSync(es...)
+	}
 	pf, err := os.Open(j.partial)
 	if err != nil {
 		return err
@@ -132,10 +152,6 @@ func (j *TensorJournal) record(units []string) error {
 	pf.Close()
 	if err != nil {
 		return err
-	}
-	es := make([]journal.Entry, len(units))
-	for k, u := range units {
-		es[k] = journal.Entry{Unit: u}
 	}
 	return j.log.Append(es...)
 }

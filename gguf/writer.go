@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/fsutil"
@@ -277,11 +278,18 @@ type Writer struct {
 	err     error // sticky
 	done    bool
 	resumed bool
+	noSync  bool
+	syncs   atomic.Int32 // fsyncs made (file and directory), for tests
 }
 
 // Options tune Create.
 type Options struct {
 	Resume bool // reuse a matching path+".partial" from an earlier run
+	// NoSync leaves the bytes in the page cache as cp does: no fsync of
+	// the file or its directory, and no early writeback. A kill or Ctrl-C
+	// loses nothing; a power loss or system crash soon after can lose or
+	// damage the file (see TensorJournal's NoSync for resumes).
+	NoSync bool
 }
 
 // PartialPath is where a Writer for path writes until Close.
@@ -289,11 +297,11 @@ func PartialPath(path string) string { return path + fsutil.PartialSuffix }
 
 // Create starts writing layout to path.
 func Create(path string, layout *Layout, opt Options) (*Writer, error) {
-	w := &Writer{path: path, layout: layout, tmp: PartialPath(path), written: make([]bool, len(layout.Tensors))}
+	w := &Writer{path: path, layout: layout, tmp: PartialPath(path), written: make([]bool, len(layout.Tensors)), noSync: opt.NoSync}
 	if opt.Resume {
 		if f, ok := reusable(w.tmp, layout); ok {
 			w.f = f
-			w.fl = fsutil.NewWriteback(f)
+			w.startWriteback()
 			w.resumed = true
 			return w, nil
 		}
@@ -303,7 +311,7 @@ func Create(path string, layout *Layout, opt Options) (*Writer, error) {
 		return nil, err
 	}
 	w.f = f
-	w.fl = fsutil.NewWriteback(f)
+	w.startWriteback()
 	if _, err := f.WriteAt(layout.Header, 0); err != nil {
 		w.Abort()
 		return nil, err
@@ -458,8 +466,26 @@ func (w *Writer) fail(err error) error {
 	return w.err
 }
 
-// Sync fsyncs the partial file (a resume point).
-func (w *Writer) Sync() error { return w.f.Sync() }
+// startWriteback starts the early writeback of a file that is fsynced at
+// the end; one that is not is left to the kernel, as cp leaves its files.
+func (w *Writer) startWriteback() {
+	if !w.noSync {
+		w.fl = fsutil.NewWriteback(w.f)
+	}
+}
+
+// sync fsyncs the partial file unless the writer skips fsync.
+func (w *Writer) sync() error {
+	if w.noSync {
+		return nil
+	}
+	w.syncs.Add(1)
+	return w.f.Sync()
+}
+
+// Sync fsyncs the partial file (a resume point); with Options.NoSync it
+// does nothing.
+func (w *Writer) Sync() error { return w.sync() }
 
 // Close checks every tensor was written, fsyncs, and renames the file into
 // place. On error the partial file is kept for a resume unless the error is
@@ -483,7 +509,7 @@ func (w *Writer) Close() error {
 	w.done = true
 	w.mu.Unlock()
 	w.fl.Stop()
-	if err := w.f.Sync(); err != nil {
+	if err := w.sync(); err != nil {
 		w.f.Close()
 		return fmt.Errorf("%s: fsync: %w", w.tmp, err)
 	}
@@ -493,6 +519,10 @@ func (w *Writer) Close() error {
 	if err := os.Rename(w.tmp, w.path); err != nil {
 		return err
 	}
+	if w.noSync {
+		return nil
+	}
+	w.syncs.Add(1)
 	return fsutil.SyncDir(filepath.Dir(w.path))
 }
 
@@ -518,7 +548,7 @@ func (w *Writer) Detach() error {
 	}
 	w.done = true
 	w.fl.Stop()
-	err := w.f.Sync()
+	err := w.sync()
 	if cerr := w.f.Close(); err == nil {
 		err = cerr
 	}

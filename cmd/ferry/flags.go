@@ -42,6 +42,20 @@ func dryRunFlag(usage string) cli.Flag {
 	return &cli.BoolFlag{Name: "dry-run", Usage: usage}
 }
 
+// noSyncFlag is the one switch, on the commands that write a GGUF, that
+// skips fsync (gguf.Options.NoSync).
+func noSyncFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "no-sync", Usage: "do not fsync the output: as fast as cp, and as cp a power loss or system crash soon after can lose or damage it (a kill or Ctrl-C still resumes; after a reboot the run starts over)"}
+}
+
+// noSyncNote is what a command's result line adds when --no-sync was on.
+func noSyncNote(noSync bool) string {
+	if noSync {
+		return " (not fsynced: --no-sync)"
+	}
+	return ""
+}
+
 // followLinksFlag is the one switch of ferry's symlink policy on every
 // command that reads a model directory (internal/fsutil): without it a file
 // that is a symlink resolving outside the directory is bad input.

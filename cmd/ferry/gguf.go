@@ -47,6 +47,7 @@ func ggufConvertCommand() *cli.Command {
 			&cli.StringFlag{Name: "pre", Usage: "tokenizer.ggml.pre `NAME` (default: named from tokenizer.json's pre-tokenizer — qwen2, qwen35, llama-bpe or gpt-2 — or, with a warning, the family's: qwen2 for Qwen2/3 and Qwen3-Next, qwen35 for Qwen3.5/3.6, llama-bpe for Llama)"},
 			&cli.StringFlag{Name: "model-name", Usage: "general.name (default from the directory name)"},
 			jobsFlag("tensor workers"),
+			noSyncFlag(),
 			dryRunFlag("plan only: check the checkpoint and print the plan, write nothing"),
 			followLinksFlag(),
 			jsonFlag("print the result (or the plan with --dry-run) as JSON"),
@@ -72,6 +73,7 @@ type ggufConvertResult struct {
 	NonFinite []nonFiniteCount `json:"nonfinite,omitempty"`
 	Warnings  []string         `json:"warnings,omitempty"`
 	Seconds   float64          `json:"seconds,omitempty"`
+	NoSync    bool             `json:"no_sync,omitempty"` // written without fsync (--no-sync)
 	DryRun    bool             `json:"dry_run,omitempty"`
 	Plan      []string         `json:"plan,omitempty"`
 }
@@ -136,7 +138,7 @@ func runGGUFConvert(c *cli.Context) error {
 	var nf nonFiniteCounts
 	pg := newProgress(c, false)
 	bar := pg.New("converting", plan.InputBytes, "task", "gguf convert")
-	rr, err := convert.Run(c.Context, ck, plan, out, convert.RunOptions{Jobs: jobs, Progress: bar.Add, NonFinite: nf.add})
+	rr, err := convert.Run(c.Context, ck, plan, out, convert.RunOptions{Jobs: jobs, NoSync: c.Bool("no-sync"), Progress: bar.Add, NonFinite: nf.add})
 	bar.Close()
 	pg.Close()
 	if err != nil {
@@ -148,6 +150,7 @@ func runGGUFConvert(c *cli.Context) error {
 	}
 	res.Resumed = rr.Resumed
 	res.Seconds = time.Since(start).Seconds()
+	res.NoSync = c.Bool("no-sync")
 	res.NonFinite = nf.sorted()
 	nf.warn(c.App.ErrWriter, "gguf convert", "in the checkpoint; converted as they are")
 	return printConvert(c, res)
@@ -166,7 +169,7 @@ func printConvert(c *cli.Context, res ggufConvertResult) error {
 			res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, res.MTPLayers)
 		return nil
 	}
-	fmt.Fprintf(w, "%s: %s (%s) %s, %d tensors, %d bytes, nextn_predict_layers %d, %.1fs\n",
-		res.Out, res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, res.MTPLayers, res.Seconds)
+	fmt.Fprintf(w, "%s: %s (%s) %s, %d tensors, %d bytes, nextn_predict_layers %d, %.1fs%s\n",
+		res.Out, res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, res.MTPLayers, res.Seconds, noSyncNote(res.NoSync))
 	return nil
 }

@@ -34,8 +34,18 @@ func TestGGUFConvertCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
 		t.Fatalf("%v: %s", err, r.stdout)
 	}
-	if res.Architecture != "qwen35" || res.Tensors != 71 || res.MTPLayers != 1 || res.Out != out || len(res.Warnings) != 0 {
+	if res.Architecture != "qwen35" || res.Tensors != 71 || res.MTPLayers != 1 || res.Out != out || len(res.Warnings) != 0 || res.NoSync {
 		t.Errorf("result %+v", res)
+	}
+	// --no-sync: the same bytes, said in the result.
+	unsynced := filepath.Join(t.TempDir(), "m.gguf")
+	r = execFerry(t, nil, "gguf", "convert", "--no-sync", "--out", unsynced, "--json", bundledBase)
+	var res2 ggufConvertResult
+	if err := json.Unmarshal([]byte(r.stdout), &res2); r.code != 0 || err != nil || !res2.NoSync {
+		t.Errorf("--no-sync: exit %d, %v, result %s", r.code, err, r.stdout)
+	}
+	if fileDigest(t, unsynced) != fileDigest(t, out) {
+		t.Error("--no-sync wrote other bytes")
 	}
 	f, err := gguf.Open(out)
 	if err != nil {

@@ -51,6 +51,7 @@ func quantizeCommand() *cli.Command {
 			"tensors), measured while quantizing; --report and --report-svg save it (in either form).",
 		Flags: append(quantizeOptionFlags(),
 			jobsFlag("quantization workers"),
+			noSyncFlag(),
 			dryRunFlag("plan only: check the input and print every tensor's type, write nothing"),
 			jsonFlag("print the result (or the plan with --dry-run) as JSON: every tensor's name, shape, input and output type and bytes, and the totals"),
 			lockWaitFlag("the output"),
@@ -94,6 +95,7 @@ type quantizeResult struct {
 	Bytes        int64            `json:"bytes"`
 	Resumed      int              `json:"resumed_tensors,omitempty"`
 	Seconds      float64          `json:"seconds,omitempty"`
+	NoSync       bool             `json:"no_sync,omitempty"` // written without fsync (--no-sync)
 	DryRun       bool             `json:"dry_run,omitempty"`
 	Imatrix      *quantizeImatrix `json:"imatrix,omitempty"`
 	Overrides    []string         `json:"overrides,omitempty"`
@@ -173,6 +175,7 @@ type quantizeOut struct {
 type quantizeRun struct {
 	Input   string           `json:"input"`
 	Seconds float64          `json:"seconds,omitempty"`
+	NoSync  bool             `json:"no_sync,omitempty"` // written without fsync (--no-sync)
 	DryRun  bool             `json:"dry_run,omitempty"`
 	Outputs []quantizeResult `json:"outputs"`
 }
@@ -264,7 +267,7 @@ func runQuantize(c *cli.Context) error {
 	bar := pg.New("quantizing", inputBytes, "task", "quantize")
 	measure := multi || c.IsSet("report") || c.IsSet("report-svg")
 	rrs, err := quantize.RunMulti(c.Context, src.File, outs, quantize.RunOptions{
-		Jobs: jobs, Progress: bar.Add, Errors: measure,
+		Jobs: jobs, NoSync: c.Bool("no-sync"), Progress: bar.Add, Errors: measure,
 		Tensor: func(_ int, name string) { progress.Describe(bar, name) },
 	})
 	bar.Close()
@@ -285,10 +288,12 @@ func runQuantize(c *cli.Context) error {
 		return tensorWriteFailed(c.Context, err, outs[0].Path, lo, len(outs[0].Plan.Tensors))
 	}
 	run.Seconds = time.Since(start).Seconds()
+	run.NoSync = c.Bool("no-sync")
 	var reports []quantize.OutputReport
 	for k, rr := range rrs {
 		run.Outputs[k].Resumed = rr.Resumed
 		run.Outputs[k].Seconds = run.Seconds
+		run.Outputs[k].NoSync = run.NoSync
 		if !measure {
 			continue
 		}
@@ -364,8 +369,8 @@ func printQuantize(c *cli.Context, res quantizeResult) error {
 		printQuantizeChoices(w, res)
 		return nil
 	}
-	fmt.Fprintf(w, "%s: %s (%s), %d tensors (%d quantized), %d bytes from %d, nextn_predict_layers %d, %.1fs\n",
-		res.Out, res.Type, res.Architecture, res.Tensors, res.Quantized, res.Bytes, res.InputBytes, res.MTPLayers, res.Seconds)
+	fmt.Fprintf(w, "%s: %s (%s), %d tensors (%d quantized), %d bytes from %d, nextn_predict_layers %d, %.1fs%s\n",
+		res.Out, res.Type, res.Architecture, res.Tensors, res.Quantized, res.Bytes, res.InputBytes, res.MTPLayers, res.Seconds, noSyncNote(res.NoSync))
 	printQuantizeChoices(w, res)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,7 @@ func TestQuantizeCLI(t *testing.T) {
 		{"alias", "Q4_K_M", []string{qwen3F16, "OUT", "q4_k"}},
 		{"pure", "Q4_K_M-pure", []string{"--pure", qwen3F16, "OUT", "Q4_K_M"}},
 		{"output and embedding types", "Q4_K_M-out_q8_0-embd_q8_0", []string{qwen3F16, "OUT", "Q4_K_M", "--output-tensor-type", "q8_0", "--token-embedding-type", "Q8_0"}},
+		{"no-sync", "Q4_K_M", []string{"--no-sync", qwen3F16, "OUT", "Q4_K_M"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".gguf")
@@ -67,6 +69,9 @@ func TestQuantizeCLI(t *testing.T) {
 			if tc.name != "json" {
 				if !strings.Contains(r.stdout, out+": ") || !strings.Contains(r.stdout, " (qwen3), 24 tensors (15 quantized)") {
 					t.Errorf("stdout %q", r.stdout)
+				}
+				if noSync := slices.Contains(tc.args, "--no-sync"); noSync != strings.Contains(r.stdout, "(not fsynced: --no-sync)") {
+					t.Errorf("--no-sync %v, stdout %q", noSync, r.stdout)
 				}
 				return
 			}

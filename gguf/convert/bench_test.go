@@ -18,7 +18,8 @@ import (
 )
 
 // The test binary doubles as a converter: with FERRY_CONVERT_CHILD=DIR:OUT
-// it converts DIR to OUT (F16) as the CLI does (journal, resume) and exits,
+// it converts DIR to OUT (F16) as the CLI does (journal, resume; with
+// FERRY_CONVERT_NOSYNC=1 as `--no-sync` does) and exits,
 // so the benchmark measures a
 // separate process's wall time and peak RSS. It writes to OUT+".times"
 // how long the final fsync, rename and directory sync took after the last
@@ -38,7 +39,7 @@ func init() {
 			// As `ferry gguf convert` runs it: resumable, with a journal.
 			var mu sync.Mutex
 			var last time.Time
-			_, err = Run(context.Background(), ck, p, out, RunOptions{TensorDone: func(int, string) {
+			_, err = Run(context.Background(), ck, p, out, RunOptions{NoSync: os.Getenv("FERRY_CONVERT_NOSYNC") == "1", TensorDone: func(int, string) {
 				mu.Lock()
 				last = time.Now()
 				mu.Unlock()
@@ -77,6 +78,8 @@ func TestMain(m *testing.M) { benchtest.Main(m) }
 // (x-cp, x-cp+fsync, x-cat), and x-cp-written: the converter's time until its last
 // byte is in the page cache, before the final fsync waits for the disk,
 // over cp's (which never waits for the disk): the like-for-like ratio.
+// The converter also runs with --no-sync (written to the page cache as cp
+// writes, no fsync): nosync-s, x-cp-nosync and x-cat-nosync.
 func BenchmarkConvertQwen35F16(b *testing.B) {
 	ck := benchCheckpoint(b)
 	dir, shards, in := ck.Dir, ck.Shards, ck.Bytes
@@ -88,7 +91,7 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 	benchtest.Run(b, nil, "cat", shards...)
 	b.SetBytes(in)
 	b.ResetTimer()
-	var conv, convTail, cp, cpSync, cat time.Duration
+	var conv, convTail, noSync, cp, cpSync, cat time.Duration
 	var rss int64
 	for i := 0; i < b.N; i++ {
 		dst := filepath.Join(work, "cp")
@@ -128,6 +131,12 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 		convTail += time.Duration(f * float64(time.Second))
 		os.Remove(out)
 		os.Remove(out + ".times")
+
+		child = benchtest.Run(b, []string{"FERRY_CONVERT_CHILD=" + dir + ":" + out, "FERRY_CONVERT_NOSYNC=1"}, os.Args[0], "-test.run=^$")
+		noSync += child.Wall
+		rss = max(rss, child.PeakRSS)
+		os.Remove(out)
+		os.Remove(out + ".times")
 	}
 	b.StopTimer()
 	n := float64(b.N)
@@ -144,8 +153,11 @@ func BenchmarkConvertQwen35F16(b *testing.B) {
 	b.ReportMetric(cpSync.Seconds()/n, "cp+fsync-s")
 	b.ReportMetric(conv.Seconds()/n, "convert-s")
 	b.ReportMetric(written.Seconds()/n, "written-s")
-	b.Logf("input %d bytes; convert %.2fs (last byte written at %.2fs, then fsync+rename), cp %.2fs, cp+fsync %.2fs, cat > file %.2fs, peak RSS %.0f MiB",
-		in, conv.Seconds()/n, written.Seconds()/n, cp.Seconds()/n, cpSync.Seconds()/n, cat.Seconds()/n, float64(rss)/(1<<20))
+	b.ReportMetric(noSync.Seconds()/n, "nosync-s")
+	b.ReportMetric(noSync.Seconds()/cp.Seconds(), "x-cp-nosync")
+	b.ReportMetric(noSync.Seconds()/cat.Seconds(), "x-cat-nosync")
+	b.Logf("input %d bytes; convert %.2fs (last byte written at %.2fs, then fsync+rename), --no-sync %.2fs, cp %.2fs, cp+fsync %.2fs, cat > file %.2fs, peak RSS %.0f MiB",
+		in, conv.Seconds()/n, written.Seconds()/n, noSync.Seconds()/n, cp.Seconds()/n, cpSync.Seconds()/n, cat.Seconds()/n, float64(rss)/(1<<20))
 }
 
 // BenchmarkConvertSmall is the in-process conversion of the bundled

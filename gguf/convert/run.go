@@ -30,6 +30,10 @@ type RunOptions struct {
 	Digest bool
 	// NonFinite is WriteOptions.NonFinite.
 	NonFinite func(i int, name string, n int64)
+	// NoSync writes the file as cp does, without fsync
+	// (gguf.Options.NoSync); the journal then resumes only in the same
+	// boot (gguf.OpenTensorJournal).
+	NoSync bool
 }
 
 // RunResult says what Run did, and after a failure what is left to resume
@@ -55,7 +59,7 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 	if jpath == "" {
 		jpath = out + ".journal"
 	}
-	j, err := gguf.OpenTensorJournal(jpath, out, Stamp(ck, p))
+	j, err := gguf.OpenTensorJournal(jpath, out, Stamp(ck, p), o.NoSync)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +69,7 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 		digest = func(s []byte) { copy(res.Digest[:], s) }
 	}
 	err = Write(ctx, p, out, WriteOptions{
-		Jobs: o.Jobs, Progress: o.Progress, Resume: true,
+		Jobs: o.Jobs, NoSync: o.NoSync, Progress: o.Progress, Resume: true,
 		Verify: func(i int, name string, _ *io.SectionReader) bool {
 			if j.Has(i, name) {
 				res.Resumed++

@@ -20,6 +20,9 @@ type WriteOptions struct {
 	// Jobs is the number of tensor workers (default: the core count). The
 	// output is byte-identical for every value.
 	Jobs int
+	// NoSync writes the file as cp does, without fsync
+	// (gguf.Options.NoSync).
+	NoSync bool
 	// ChunkElems bounds the elements a worker holds at once (default
 	// 1Mi): peak memory is about Jobs × ChunkElems × 8 bytes (16 with F64
 	// sources).
@@ -66,7 +69,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 	if chunk <= 0 {
 		chunk = 1 << 20
 	}
-	w, err := gguf.Create(out, p.Layout, gguf.Options{Resume: wo.Resume})
+	w, err := gguf.Create(out, p.Layout, gguf.Options{Resume: wo.Resume, NoSync: wo.NoSync})
 	if err != nil {
 		return err
 	}

@@ -50,7 +50,7 @@ func RunMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions) ([
 		if jpath == "" {
 			jpath = out.Path + ".journal"
 		}
-		j, err := gguf.OpenTensorJournal(jpath, out.Path, Stamp(f, out.Plan))
+		j, err := gguf.OpenTensorJournal(jpath, out.Path, Stamp(f, out.Plan), o.NoSync)
 		if err != nil {
 			for _, j := range js[:k] {
 				j.Close()
@@ -151,7 +151,7 @@ func writeMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions, 
 	tensors := outs[0].Plan.Tensors
 	writes := make([][]bool, len(outs)) // writes[k][i]: tensor i is not durable in output k
 	for k, out := range outs {
-		w, err := gguf.Create(out.Path, out.Plan.Layout, gguf.Options{Resume: true})
+		w, err := gguf.Create(out.Path, out.Plan.Layout, gguf.Options{Resume: true, NoSync: o.NoSync})
 		if err != nil {
 			detach()
 			return err

@@ -46,6 +46,10 @@ type RunOptions struct {
 	// with the values it was made from. Tensors a resume keeps are
 	// quantized again for it (not written).
 	Errors bool
+	// NoSync writes the outputs as cp does, without fsync
+	// (gguf.Options.NoSync); their journals then resume only in the same
+	// boot (gguf.OpenTensorJournal).
+	NoSync bool
 }
 
 // RunResult says what Run did, and after a failure what is left to resume
