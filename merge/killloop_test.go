@@ -104,8 +104,14 @@ func TestKillEvery300ms(t *testing.T) {
 
 	out := filepath.Join(dir, "out")
 	jp := filepath.Join(out, JournalName)
-	deadline := time.Now().Add(50 * time.Second)
-	kills := 0
+	// It must keep moving: a run of kills with nothing more durable is a
+	// failure, however long the machine takes to start each child (a busy
+	// 2-core machine can spend most of a 300 ms window starting one, and a
+	// fixed deadline then failed a merge that was resuming fine). The
+	// overall cap only stops a test that hangs.
+	const stallKills = 40
+	deadline := time.Now().Add(5 * time.Minute)
+	kills, stalled := 0, 0
 	var durable int64
 	for {
 		if time.Now().After(deadline) {
@@ -135,6 +141,12 @@ func TestKillEvery300ms(t *testing.T) {
 			d := durableBytes(jp)
 			if d < durable {
 				t.Fatalf("kill %d: %d bytes durable, fewer than the %d before", kills, d, durable)
+			}
+			if stalled++; d > durable {
+				stalled = 0
+			}
+			if stalled == stallKills {
+				t.Fatalf("%d kills in a row made nothing more durable (%d bytes after %d kills)", stallKills, d, kills)
 			}
 			durable = d
 			continue
