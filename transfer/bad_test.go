@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -43,27 +44,36 @@ func sendOne(t *testing.T, d Destination, src string, o Options) (*Report, error
 // kind that gives the right exit code, leaves nothing at the destination
 // under the file's name, and leaves the source as it was.
 func TestBadCases(t *testing.T) {
-	// A remote whose sha256 tools lie about files (and tell the truth
-	// about an empty stdin, so the probe takes them).
+	// A remote whose sha256 tools lie about files and about what dd
+	// pipes into them (and tell the truth about an empty stdin and dd's
+	// probe, so the probes take them): the chunk checks meet the lie.
+	// Where there is no dd at all (a PATH of the liars alone) the files
+	// are hashed whole, and that check meets it.
 	liar := t.TempDir()
 	for _, tool := range []string{"openssl", "sha256sum", "shasum"} {
-		script := "#!/bin/sh\nfor last; do :; done\nif [ -f \"$last\" ]; then echo 0000000000000000000000000000000000000000000000000000000000000000 \"$last\"; exit 0; fi\nexec /usr/bin/" + tool + " \"$@\"\n"
+		script := "#!/bin/sh\nfor last; do :; done\n" +
+			"if [ -f \"$last\" ]; then echo " + zeros + " \"$last\"; exit 0; fi\n" +
+			"out=$(/usr/bin/" + tool + " \"$@\")\n" +
+			"case \"$out\" in " + emptySHA256 + "*|" + rangeProbeSHA256 + "*) echo \"$out\";; *) echo " + zeros + ";; esac\n"
 		if err := os.WriteFile(filepath.Join(liar, tool), []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	s := startSSHD(t, "PATH="+liar+":/usr/bin:/bin")
+	noDD := startSSHD(t, "PATH="+liar)
 	honest := startSSHD(t)
 
 	cases := []struct {
 		name   string
 		liar   bool
+		noDD   bool                                        // the liar without dd
 		setup  func(t *testing.T, dst string) (dir string) // returns the destination dir
 		during func(src string) func(string, int64)        // progress hook
 		kind   errkind.Kind
 		want   string
 	}{
 		{name: "remote hash lies", liar: true, kind: errkind.VerifyFailed, want: "remote hash command reports a wrong digest"},
+		{name: "remote hash lies, no dd", liar: true, noDD: true, kind: errkind.VerifyFailed, want: "remote hash command reports a wrong digest"},
 		{name: "remote path is a file", setup: func(t *testing.T, dst string) string {
 			p := filepath.Join(dst, "x")
 			os.WriteFile(p, []byte("a file"), 0o644)
@@ -117,6 +127,9 @@ func TestBadCases(t *testing.T) {
 			if tc.liar {
 				srv = s
 			}
+			if tc.noDD {
+				srv = noDD
+			}
 			d := Destination{Name: "h1:" + dir, Host: "h1", Dir: dir, Dial: testDialer(srv, srv.Addr())}
 			var o Options
 			if tc.during != nil {
@@ -142,6 +155,12 @@ func TestBadCases(t *testing.T) {
 			if !errors.As(err, &fe) || rep == nil || rep.Hosts[0].OK {
 				t.Errorf("want a *FailedError and a failed host report; got %T, %+v", err, rep)
 			}
+			if tc.liar {
+				// By chunk where dd is there, else by file.
+				if got, byChunk := rep.Hosts[0].HashCommand, strings.HasPrefix(rep.Hosts[0].HashCommand, "dd | "); byChunk == tc.noDD {
+					t.Errorf("verified with %q; want by chunk %v", got, !tc.noDD)
+				}
+			}
 			if _, err := os.Stat(filepath.Join(dir, "w.bin")); err == nil {
 				t.Error("w.bin is at the destination")
 			}
@@ -154,8 +173,65 @@ func TestBadCases(t *testing.T) {
 	}
 }
 
+const zeros = "0000000000000000000000000000000000000000000000000000000000000000"
+
 type hookReporter func(string, int64)
 
 func (h hookReporter) SetTotal(int64) {}
 func (h hookReporter) Add(n int64)    { h("", n) }
 func (h hookReporter) Close() error   { return nil }
+
+// A source rewritten after it was planned, in place with its size and
+// mtime kept (so its stamp says nothing), is found by the hash of the
+// chunks read for sending: an error, nothing under the file's name, and
+// no journaled chunk of the other bytes kept for the next run. With dd on
+// the remote host the remote checks are by chunk and compare with what
+// was read, so this local check is what stands between the other bytes
+// and the file's name.
+func TestSourceRewrittenInPlace(t *testing.T) {
+	s := startSSHD(t)
+	src := filepath.Join(t.TempDir(), "w.bin")
+	want := randomFile(t, src, 1<<20, 21)
+	p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(src, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{want[600000] ^ 1}, 600000)
+	f.Close()
+	if err := os.Chtimes(src, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	state := t.TempDir()
+	d := Destination{Name: "h1:" + dst, Host: "h1", Dir: dst, Dial: testDialer(s, s.Addr())}
+	rep, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: state, Log: testLog(t)})
+	if !errors.Is(err, ErrSourceChanged) || errkind.Of(err) != errkind.BadInput {
+		t.Fatalf("err %v (kind %v), want ErrSourceChanged, bad input", err, errkind.Of(err))
+	}
+	if !strings.Contains(rep.Hosts[0].HashCommand, "dd | ") {
+		t.Errorf("verified with %q, want by chunk", rep.Hosts[0].HashCommand)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "w.bin")); err == nil {
+		t.Fatal("w.bin is at the destination")
+	}
+	// Planned again, the file as it is now goes across whole.
+	p, err = NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: state, Log: testLog(t)}); err != nil {
+		t.Fatal(err)
+	}
+	now, _ := os.ReadFile(src)
+	if got, _ := os.ReadFile(filepath.Join(dst, "w.bin")); !bytes.Equal(got, now) {
+		t.Error("the destination is not the source as it is now")
+	}
+}

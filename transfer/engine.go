@@ -252,6 +252,7 @@ type host struct {
 	packet int        // SFTP packet size, decided on the first connection
 
 	hashCmd string
+	ranges  bool // dd cuts chunks for hashCmd: files are verified chunk by chunk
 	posix   bool // posix-rename@openssh.com
 	fsync   bool // fsync@openssh.com
 	statvfs bool // statvfs@openssh.com
@@ -527,12 +528,20 @@ func (h *host) begin(ctx context.Context) error {
 			return err
 		}
 		h.hashCmd = cmd
+		if cmd != "" {
+			if h.ranges, err = detectRange(ctx, c.ssh, cmd); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
 	h.rep.HashCommand = h.hashCmd
+	if h.ranges {
+		h.rep.HashCommand = "dd | " + h.hashCmd
+	}
 	if h.hashCmd == "" {
 		h.rep.HashCommand = ReadBack
 		h.o.Log.Info("transfer: no sha256 tool on the remote host; verifying by reading files back", "dest", h.d.Name)
@@ -768,8 +777,12 @@ func (h *host) readBack(ctx context.Context, c *conn, p string, size int64) (dig
 }
 
 // finish verifies f's partial at this destination, re-sends the chunks
-// that differ, and renames it into place.
-func (h *host) finish(ctx context.Context, f *File) error {
+// that differ, and renames it into place. sums are the digests of f's
+// chunks as this run read them (sendFile, which also checked that they
+// make up f.Digest): where the remote host can hash chunks, each chunk is
+// checked against them, in parallel; elsewhere the whole file is hashed
+// there, or read back.
+func (h *host) finish(ctx context.Context, f *File, sums []digest.Digest) error {
 	st := h.stateOf(f.Rel)
 	fr := h.fr[f.Rel]
 	remote := h.remote(f.Rel)
@@ -780,6 +793,9 @@ func (h *host) finish(ctx context.Context, f *File) error {
 		}
 	}
 	n := f.Chunks(h.p.ChunkSize)
+	if h.ranges && len(sums) == n {
+		return h.finishByChunks(ctx, f, sums)
+	}
 	return h.do(ctx, 0, "verify "+part, func(c *conn) error {
 		for round := 0; ; round++ {
 			d, chunks, err := h.hash(ctx, c, part, f.Size)
@@ -808,34 +824,187 @@ func (h *host) finish(ctx context.Context, f *File) error {
 			case len(bad) == 0:
 				// What was sent is what is there, but it is not the file
 				// that was hashed: the source changed.
-				st.chunks = map[int]digest.Digest{}
-				st.partial = -1
-				h.journal(jEntry{kind: jPartial, rel: f.Rel, size: -1})
+				h.forget(f.Rel)
 				return fmt.Errorf("%s: %w: the chunks sent hash to %s, the file was %s when planned", f.Path, ErrSourceChanged, d.Short(), f.Digest.Short())
 			case round >= 2:
 				return fmt.Errorf("%w: %s still differs in %d chunks after re-sending them twice", ErrVerify, part, len(bad))
 			}
 			h.o.Log.Warn("transfer: remote chunks differ; sending them again", "dest", h.d.Name, "file", f.Rel, "chunks", len(bad))
 			for _, i := range bad {
-				if err := h.resend(ctx, c, f, i); err != nil {
+				if err := h.resend(ctx, c, f, i, st.chunks[i]); err != nil {
 					return err
 				}
 				fr.Repaired++
 			}
 		}
-		if err := c.sftp.Chmod(part, f.Perm); err != nil {
-			return fmt.Errorf("chmod %s: %w", part, err)
-		}
-		if err := h.rename(c, part, remote); err != nil {
-			return err
-		}
-		return nil
+		return h.commit(c, f, part, remote)
 	})
 }
 
+// forget drops what the journal holds of rel's partial, whose chunks are
+// not of the file planned.
+func (h *host) forget(rel string) {
+	st := h.stateOf(rel)
+	h.jmu.Lock()
+	st.chunks = map[int]digest.Digest{}
+	st.partial = -1
+	h.jmu.Unlock()
+	h.journal(jEntry{kind: jPartial, rel: rel, size: -1})
+}
+
+// commit gives the verified partial f's mode and renames it into place.
+func (h *host) commit(c *conn, f *File, part, remote string) error {
+	if err := c.sftp.Chmod(part, f.Perm); err != nil {
+		return fmt.Errorf("chmod %s: %w", part, err)
+	}
+	return h.rename(c, part, remote)
+}
+
+// finishByChunks is finish where the remote host hashes chunks: every
+// chunk of the partial is hashed there, many at once, and compared with
+// sums; the chunks that differ are read back over SFTP (a tool that
+// misreports is an error, not a reason to send again) and re-sent, at
+// most twice, before the partial is renamed into place.
+func (h *host) finishByChunks(ctx context.Context, f *File, sums []digest.Digest) error {
+	fr := h.fr[f.Rel]
+	remote := h.remote(f.Rel)
+	part := remote + ".partial"
+	todo := make([]int, len(sums))
+	for i := range todo {
+		todo[i] = i
+	}
+	for round := 0; ; round++ {
+		bad, err := h.checkChunks(ctx, part, todo, sums)
+		if err != nil {
+			return fmt.Errorf("verifying %s: %w", part, err)
+		}
+		if len(bad) == 0 {
+			break
+		}
+		if round >= 2 {
+			return fmt.Errorf("%w: %s still differs in %d chunks after re-sending them twice", ErrVerify, part, len(bad))
+		}
+		err = h.do(ctx, 0, "repair "+part, func(c *conn) error {
+			var wrong []int
+			for _, i := range bad {
+				d, err := h.readBackChunk(c, part, f, i)
+				if err != nil {
+					return err
+				}
+				if d != sums[i] {
+					wrong = append(wrong, i)
+				}
+			}
+			if len(wrong) == 0 {
+				return fmt.Errorf("%w: %q says %d chunks of %s differ from the source, but their bytes read back over SFTP are the source's",
+					ErrRemoteHash, h.rep.HashCommand, len(bad), part)
+			}
+			h.o.Log.Warn("transfer: remote chunks differ; sending them again", "dest", h.d.Name, "file", f.Rel, "chunks", len(wrong))
+			for _, i := range wrong {
+				if err := h.resend(ctx, c, f, i, sums[i]); err != nil {
+					return err
+				}
+				fr.Repaired++
+			}
+			todo = wrong
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return h.do(ctx, 0, "rename "+part, func(c *conn) error { return h.commit(c, f, part, remote) })
+}
+
+// checkChunks hashes chunks idx of the remote file part on the remote
+// host, several at once on every stream's connection, and returns those
+// whose digest is not sums[i], in order.
+func (h *host) checkChunks(ctx context.Context, part string, idx []int, sums []digest.Digest) ([]int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Each exec is one more session on its connection beside the stream's
+	// SFTP sessions (OpenSSH allows 10 by default).
+	perConn := max(1, min(4, 10-h.o.Sessions))
+	workers := min(len(idx), h.o.Streams*perConn)
+	next := make(chan int)
+	bad := make([]bool, len(sums))
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for g := range workers {
+		slot := (g%h.o.Streams)*h.o.Sessions + (g/h.o.Streams)%h.o.Sessions
+		wg.Go(func() {
+			for i := range next {
+				var d digest.Digest
+				err := h.do(ctx, slot, fmt.Sprintf("hash chunk %d of %s", i, part), func(c *conn) error {
+					// The remote tool reads while this connection idles.
+					c.busy.Add(-1)
+					var err error
+					d, err = remoteRangeHash(ctx, c.ssh, h.hashCmd, part, h.p.ChunkSize, i)
+					c.busy.Add(1)
+					c.touch()
+					return err
+				})
+				if err != nil {
+					errs <- err
+					cancel()
+					for range next {
+					}
+					return
+				}
+				bad[i] = d != sums[i]
+			}
+		})
+	}
+	for _, i := range idx {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return nil, err
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, i := range idx {
+		if bad[i] {
+			out = append(out, i)
+		}
+	}
+	return out, nil
+}
+
+// readBackChunk reads chunk i of the remote file part over SFTP and
+// returns its sha256.
+func (h *host) readBackChunk(c *conn, part string, f *File, i int) (digest.Digest, error) {
+	rf, err := c.sftp.Open(part)
+	if err != nil {
+		return "", fmt.Errorf("reading back %s: %w", part, err)
+	}
+	defer rf.Close()
+	off := int64(i) * h.p.ChunkSize
+	b := make([]byte, min(h.p.ChunkSize, f.Size-off))
+	if n, err := rf.ReadAt(b, off); n < len(b) {
+		return "", fmt.Errorf("reading back %s at offset %d: %d of %d bytes: %v", part, off, n, len(b), err)
+	}
+	c.touch()
+	s := sha256.Sum256(b)
+	return digest.New(s[:]), nil
+}
+
 // resend reads chunk i of f again and writes it over the connection c
-// (the one finish verifies on).
-func (h *host) resend(ctx context.Context, c *conn, f *File, i int) error {
+// (the one finish verifies on). want is the chunk's digest as sent or
+// read before ("": unknown): other bytes now mean the source changed.
+func (h *host) resend(ctx context.Context, c *conn, f *File, i int, want digest.Digest) error {
 	st := h.stateOf(f.Rel)
 	off := int64(i) * h.p.ChunkSize
 	data := make([]byte, min(h.p.ChunkSize, f.Size-off))
@@ -844,7 +1013,7 @@ func (h *host) resend(ctx context.Context, c *conn, f *File, i int) error {
 	}
 	s := sha256.Sum256(data)
 	sum := digest.New(s[:])
-	if want, ok := st.chunks[i]; ok && want != sum {
+	if want != "" && want != sum {
 		return fmt.Errorf("%s: %w: chunk %d at offset %d", f.Path, ErrSourceChanged, i, off)
 	}
 	part := h.remote(f.Rel) + ".partial"
@@ -936,31 +1105,26 @@ func readChunk(f *File, off int64, data []byte) error {
 	return nil
 }
 
-// readHashed fills data from lf at off and returns its sha256, hashing
-// each MiB as soon as it is read, while it is still in the CPU's cache: a
-// whole chunk (16 MiB) read first and hashed after comes back from
-// memory.
-func readHashed(lf *os.File, data []byte, off int64) (digest.Digest, error) {
-	h := sha256.New()
-	for p := 0; p < len(data); p += 1 << 20 {
-		q := min(p+1<<20, len(data))
-		if _, err := lf.ReadAt(data[p:q], off+int64(p)); err != nil {
-			return "", err
-		}
-		h.Write(data[p:q])
-	}
-	return digest.New(h.Sum(nil)), nil
-}
-
 // job is one chunk read once and written to every destination that lacks
 // it.
 type job struct {
 	idx  int
 	off  int64
 	data []byte
-	sum  digest.Digest
+	sums []digest.Digest // the file's chunk digests; digest sets this one's
+	once sync.Once
 	refs atomic.Int32
 	pool chan []byte
+}
+
+// digest is the chunk's sha256, computed by the first goroutine that asks
+// (a stream after writing it, with fan-out the first of them).
+func (j *job) digest() digest.Digest {
+	j.once.Do(func() {
+		s := sha256.Sum256(j.data)
+		j.sums[j.idx] = digest.New(s[:])
+	})
+	return j.sums[j.idx]
 }
 
 func (j *job) release() {
@@ -1023,8 +1187,14 @@ func Run(ctx context.Context, p *Plan, dests []Destination, o Options) (*Report,
 			}
 		})
 		t := time.Now()
-		if err := sendFile(ctx, f, send); err != nil {
+		sums, err := sendFile(ctx, f, send)
+		if err != nil {
 			for _, h := range send {
+				if errors.Is(err, ErrSourceChanged) {
+					// The chunks sent are not of the file planned: none
+					// of them is worth keeping.
+					h.forget(f.Rel)
+				}
 				h.fail(f.Rel, err)
 			}
 		}
@@ -1034,7 +1204,7 @@ func Run(ctx context.Context, p *Plan, dests []Destination, o Options) (*Report,
 		}
 		each(fin, func(h *host) {
 			t := time.Now()
-			err := h.finish(ctx, f)
+			err := h.finish(ctx, f, sums)
 			fr := h.fr[f.Rel]
 			fr.Seconds += time.Since(t).Seconds()
 			if err != nil {
@@ -1113,29 +1283,50 @@ func mbps(n int64, s float64) float64 {
 	return float64(int64(float64(n)/s/1e4)) / 100 // two decimals
 }
 
-// sendFile reads each chunk of f that some destination needs once, and
-// hands it to the streams of every destination that needs it.
-func sendFile(ctx context.Context, f *File, hosts []*host) error {
+// sendFile reads every chunk of f once, in order, and hands each chunk a
+// destination lacks to the streams of every destination that lacks it.
+// It returns the sha256 of every chunk as read (the streams hash the
+// chunks they send, other goroutines the rest, so the reading never waits
+// on hashing) after checking that the chunks, in order, hash to f.Digest:
+// what was sent is the file planned, or ErrSourceChanged. The finishing
+// checks compare each remote chunk with these digests.
+func sendFile(ctx context.Context, f *File, hosts []*host) ([]digest.Digest, error) {
 	if len(hosts) == 0 {
-		return nil
+		return nil, nil
 	}
 	o := hosts[0].o
 	cs := hosts[0].p.ChunkSize
 	lf, err := os.Open(f.Path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer lf.Close()
 	if err := sameStamp(lf, f); err != nil {
-		return err
+		return nil, err
 	}
+	n := f.Chunks(cs)
+	sums := make([]digest.Digest, n)
 	bufLen := int(min(cs, max(f.Size, 1)))
 	workers := o.Streams * o.Sessions
-	pool := make(chan []byte, workers+1)
-	for range workers + 1 {
+	// A buffer is held by the streams writing its chunk, by the file
+	// hash until it has taken the chunk in, and by the goroutine hashing
+	// a chunk no stream sends.
+	pool := make(chan []byte, workers+3)
+	for range workers + 3 {
 		pool <- nil
 	}
-	var wg sync.WaitGroup
+	// The file's hash takes the chunks in order, beside the streams.
+	whole := sha256.New()
+	inOrder := make(chan *job, 2)
+	hashed := make(chan struct{})
+	go func() {
+		defer close(hashed)
+		for j := range inOrder {
+			whole.Write(j.data)
+			j.release()
+		}
+	}()
+	var wg, side sync.WaitGroup
 	chans := make([]chan *job, len(hosts))
 	for hi, h := range hosts {
 		chans[hi] = make(chan *job)
@@ -1168,15 +1359,16 @@ func sendFile(ctx context.Context, f *File, hosts []*host) error {
 		}
 	}
 	var rerr error
-	for idx := 0; idx < f.Chunks(cs) && rerr == nil; idx++ {
+	read := 0 // chunks read, in order
+	for idx := 0; idx < n && rerr == nil; idx++ {
+		if len(live(hosts)) == 0 {
+			break
+		}
 		var to []int
 		for hi, h := range hosts {
 			if h.need[idx] && h.err() == nil {
 				to = append(to, hi)
 			}
-		}
-		if len(to) == 0 {
-			continue
 		}
 		var buf []byte
 		select {
@@ -1190,8 +1382,7 @@ func sendFile(ctx context.Context, f *File, hosts []*host) error {
 		}
 		off := int64(idx) * cs
 		data := buf[:min(cs, f.Size-off)]
-		sum, err := readHashed(lf, data, off)
-		if err != nil {
+		if _, err := lf.ReadAt(data, off); err != nil {
 			pool <- buf
 			if err == io.EOF {
 				err = fmt.Errorf("%w: shorter than %d bytes", ErrSourceChanged, f.Size)
@@ -1199,8 +1390,14 @@ func sendFile(ctx context.Context, f *File, hosts []*host) error {
 			rerr = fmt.Errorf("%s: %w", f.Path, err)
 			continue
 		}
-		j := &job{idx: idx, off: off, data: data, sum: sum, pool: pool}
-		j.refs.Store(int32(len(to)))
+		read++
+		j := &job{idx: idx, off: off, data: data, sums: sums, pool: pool}
+		j.refs.Store(int32(len(to)) + 1)
+		if len(to) == 0 {
+			j.refs.Add(1)
+			side.Go(func() { j.digest(); j.release() })
+		}
+		inOrder <- j
 		for _, hi := range to {
 			select {
 			case chans[hi] <- j:
@@ -1214,10 +1411,18 @@ func sendFile(ctx context.Context, f *File, hosts []*host) error {
 		close(c)
 	}
 	wg.Wait()
+	side.Wait()
+	close(inOrder)
+	<-hashed
+	if rerr == nil && read == n {
+		if d := digest.New(whole.Sum(nil)); d != f.Digest {
+			rerr = fmt.Errorf("%s: %w: it was %s when planned, its bytes read for sending are %s", f.Path, ErrSourceChanged, f.Digest.Short(), d.Short())
+		}
+	}
 	if rerr == nil {
 		rerr = sameStamp(lf, f)
 	}
-	return rerr
+	return sums, rerr
 }
 
 // sameStamp checks that the open source file is still the one planned.
@@ -1241,15 +1446,16 @@ func (h *host) sendJob(ctx context.Context, slot int, f *File, j *job) {
 		}
 		return
 	}
+	sum := j.digest()
 	h.sent.Add(int64(len(j.data)))
 	st := h.stateOf(f.Rel)
 	h.jmu.Lock()
-	st.chunks[j.idx] = j.sum
+	st.chunks[j.idx] = sum
 	fr := h.fr[f.Rel]
 	fr.Sent += int64(len(j.data))
 	fr.Chunks++
 	h.jmu.Unlock()
-	if err := h.journal(jEntry{kind: jChunk, rel: f.Rel, chunk: j.idx, end: j.off + int64(len(j.data)), digest: j.sum}); err != nil {
+	if err := h.journal(jEntry{kind: jChunk, rel: f.Rel, chunk: j.idx, end: j.off + int64(len(j.data)), digest: sum}); err != nil {
 		h.fail(f.Rel, err)
 	}
 }

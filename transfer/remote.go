@@ -120,6 +120,50 @@ func remoteHash(ctx context.Context, c *ssh.Client, hashCmd, p string) (digest.D
 	return digest.FromHex(h)
 }
 
+// rangeProbe is what detectRange pipes through dd: the command must pass
+// on its second byte alone, whose sha256 is rangeProbeSHA256.
+const (
+	rangeProbe       = "abc"
+	rangeProbeSHA256 = "3e23e8160039594a33894f6564e1b1348bbd7a0088d42c4acb73eeaed59c009d" // sha256("b")
+)
+
+// detectRange says whether dd, piped into hashCmd, hashes a block cut out
+// of its input right on the remote host (POSIX dd: GNU coreutils, BSD and
+// macOS, busybox). A missing or odd dd makes the remote checks fall back
+// to hashing whole files. An error is a transport error.
+func detectRange(ctx context.Context, c *ssh.Client, hashCmd string) (bool, error) {
+	out, err := run(ctx, c, "dd bs=1 skip=1 count=1 2>/dev/null | "+hashCmd, []byte(rangeProbe))
+	if err != nil {
+		if isTransient(err) || ctx.Err() != nil {
+			return false, err
+		}
+		return false, nil
+	}
+	h, ok := parseDigest(out)
+	return ok && h == rangeProbeSHA256, nil
+}
+
+// rangeCommand is the remote command that hashes chunk i (of size cs) of
+// the file p: dd reads that one block (a regular file returns whole
+// blocks; the last may be short) into hashCmd.
+func rangeCommand(hashCmd, p string, cs int64, i int) string {
+	return fmt.Sprintf("dd if=%s bs=%d skip=%d count=1 2>/dev/null | %s", shellQuote(p), cs, i, hashCmd)
+}
+
+// remoteRangeHash hashes chunk i of the remote file p on the remote host.
+func remoteRangeHash(ctx context.Context, c *ssh.Client, hashCmd, p string, cs int64, i int) (digest.Digest, error) {
+	cmd := rangeCommand(hashCmd, p, cs, i)
+	out, err := run(ctx, c, cmd, nil)
+	if err != nil {
+		return "", err
+	}
+	h, ok := parseDigest(out)
+	if !ok {
+		return "", fmt.Errorf("remote %q printed no sha256: %q", cmd, firstLine(out))
+	}
+	return digest.FromHex(h)
+}
+
 func firstLine(b []byte) string {
 	s, _, _ := strings.Cut(string(b), "\n")
 	if len(s) > 200 {

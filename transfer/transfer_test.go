@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -35,7 +36,10 @@ func TestSendTree(t *testing.T) {
 	if !h.OK || h.Sent != p.Bytes() || len(h.Files) != 3 {
 		t.Errorf("report: %+v", h)
 	}
-	t.Logf("hash command %q", h.HashCommand)
+	// The remote host has dd and a sha256 tool: checked chunk by chunk.
+	if !strings.HasPrefix(h.HashCommand, "dd | ") {
+		t.Errorf("verified with %q, want chunk by chunk (dd | …)", h.HashCommand)
+	}
 	// Again: nothing is sent, every file is verified where it is.
 	rep, err = Run(ctx, p, []Destination{d}, Options{StateDir: t.TempDir(), Log: testLog(t)})
 	if err != nil {
