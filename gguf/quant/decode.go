@@ -199,6 +199,14 @@ func decodeQ5_K(dst []float32, src []byte) {
 // each 128-value half, value l (0..31) of quarter k takes its low nibble
 // from ql[l + 32·(k%2)] (low half for k < 2, high for k ≥ 2) and its top
 // two bits from bits 2k of qh[l].
+// q6Value is float32(q - 32) for every 6-bit Q6_K level q.
+var q6Value = func() (v [64]float32) {
+	for q := range v {
+		v[q] = float32(q - 32)
+	}
+	return v
+}()
+
 func decodeQ6_K(dst []float32, src []byte) {
 	for bi := 0; bi*QK_K < len(dst); bi++ {
 		b := src[bi*210 : bi*210+210]
@@ -209,9 +217,17 @@ func decodeQ6_K(dst []float32, src []byte) {
 			out := y[h*128 : h*128+128]
 			for k := 0; k < 4; k++ {
 				shift := uint(k / 2 * 4)
-				for l := 0; l < 32; l++ {
-					q := int(ql[l+32*(k%2)]>>shift&0xF) | int(qh[l]>>(2*k)&3)<<4
-					out[32*k+l] = d * float32(int8(sc[l/16+2*k])) * float32(q-32)
+				qlk := ql[32*(k%2) : 32*(k%2)+32]
+				for g := 0; g < 2; g++ {
+					// d·scale once per 16 values: the reference's
+					// d * scale * q is (d * scale) * q, the same bits.
+					ds := d * float32(int8(sc[g+2*k]))
+					o := out[32*k+16*g : 32*k+16*g+16]
+					for l := range o {
+						i := 16*g + l
+						q := qlk[i]>>shift&0xF | (qh[i]>>(2*k)&3)<<4
+						o[l] = ds * q6Value[q]
+					}
 				}
 			}
 		}

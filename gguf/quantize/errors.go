@@ -82,13 +82,45 @@ func (s *errorSum) measure(t *TensorPlan, r0, r1 int64, enc []byte, src []float3
 // running sums (values i, i+4, … in lane i mod 4), added up lane by lane
 // at the end, so the result is the same on every run. The lanes make the
 // float64 additions independent of each other: one chain of them made
-// this loop cost more than the decoding it measures.
+// this loop cost more than the decoding it measures. The lanes of the
+// values run in sumLanes (one AVX2 instruction per operation of all four
+// lanes where there is AVX2, the same bits).
 func sums(x, y []float32) errorSum {
-	var sq, xy, xx, yy, mx [4]float64
+	var acc lanes
 	n := len(x)
 	y = y[:n]
-	i := 0
-	for ; i+4 <= n; i += 4 {
+	m := n &^ 3
+	sumLanes(x[:m], y[:m], &acc)
+	if m < n {
+		// The last values in lanes 0…, padded with zeros, which change
+		// no sum (they are never -0) and no maximum.
+		var tx, ty [4]float32
+		copy(tx[:], x[m:])
+		copy(ty[:], y[m:])
+		sumLanes(tx[:], ty[:], &acc)
+	}
+	s := errorSum{n: int64(n)}
+	for l := range 4 {
+		s.sq += acc.sq[l]
+		s.xy += acc.xy[l]
+		s.xx += acc.xx[l]
+		s.yy += acc.yy[l]
+		s.max = max(s.max, acc.max[l])
+	}
+	return s
+}
+
+// lanes are sums' four lanes of running sums (the layout sumsAVX2 reads
+// and writes).
+type lanes struct {
+	sq, xy, xx, yy, max [4]float64
+}
+
+// sumLanesGo adds the values of x and y (a multiple of four of them) to
+// acc, value i in lane i mod 4.
+func sumLanesGo(x, y []float32, acc *lanes) {
+	sq, xy, xx, yy, mx := acc.sq, acc.xy, acc.xx, acc.yy, acc.max
+	for i := 0; i+4 <= len(x); i += 4 {
 		for l := range 4 {
 			xf, yf := float64(x[i+l]), float64(y[i+l])
 			d := yf - xf
@@ -101,26 +133,7 @@ func sums(x, y []float32) errorSum {
 			}
 		}
 	}
-	for l := 0; i < n; i, l = i+1, l+1 {
-		xf, yf := float64(x[i]), float64(y[i])
-		d := yf - xf
-		sq[l] += d * d
-		xy[l] += xf * yf
-		xx[l] += xf * xf
-		yy[l] += yf * yf
-		if a := math.Abs(d); a > mx[l] {
-			mx[l] = a
-		}
-	}
-	s := errorSum{n: int64(n)}
-	for l := range 4 {
-		s.sq += sq[l]
-		s.xy += xy[l]
-		s.xx += xx[l]
-		s.yy += yy[l]
-		s.max = max(s.max, mx[l])
-	}
-	return s
+	acc.sq, acc.xy, acc.xx, acc.yy, acc.max = sq, xy, xx, yy, mx
 }
 
 // errorSums are every unit's sums, for each output: they are added up per
