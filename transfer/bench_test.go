@@ -215,6 +215,8 @@ func BenchmarkTransfer(b *testing.B) {
 		for _, tool := range []string{"scp", "rsync", "ferry", "ferry-32KiB", "ferry-sess2"} {
 			b.Run(label+"/"+tool, func(b *testing.B) {
 				b.SetBytes(size)
+				// Totals over the iterations: every metric is their mean.
+				var secsAll, cpuAll, srvAll, pxAll float64
 				for i := 0; i < b.N; i++ {
 					dst := b.TempDir()
 					var cpu0 float64
@@ -256,14 +258,8 @@ func BenchmarkTransfer(b *testing.B) {
 					if fi, err := os.Stat(filepath.Join(dst, "w.bin")); err != nil || fi.Size() != size {
 						b.Fatalf("%s: no whole copy at the destination (%v)", tool, err)
 					}
-					gb := float64(size) / 1e9
-					mbs := float64(size) / secs / 1e6
-					rates[tool] = mbs
-					b.ReportMetric(mbs, "MB/s")
-					b.ReportMetric(cpu/gb, "cpu-s/GB")
-					if r := rates["scp"]; r > 0 {
-						b.ReportMetric(mbs/r, "x-scp")
-					}
+					secsAll += secs
+					cpuAll += cpu
 					// The other end and the link: sshd with what it runs
 					// (sftp for ferry, scp -t or rsync --server for the
 					// others), and the proxy. On a machine with few cores
@@ -272,11 +268,23 @@ func BenchmarkTransfer(b *testing.B) {
 						sessionsEnded(s.Pid())
 						_, srv1, _ := procCPU(s.Pid())
 						px1, _, _ := procCPU(proxyPid)
-						b.ReportMetric((srv1-srv0)/gb, "sshd-cpu-s/GB")
-						if proxyPid != 0 {
-							b.ReportMetric((px1-px0)/gb, "proxy-cpu-s/GB")
-						}
+						srvAll += srv1 - srv0
+						pxAll += px1 - px0
 					}
+				}
+				gb := float64(size) * float64(b.N) / 1e9
+				mbs := gb * 1e3 / secsAll
+				rates[tool] = mbs
+				b.ReportMetric(mbs, "MB/s")
+				b.ReportMetric(cpuAll/gb, "cpu-s/GB")
+				if r := rates["scp"]; r > 0 {
+					b.ReportMetric(mbs/r, "x-scp")
+				}
+				if srvAll > 0 {
+					b.ReportMetric(srvAll/gb, "sshd-cpu-s/GB")
+				}
+				if proxyPid != 0 {
+					b.ReportMetric(pxAll/gb, "proxy-cpu-s/GB")
 				}
 			})
 		}

@@ -271,8 +271,9 @@ type host struct {
 	start time.Time
 
 	// per file, during the send phase
-	need  []bool
-	files int // files verified
+	need     []bool
+	verified map[int]bool // chunks the remote host hashed right after this run wrote them
+	files    int          // files verified
 }
 
 func newHost(d Destination, p *Plan, o *Options) *host {
@@ -869,10 +870,13 @@ func (h *host) finishByChunks(ctx context.Context, f *File, sums []digest.Digest
 	fr := h.fr[f.Rel]
 	remote := h.remote(f.Rel)
 	part := remote + ".partial"
-	todo := make([]int, len(sums))
-	for i := range todo {
-		todo[i] = i
+	var todo []int
+	for i := range sums {
+		if !h.verified[i] {
+			todo = append(todo, i)
+		}
 	}
+	h.o.Log.Debug("transfer: chunks to check after the last byte", "dest", h.d.Name, "file", f.Rel, "chunks", len(todo), "of", len(sums))
 	for round := 0; ; round++ {
 		bad, err := h.checkChunks(ctx, part, todo, sums)
 		if err != nil {
@@ -934,16 +938,7 @@ func (h *host) checkChunks(ctx context.Context, part string, idx []int, sums []d
 		slot := (g%h.o.Streams)*h.o.Sessions + (g/h.o.Streams)%h.o.Sessions
 		wg.Go(func() {
 			for i := range next {
-				var d digest.Digest
-				err := h.do(ctx, slot, fmt.Sprintf("hash chunk %d of %s", i, part), func(c *conn) error {
-					// The remote tool reads while this connection idles.
-					c.busy.Add(-1)
-					var err error
-					d, err = remoteRangeHash(ctx, c.ssh, h.hashCmd, part, h.p.ChunkSize, i)
-					c.busy.Add(1)
-					c.touch()
-					return err
-				})
+				d, err := h.rangeHash(ctx, slot, part, i)
 				if err != nil {
 					errs <- err
 					cancel()
@@ -981,6 +976,22 @@ func (h *host) checkChunks(ctx context.Context, part string, idx []int, sums []d
 		}
 	}
 	return out, nil
+}
+
+// rangeHash hashes chunk i of the remote file part on the remote host,
+// over slot's connection.
+func (h *host) rangeHash(ctx context.Context, slot int, part string, i int) (digest.Digest, error) {
+	var d digest.Digest
+	err := h.do(ctx, slot, fmt.Sprintf("hash chunk %d of %s", i, part), func(c *conn) error {
+		// The remote tool reads while this connection idles.
+		c.busy.Add(-1)
+		var err error
+		d, err = remoteRangeHash(ctx, c.ssh, h.hashCmd, part, h.p.ChunkSize, i)
+		c.busy.Add(1)
+		c.touch()
+		return err
+	})
+	return d, err
 }
 
 // readBackChunk reads chunk i of the remote file part over SFTP and
@@ -1328,9 +1339,11 @@ func sendFile(ctx context.Context, f *File, hosts []*host) ([]digest.Digest, err
 	}()
 	var wg, side sync.WaitGroup
 	chans := make([]chan *job, len(hosts))
+	vers := make([]*verifier, len(hosts))
 	for hi, h := range hosts {
 		chans[hi] = make(chan *job)
 		part := h.remote(f.Rel) + ".partial"
+		vers[hi] = h.startVerifier(ctx, part, n)
 		needed := 0
 		for _, n := range h.need {
 			if n {
@@ -1351,7 +1364,7 @@ func sendFile(ctx context.Context, f *File, hosts []*host) ([]digest.Digest, err
 				}
 				for j := range chans[hi] {
 					if h.err() == nil && ctx.Err() == nil {
-						h.sendJob(ctx, slot, f, j)
+						h.sendJob(ctx, slot, f, j, vers[hi])
 					}
 					j.release()
 				}
@@ -1411,6 +1424,9 @@ func sendFile(ctx context.Context, f *File, hosts []*host) ([]digest.Digest, err
 		close(c)
 	}
 	wg.Wait()
+	for hi, h := range hosts {
+		h.verified = vers[hi].wait()
+	}
 	side.Wait()
 	close(inOrder)
 	<-hashed
@@ -1438,7 +1454,7 @@ func sameStamp(lf *os.File, f *File) error {
 }
 
 // sendJob writes one chunk from stream slot and journals it.
-func (h *host) sendJob(ctx context.Context, slot int, f *File, j *job) {
+func (h *host) sendJob(ctx context.Context, slot int, f *File, j *job, v *verifier) {
 	h.o.Log.Debug("transfer: sending chunk", "dest", h.d.Name, "file", f.Rel, "chunk", j.idx, "offset", j.off, "bytes", len(j.data))
 	if err := h.writeChunk(ctx, slot, f, j.off, j.data); err != nil {
 		if ctx.Err() == nil {
@@ -1457,7 +1473,77 @@ func (h *host) sendJob(ctx context.Context, slot int, f *File, j *job) {
 	h.jmu.Unlock()
 	if err := h.journal(jEntry{kind: jChunk, rel: f.Rel, chunk: j.idx, end: j.off + int64(len(j.data)), digest: sum}); err != nil {
 		h.fail(f.Rel, err)
+		return
 	}
+	v.add(j.idx, sum)
+}
+
+// verifier hashes chunks on the remote host as soon as they are written,
+// while the rest of the file is still being sent, so that the check
+// after the last byte is left with the chunks it could not do: those of
+// an earlier run, and the last few. Its failures are not the file's: a
+// chunk it could not check, or found different, is checked again (and
+// re-sent) by finishByChunks.
+type verifier struct {
+	h    *host
+	part string
+	ch   chan vjob
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	ok   map[int]bool
+}
+
+type vjob struct {
+	idx int
+	sum digest.Digest
+}
+
+// verifiersPerConn is how many chunks a verifier hashes at once on each
+// stream's connection during the send (sessions beside its SFTP ones).
+const verifiersPerConn = 2
+
+// startVerifier starts the verifier of the partial part (n chunks), or
+// returns nil where chunks are not hashed on the remote host.
+func (h *host) startVerifier(ctx context.Context, part string, n int) *verifier {
+	if !h.ranges {
+		return nil
+	}
+	v := &verifier{h: h, part: part, ch: make(chan vjob, n), ok: map[int]bool{}}
+	for g := range h.o.Streams * verifiersPerConn {
+		slot := (g % h.o.Streams) * h.o.Sessions
+		v.wg.Go(func() {
+			for j := range v.ch {
+				if ctx.Err() != nil || h.err() != nil {
+					continue
+				}
+				d, err := h.rangeHash(ctx, slot, part, j.idx)
+				if err == nil && d == j.sum {
+					v.mu.Lock()
+					v.ok[j.idx] = true
+					v.mu.Unlock()
+				}
+			}
+		})
+	}
+	return v
+}
+
+// add queues chunk idx, just written with digest sum (never blocks: the
+// queue holds every chunk of the file).
+func (v *verifier) add(idx int, sum digest.Digest) {
+	if v != nil {
+		v.ch <- vjob{idx, sum}
+	}
+}
+
+// wait ends the verifier and returns the chunks it found right.
+func (v *verifier) wait() map[int]bool {
+	if v == nil {
+		return nil
+	}
+	close(v.ch)
+	v.wg.Wait()
+	return v.ok
 }
 
 // live is the hosts that have not failed.
