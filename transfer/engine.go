@@ -350,6 +350,11 @@ func (h *host) connect(ctx context.Context, i int) (*conn, error) {
 	g := h.conns[i/h.o.Sessions]
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	// Another goroutine of this slot (a stream and the chunk checks share
+	// one) may have connected it while this one waited.
+	if c := h.slot(i); c != nil {
+		return c, nil
+	}
 	if g.ssh != nil && isClosed(g.dead) {
 		g.ssh = nil
 	}
