@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 )
@@ -233,5 +234,40 @@ func TestSourceRewrittenInPlace(t *testing.T) {
 	now, _ := os.ReadFile(src)
 	if got, _ := os.ReadFile(filepath.Join(dst, "w.bin")); !bytes.Equal(got, now) {
 		t.Error("the destination is not the source as it is now")
+	}
+}
+
+// A remote hash command that never answers (a wedged tool, or a
+// connection that died under it while it ran: either way no byte comes
+// back) does not hang the transfer: the command has a time bound, and
+// the run ends with an error naming the destination and the file, with
+// nothing under the file's name.
+func TestRemoteHashNeverAnswers(t *testing.T) {
+	dir := t.TempDir()
+	// Right about an empty stdin and dd's probe, silent on anything else.
+	script := "#!/bin/sh\nout=$(/usr/bin/openssl \"$@\")\n" +
+		"case \"$out\" in " + emptySHA256 + "*|" + rangeProbeSHA256 + "*) echo \"$out\"; exit 0;; esac\nsleep 30\n"
+	if err := os.WriteFile(filepath.Join(dir, "openssl"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := startSSHD(t, "PATH="+dir+":/usr/bin:/bin")
+	src := filepath.Join(t.TempDir(), "w.bin")
+	randomFile(t, src, 200<<10, 3)
+	dst := t.TempDir()
+	d := Destination{Name: "h1:" + dst, Host: "h1", Dir: dst, Dial: testDialer(s, s.Addr())}
+	start := time.Now()
+	rep, err := sendOne(t, d, src, Options{Streams: 1, Retries: 1, Backoff: time.Millisecond, StallTimeout: 100 * time.Millisecond})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	if msg := err.Error(); !strings.Contains(msg, "gave no answer") || !strings.Contains(msg, "h1:"+dst) || !strings.Contains(msg, "w.bin") {
+		t.Errorf("error %q does not say the hash command gave no answer, naming the destination and the file", msg)
+	}
+	if rep == nil || rep.Hosts[0].OK {
+		t.Errorf("report %+v", rep)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "w.bin")); err == nil {
+		t.Error("w.bin is at the destination")
 	}
 }

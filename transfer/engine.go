@@ -344,7 +344,7 @@ type sshConn struct {
 // connect returns slot i's session, dialing its stream's connection if
 // that is not up.
 func (h *host) connect(ctx context.Context, i int) (*conn, error) {
-	if c := h.slot(i); c != nil {
+	if c := h.live(i); c != nil {
 		return c, nil
 	}
 	g := h.conns[i/h.o.Sessions]
@@ -352,7 +352,7 @@ func (h *host) connect(ctx context.Context, i int) (*conn, error) {
 	defer g.mu.Unlock()
 	// Another goroutine of this slot (a stream and the chunk checks share
 	// one) may have connected it while this one waited.
-	if c := h.slot(i); c != nil {
+	if c := h.live(i); c != nil {
 		return c, nil
 	}
 	if g.ssh != nil && isClosed(g.dead) {
@@ -405,6 +405,21 @@ func (h *host) connect(ctx context.Context, i int) (*conn, error) {
 	h.slots[i] = c
 	h.mu.Unlock()
 	return c, nil
+}
+
+// live is slot i's session if its connection is up; one whose connection
+// is gone is dropped.
+func (h *host) live(i int) *conn {
+	h.mu.Lock()
+	c := h.slots[i]
+	if c != nil && isClosed(c.dead) {
+		h.slots[i] = nil
+		h.mu.Unlock()
+		c.close()
+		return nil
+	}
+	h.mu.Unlock()
+	return c
 }
 
 func (h *host) slot(i int) *conn {
@@ -740,14 +755,35 @@ func (h *host) writeChunk(ctx context.Context, i int, f *File, off int64, data [
 // reading it back (which also gives the chunk digests).
 func (h *host) hash(ctx context.Context, c *conn, p string, size int64) (digest.Digest, []digest.Digest, error) {
 	if h.hashCmd != "" {
-		// The remote tool reads the file while this connection idles.
-		c.busy.Add(-1)
-		d, err := remoteHash(ctx, c.ssh, h.hashCmd, p)
-		c.busy.Add(1)
-		c.touch()
+		var d digest.Digest
+		err := h.remoteTool(ctx, c, size, func(ctx context.Context) (err error) {
+			d, err = remoteHash(ctx, c.ssh, h.hashCmd, p)
+			return err
+		})
 		return d, nil, err
 	}
 	return h.readBack(ctx, c, p, size)
+}
+
+// remoteTool runs f, a remote command hashing n bytes, on c. The
+// connection carries nothing while the tool reads, so the stall watch
+// leaves it alone; instead the command has a time bound of its own (the
+// stall timeout, at least 2 s, plus n at 10 MB/s): a connection that died
+// under it (its bytes dropped on a stalled link) is then given up and the
+// operation retried on a new one, instead of waiting for an answer that
+// cannot come.
+func (h *host) remoteTool(ctx context.Context, c *conn, n int64, f func(ctx context.Context) error) error {
+	limit := max(h.o.StallTimeout, 2*time.Second) + time.Duration(n/10e6)*time.Second
+	tctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	c.busy.Add(-1)
+	err := f(tctx)
+	c.busy.Add(1)
+	c.touch()
+	if err != nil && ctx.Err() == nil && tctx.Err() != nil {
+		err = fmt.Errorf("%w: the remote hash command gave no answer in %v", errStalled, limit)
+	}
+	return err
 }
 
 // readBack reads the remote file p over SFTP and returns its digest and
@@ -984,16 +1020,21 @@ func (h *host) checkChunks(ctx context.Context, part string, idx []int, sums []d
 }
 
 // rangeHash hashes chunk i of the remote file part on the remote host,
-// over slot's connection.
+// over slot's connection, retrying after transient errors (the check
+// after the last byte).
 func (h *host) rangeHash(ctx context.Context, slot int, part string, i int) (digest.Digest, error) {
 	var d digest.Digest
-	err := h.do(ctx, slot, fmt.Sprintf("hash chunk %d of %s", i, part), func(c *conn) error {
-		// The remote tool reads while this connection idles.
-		c.busy.Add(-1)
-		var err error
+	err := h.do(ctx, slot, fmt.Sprintf("hash chunk %d of %s", i, part), func(c *conn) (err error) {
+		d, err = h.rangeHashOn(ctx, c, part, i)
+		return err
+	})
+	return d, err
+}
+
+// rangeHashOn hashes chunk i of the remote file part on c's connection.
+func (h *host) rangeHashOn(ctx context.Context, c *conn, part string, i int) (d digest.Digest, err error) {
+	err = h.remoteTool(ctx, c, h.p.ChunkSize, func(ctx context.Context) (err error) {
 		d, err = remoteRangeHash(ctx, c.ssh, h.hashCmd, part, h.p.ChunkSize, i)
-		c.busy.Add(1)
-		c.touch()
 		return err
 	})
 	return d, err
@@ -1521,7 +1562,15 @@ func (h *host) startVerifier(ctx context.Context, part string, n int) *verifier 
 				if ctx.Err() != nil || h.err() != nil {
 					continue
 				}
-				d, err := h.rangeHash(ctx, slot, part, j.idx)
+				// One try, on the stream's connection as it is: what
+				// fails here is checked again after the last byte.
+				c := h.slot(slot)
+				if c == nil {
+					continue
+				}
+				c.busy.Add(1)
+				d, err := h.rangeHashOn(ctx, c, part, j.idx)
+				c.busy.Add(-1)
 				if err == nil && d == j.sum {
 					v.mu.Lock()
 					v.ok[j.idx] = true

@@ -42,8 +42,31 @@ func shellQuote(s string) string {
 }
 
 // run runs cmd on the remote host with stdin from in and returns its
-// stdout; stderr is added to the error. A cancelled ctx closes the session.
+// stdout; stderr is added to the error. When ctx ends first, the
+// connection is closed: opening the session or waiting for the command
+// may hang on a connection that died under it (pkg/ssh takes no context),
+// and the caller retries on a new one.
 func run(ctx context.Context, c *ssh.Client, cmd string, in []byte) ([]byte, error) {
+	type result struct {
+		out []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := runSession(c, cmd, in)
+		done <- result{out, err}
+	}()
+	select {
+	case r := <-done:
+		return r.out, r.err
+	case <-ctx.Done():
+		c.Close()
+		return nil, ctx.Err()
+	}
+}
+
+// runSession is run without its context.
+func runSession(c *ssh.Client, cmd string, in []byte) ([]byte, error) {
 	s, err := c.NewSession()
 	if err != nil {
 		return nil, err
@@ -52,15 +75,7 @@ func run(ctx context.Context, c *ssh.Client, cmd string, in []byte) ([]byte, err
 	var out, stderr bytes.Buffer
 	s.Stdout, s.Stderr = &out, &stderr
 	s.Stdin = bytes.NewReader(in)
-	done := make(chan error, 1)
-	go func() { done <- s.Run(cmd) }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		s.Close()
-		return nil, ctx.Err()
-	}
-	if err != nil {
+	if err := s.Run(cmd); err != nil {
 		var ee *ssh.ExitError
 		if errors.As(err, &ee) {
 			msg := strings.TrimSpace(stderr.String())
