@@ -142,9 +142,12 @@ func cpuSeconds(who int) float64 {
 // client's (ferry's process, or scp's and rsync's children with the ssh
 // they run), sshd-cpu-s/GB the server's (sshd and what it ran for the
 // copy), proxy-cpu-s/GB the proxy's. Where the three share few cores the
-// sum of the three, not the link, sets the rate. It logs what one remote
-// command costs (ferry runs two, the others one). Targets: ferry ≥ 4× scp
-// at 40 ms, and no slower than scp on plain loopback (direct).
+// sum of the three, not the link, sets the rate. Every metric is the mean
+// over the iterations. It logs what one remote command costs (scp and
+// rsync run one; ferry runs a few probes and then hashes each chunk on the
+// remote host, several at once, most of them while the file is still
+// being sent). Targets: ferry ≥ 4× scp at 40 ms, and no slower than scp on
+// plain loopback (direct).
 //
 // The test binary is all it needs beside sshd, ssh, scp and rsync on PATH
 // (ssh-keygen is not used: the keys are made in Go):
