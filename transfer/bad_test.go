@@ -256,7 +256,9 @@ func TestRemoteHashNeverAnswers(t *testing.T) {
 	dst := t.TempDir()
 	d := Destination{Name: "h1:" + dst, Host: "h1", Dir: dst, Dial: testDialer(s, s.Addr())}
 	start := time.Now()
-	rep, err := sendOne(t, d, src, Options{Streams: 1, Retries: 1, Backoff: time.Millisecond, StallTimeout: 100 * time.Millisecond})
+	// A stall timeout that the probes and writes of a loaded machine stay
+	// under; the hash command's own bound is then its 2 s floor.
+	rep, err := sendOne(t, d, src, Options{Streams: 1, Retries: 1, Backoff: time.Millisecond, StallTimeout: time.Second})
 	if err == nil {
 		t.Fatal("no error")
 	}
