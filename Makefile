@@ -13,18 +13,18 @@ BIN      := bin/ferry
 # coordinator can report a spurious "context deadline exceeded" failure
 # when the time runs out mid-execution (go.dev/issue/75804, fixed in 1.27).
 FUZZ_TARGETS := \
-	./safetensors:FuzzHeader:300000 \
-	./safetensors:FuzzIndex:250000 \
+	./safetensors:FuzzHeader:200000 \
+	./safetensors:FuzzIndex:170000 \
 	./gguf:FuzzReader:150000 \
 	./gguf/imatrix:FuzzGGUF:80000 \
 	./gguf/imatrix:FuzzLegacy:120000 \
-	./merge:FuzzAdapterConfig:200000 \
-	./manifest:FuzzManifest:220000 \
+	./merge:FuzzAdapterConfig:150000 \
+	./manifest:FuzzManifest:160000 \
 	./manifest:FuzzJournal:1500 \
 	./pipeline:FuzzSpec:20000 \
 	./verify:FuzzGGUF:150000 \
 	./verify:FuzzConfig:10000 \
-	./mlxpack:FuzzParseCTConfig:200000 \
+	./mlxpack:FuzzParseCTConfig:150000 \
 	./mlxpack:FuzzFixedConfig:100000 \
 	./mlxpack:FuzzReadShape:200000 \
 	./transfer/sshconn:FuzzConfig:60000 \
