@@ -45,3 +45,25 @@ func benchTypes(b *testing.B, src []float32, types []quant.Type, encode func(typ
 		})
 	}
 }
+
+// BenchmarkDecode measures each block decoder (what the quality report
+// and verification dequantize with) on the encoding of the same weights:
+// MB/s of float32 output.
+func BenchmarkDecode(b *testing.B) {
+	src := layerWeights(rand.New(rand.NewPCG(1, 2)))
+	out := make([]float32, len(src))
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K} {
+		enc := make([]byte, int64(len(src))/typ.BlockSize()*typ.TypeSize())
+		if err := quant.Encode(typ, enc, src); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(typ.String(), func(b *testing.B) {
+			b.SetBytes(int64(4 * len(out)))
+			for b.Loop() {
+				if err := quant.Decode(typ, out, enc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
