@@ -201,3 +201,195 @@ mdone:
 	VMOVUPS Y0, (AX)
 	VZEROUPPER
 	RET
+
+// func qkx2StepsAVX2(s *qkx2Lanes, x, w *groups, steps []float32, nmax int32, n int, mad bool, laux *[32][8]int32)
+// qkx2StepsGo on eight lanes at once: each step is levelsAVX2's pass, the
+// least-squares solve, errsAVX2's pass and the take, with the same
+// operations in the same order per lane. A lane whose D is not positive
+// computes a candidate too, but never takes it (the ok mask), as the Go
+// form never looks at it. The state is read and written at the offsets of
+// qkx2Lanes: sumW 0, sumX 32, hi 64, lo 96, rng 128, best 160, scale 192,
+// useIscale 224, useMin 256.
+TEXT ·qkx2StepsAVX2(SB), NOSPLIT, $0-80
+	MOVQ s+0(FP), SI
+	MOVQ x+8(FP), R10
+	MOVQ w+16(FP), R11
+	MOVQ steps_base+24(FP), R12
+	MOVQ steps_len+32(FP), R13
+	MOVL nmax+48(FP), AX
+	VMOVD AX, X1
+	VPBROADCASTD X1, Y1
+	MOVQ n+56(FP), R14
+	MOVBLZX mad+64(FP), R9
+	MOVQ laux+72(FP), BX
+	BCAST(0x4B400000, X15, Y15)
+	BCAST(0x007fffff, X3, Y3)
+	BCAST(0x00400000, X4, Y4)
+	BCAST(0x7fffffff, X2, Y2)
+	VPXOR Y5, Y5, Y5
+	TESTQ R13, R13
+	JZ   kdone
+	TESTQ R14, R14
+	JZ   kdone
+
+kstep:
+	VBROADCASTSS (R12), Y0
+	VDIVPS  128(SI), Y0, Y0 // iscale = num / rng
+	VMOVUPS 96(SI), Y14     // lo
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	VXORPS  Y8, Y8, Y8
+	MOVQ    R10, DX
+	MOVQ    R11, R8
+	MOVQ    BX, DI
+	MOVQ    R14, CX
+
+klev:
+	VMOVUPS   (DX), Y13      // x
+	VSUBPS    Y14, Y13, Y9   // x - lo
+	VMULPS    Y9, Y0, Y9     // iscale·(x - lo)
+	VADDPS    Y15, Y9, Y9    // + 1.5·2^23
+	VPAND     Y3, Y9, Y9
+	VPSUBD    Y4, Y9, Y9     // nearest_int
+	VPMINSD   Y1, Y9, Y9
+	VPMAXSD   Y5, Y9, Y9     // clamp to [0, nmax]
+	VMOVDQU   Y9, (DI)
+	VCVTDQ2PS Y9, Y10        // l as float
+	VMULPS    (R8), Y10, Y11 // wl = w·l
+	VADDPS    Y11, Y6, Y6    // Σ w·l
+	VMULPS    Y10, Y11, Y12
+	VADDPS    Y12, Y7, Y7    // Σ (w·l)·l
+	VMULPS    Y13, Y11, Y13
+	VADDPS    Y13, Y8, Y8    // Σ (w·l)·x
+	ADDQ      $32, DX
+	ADDQ      $32, R8
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       klev
+
+	// Y6 sumL, Y7 sumL2, Y8 sumXL.
+	VMOVUPS   0(SI), Y9        // sumW
+	VMOVUPS   32(SI), Y10      // sumX
+	VMULPS    Y7, Y9, Y11      // sumW·sumL2
+	VMULPS    Y6, Y6, Y12      // sumL·sumL
+	VSUBPS    Y12, Y11, Y11    // D
+	VCMPPS    $0x1e, Y5, Y11, Y13 // ok: D > 0, ordered
+	VMULPS    Y8, Y9, Y9       // sumW·sumXL
+	VMULPS    Y6, Y10, Y12     // sumX·sumL
+	VSUBPS    Y12, Y9, Y9
+	VDIVPS    Y11, Y9, Y9      // ts
+	VMULPS    Y7, Y10, Y10     // sumL2·sumX
+	VMULPS    Y8, Y6, Y12      // sumL·sumXL
+	VSUBPS    Y12, Y10, Y10
+	VDIVPS    Y11, Y10, Y10    // tm
+	VCMPPS    $0x1e, Y5, Y10, Y11 // tm > 0, ordered
+	VDIVPS    Y7, Y8, Y12      // sumXL / sumL2
+	VBLENDVPS Y11, Y12, Y9, Y9 // ts
+	VBLENDVPS Y11, Y5, Y10, Y10 // tm = +0
+
+	// The error of the candidate (ts Y9, tm Y10) into Y6.
+	VXORPS Y6, Y6, Y6
+	MOVQ   R10, DX
+	MOVQ   R11, R8
+	MOVQ   BX, DI
+	MOVQ   R14, CX
+	TESTQ  R9, R9
+	JZ     ksq
+
+kmad:
+	VCVTDQ2PS (DI), Y7
+	VMULPS    Y7, Y9, Y7   // ts·l
+	VADDPS    Y10, Y7, Y7  // + tm
+	VSUBPS    (DX), Y7, Y7 // - x
+	VANDPS    Y2, Y7, Y7   // |diff|
+	VMULPS    (R8), Y7, Y7 // w·|diff|
+	VADDPS    Y7, Y6, Y6
+	ADDQ      $32, DX
+	ADDQ      $32, R8
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       kmad
+	JMP       ktake
+
+ksq:
+	VCVTDQ2PS (DI), Y7
+	VMULPS    Y7, Y9, Y7
+	VADDPS    Y10, Y7, Y7
+	VSUBPS    (DX), Y7, Y7
+	VMULPS    Y7, Y7, Y7   // diff²
+	VMULPS    (R8), Y7, Y7
+	VADDPS    Y7, Y6, Y6
+	ADDQ      $32, DX
+	ADDQ      $32, R8
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       ksq
+
+ktake:
+	VMOVUPS   160(SI), Y7          // best
+	VCMPPS    $0x11, Y7, Y6, Y8    // cur < best, ordered
+	VANDPS    Y13, Y8, Y8          // take = ok && cur < best
+	VBLENDVPS Y8, Y6, Y7, Y7
+	VMOVUPS   Y7, 160(SI)          // best
+	VMOVUPS   224(SI), Y11
+	VBLENDVPS Y8, Y0, Y11, Y11
+	VMOVUPS   Y11, 224(SI)         // useIscale = iscale
+	VMOVUPS   256(SI), Y11
+	VBLENDVPS Y8, Y14, Y11, Y11
+	VMOVUPS   Y11, 256(SI)         // useMin = lo (before the take)
+	VMOVUPS   192(SI), Y11
+	VBLENDVPS Y8, Y9, Y11, Y11
+	VMOVUPS   Y11, 192(SI)         // scale = ts
+	VBLENDVPS Y8, Y10, Y14, Y14
+	VMOVUPS   Y14, 96(SI)          // lo = tm
+	VMOVUPS   64(SI), Y11
+	VSUBPS    Y14, Y11, Y11        // hi - lo
+	VMOVUPS   128(SI), Y12
+	VBLENDVPS Y8, Y11, Y12, Y12
+	VMOVUPS   Y12, 128(SI)         // rng
+	ADDQ      $4, R12
+	DECQ      R13
+	JNZ       kstep
+
+kdone:
+	VZEROUPPER
+	RET
+
+// func qkx2InitAVX2(x, w *groups, n int, s *qkx2Lanes)
+// The first pass of make_qkx2_quants on eight lanes: min and max (VMINPS
+// and VMAXPS with the new value first keep the old one unless the new is
+// strictly beyond it, NaN never taken, as the Go form's compares), Σ w and
+// Σ w·x from row 0 in index order, into s's sumW, sumX, hi and lo (lo not
+// yet clamped to 0). n ≥ 1.
+TEXT ·qkx2InitAVX2(SB), NOSPLIT, $0-32
+	MOVQ x+0(FP), DX
+	MOVQ w+8(FP), R8
+	MOVQ n+16(FP), CX
+	MOVQ s+24(FP), SI
+	VMOVUPS (DX), Y0     // lo
+	VMOVAPS Y0, Y1       // hi
+	VMOVUPS (R8), Y2     // Σ w
+	VMULPS  Y0, Y2, Y3   // Σ w·x
+	DECQ    CX
+	JZ      idone
+
+iloop:
+	ADDQ    $32, DX
+	ADDQ    $32, R8
+	VMOVUPS (DX), Y4
+	VMOVUPS (R8), Y5
+	VMINPS  Y0, Y4, Y0
+	VMAXPS  Y1, Y4, Y1
+	VADDPS  Y5, Y2, Y2
+	VMULPS  Y4, Y5, Y6
+	VADDPS  Y6, Y3, Y3
+	DECQ    CX
+	JNZ     iloop
+
+idone:
+	VMOVUPS Y2, 0(SI)
+	VMOVUPS Y3, 32(SI)
+	VMOVUPS Y1, 64(SI)
+	VMOVUPS Y0, 96(SI)
+	VZEROUPPER
+	RET

@@ -2,6 +2,7 @@ package quant
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -57,6 +58,64 @@ func TestKernelsMatch(t *testing.T) {
 			errs(&x, &w, &la, &ts, &tm, mad, n, &ca)
 			errsGo(&x, &w, &la, &ts, &tm, mad, n, &cb)
 			sameRow("errs", ca[:], cb[:])
+		}
+		// The whole candidate loop of make_qkx2_quants from a state
+		// made as run makes it, with some lanes' sums degenerate.
+		for _, p := range []*qkx2{&qkx2Q2, &qkx2Q4, &qkx2Q5} {
+			if p.n > n {
+				continue
+			}
+			var ia, ib qkx2Lanes
+			qkx2Init(&x, &w, p.n, &ia)
+			qkx2InitGo(&x, &w, p.n, &ib)
+			for _, f := range []struct {
+				what string
+				a, b *[8]float32
+			}{{"lo", &ia.lo, &ib.lo}, {"hi", &ia.hi, &ib.hi}, {"sumW", &ia.sumW, &ib.sumW}, {"sumX", &ia.sumX, &ib.sumX}} {
+				sameRow(fmt.Sprintf("iter %d, n %d: first pass's %s", iter, p.n, f.what), f.a[:], f.b[:])
+			}
+			var st qkx2Lanes
+			for k := range 8 {
+				lo, hi := x[0][k], x[0][k]
+				for i := range p.n {
+					lo, hi = min(lo, x[i][k]), max(hi, x[i][k])
+					st.sumW[k] += w[i][k]
+					st.sumX[k] += float32(w[i][k] * x[i][k])
+				}
+				st.hi[k], st.lo[k] = hi, min(lo, 0)
+				st.rng[k] = st.hi[k] - st.lo[k]
+				st.best[k] = float32(rng.Float64()) * st.sumW[k]
+				st.scale[k] = st.rng[k] / float32(p.nmax)
+				st.useIscale[k], st.useMin[k] = 1/st.scale[k], st.lo[k]
+			}
+			if iter%7 == 0 {
+				st.sumW[iter%8] = 0 // D ≤ 0 on that lane
+			}
+			a, b := st, st
+			var l1, l2 [32][8]int32
+			qkx2Steps(&a, &x, &w, p.steps, p.nmax, p.n, p.mad, &l1)
+			qkx2StepsGo(&b, &x, &w, p.steps, p.nmax, p.n, p.mad, &l2)
+			for _, f := range []struct {
+				what string
+				a, b *[8]float32
+			}{{"lo", &a.lo, &b.lo}, {"rng", &a.rng, &b.rng}, {"best", &a.best, &b.best}, {"scale", &a.scale, &b.scale},
+				{"useIscale", &a.useIscale, &b.useIscale}, {"useMin", &a.useMin, &b.useMin}} {
+				sameRow(fmt.Sprintf("iter %d, nmax %d: steps' %s", iter, p.nmax, f.what), f.a[:], f.b[:])
+			}
+			// laux is scratch, left with the last step's levels. Where a
+			// lane's range is NaN they depend on which NaN's payload an
+			// operation keeps, which the Go compiler may pick by swapping
+			// a product's operands: only the other lanes are compared.
+			for k := range 8 {
+				if b.rng[k] != b.rng[k] {
+					continue
+				}
+				for i := range p.n {
+					if l1[i][k] != l2[i][k] {
+						t.Fatalf("iter %d, nmax %d: the steps' last levels differ in lane %d, row %d: %d, portable %d", iter, p.nmax, k, i, l1[i][k], l2[i][k])
+					}
+				}
+			}
 		}
 		var ma, mb, aa, ab [8]float32
 		signedMaxes(&x, n, &ma, &aa)

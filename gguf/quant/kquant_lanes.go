@@ -39,8 +39,63 @@ var (
 func (p *qkx2) run(x, w *groups, L *[32][8]uint8, scale, theMin *[8]float32) {
 	n, nmax := p.n, p.nmax
 	fmax := float32(nmax)
-	var lo, hi, sumW, sumX, rng, best [8]float32
-	lo, hi, sumW = x[0], x[0], w[0]
+	var st qkx2Lanes
+	qkx2Init(x, w, n, &st)
+	var iscale [8]float32
+	for k := range 8 {
+		if st.lo[k] > 0 {
+			st.lo[k] = 0
+		}
+		st.rng[k] = st.hi[k] - st.lo[k]
+		iscale[k] = fmax / st.rng[k]
+		st.scale[k] = 1 / iscale[k]
+	}
+	lo0 := st.lo
+	// The first candidate: its error is the one to beat. A group's levels
+	// are those of the candidate it takes last, a function of that pass's
+	// iscale and min alone: they are recomputed once at the end from
+	// (useIscale, useMin) rather than copied at every take.
+	var laux [32][8]int32
+	var sums [3][8]float32
+	levels(x, w, &st.lo, &iscale, nmax, n, &laux, &sums)
+	errs(x, w, &laux, &st.scale, &st.lo, p.mad, n, &st.best)
+	st.useIscale, st.useMin = iscale, st.lo
+	qkx2Steps(&st, x, w, p.steps, nmax, n, p.mad, &laux)
+	levels(x, w, &st.useMin, &st.useIscale, nmax, n, &laux, &sums)
+	for i := 0; i < n; i++ {
+		for k := range 8 {
+			L[i][k] = uint8(laux[i][k])
+		}
+	}
+	hi, lo := &st.hi, &st.lo
+	*scale = st.scale
+	for k := range 8 {
+		if hi[k] == lo0[k] { // all equal: no levels
+			scale[k] = 0
+			lo[k] = lo0[k]
+			for i := 0; i < n; i++ {
+				L[i][k] = 0
+			}
+		}
+		theMin[k] = -lo[k]
+	}
+}
+
+// qkx2Lanes is the state of make_qkx2_quants on eight groups between
+// candidates: the fixed sums, the max and the current min and range, and
+// the best candidate so far (its error, scale and min, and the iscale and
+// min its levels come from). qkx2StepsAVX2 reads it at the offsets of
+// this field order.
+type qkx2Lanes struct {
+	sumW, sumX, hi, lo, rng, best, scale, useIscale, useMin [8]float32
+}
+
+// qkx2InitGo is the first pass of make_qkx2_quants on eight groups of
+// n ≥ 1 values: min and max, Σ w and Σ w·x in index order, into s's lo
+// (not yet clamped to 0), hi, sumW and sumX.
+func qkx2InitGo(x, w *groups, n int, s *qkx2Lanes) {
+	lo, hi, sumW := x[0], x[0], w[0]
+	var sumX [8]float32
 	for k := range 8 {
 		sumX[k] = float32(w[0][k] * x[0][k])
 	}
@@ -58,39 +113,31 @@ func (p *qkx2) run(x, w *groups, L *[32][8]uint8, scale, theMin *[8]float32) {
 			sumX[k] += float32(wi[k] * v)
 		}
 	}
-	var iscale [8]float32
-	for k := range 8 {
-		if lo[k] > 0 {
-			lo[k] = 0
-		}
-		rng[k] = hi[k] - lo[k]
-		iscale[k] = fmax / rng[k]
-		scale[k] = 1 / iscale[k]
-	}
-	lo0 := lo
-	// The first candidate: its error is the one to beat. A group's levels
-	// are those of the candidate it takes last, a function of that pass's
-	// iscale and min alone: they are recomputed once at the end from
-	// (useIscale, useMin) rather than copied at every take.
-	var laux [32][8]int32
-	var sums [3][8]float32
-	levels(x, w, &lo, &iscale, nmax, n, &laux, &sums)
-	errs(x, w, &laux, scale, &lo, p.mad, n, &best)
-	useIscale, useMin := iscale, lo
-	for _, num := range p.steps {
+	s.lo, s.hi, s.sumW, s.sumX = lo, hi, sumW, sumX
+}
+
+// qkx2StepsGo is the candidate loop of make_qkx2_quants on eight groups:
+// for each step's numerator, iscale = num / range, the levels and their
+// sums, the least-squares scale and min (the min clamped to 0 as the
+// reference does), their error, and the candidate taken where it beats
+// the best. laux is scratch.
+func qkx2StepsGo(s *qkx2Lanes, x, w *groups, steps []float32, nmax int32, n int, mad bool, laux *[32][8]int32) {
+	for _, num := range steps {
+		var iscale [8]float32
 		for k := range 8 {
-			iscale[k] = num / rng[k]
+			iscale[k] = num / s.rng[k]
 		}
-		levels(x, w, &lo, &iscale, nmax, n, &laux, &sums)
+		var sums [3][8]float32
+		levelsGo(x, w, &s.lo, &iscale, nmax, n, laux, &sums)
 		sumL, sumL2, sumXL := &sums[0], &sums[1], &sums[2]
 		var ts, tm [8]float32
 		var ok [8]bool
 		some := false
 		for k := range 8 {
-			D := float32(sumW[k]*sumL2[k]) - float32(sumL[k]*sumL[k])
+			D := float32(s.sumW[k]*sumL2[k]) - float32(sumL[k]*sumL[k])
 			if D > 0 {
-				ts[k] = (float32(sumW[k]*sumXL[k]) - float32(sumX[k]*sumL[k])) / D
-				tm[k] = (float32(sumL2[k]*sumX[k]) - float32(sumL[k]*sumXL[k])) / D
+				ts[k] = (float32(s.sumW[k]*sumXL[k]) - float32(s.sumX[k]*sumL[k])) / D
+				tm[k] = (float32(sumL2[k]*s.sumX[k]) - float32(sumL[k]*sumXL[k])) / D
 				if tm[k] > 0 {
 					tm[k] = 0
 					ts[k] = sumXL[k] / sumL2[k]
@@ -102,30 +149,14 @@ func (p *qkx2) run(x, w *groups, L *[32][8]uint8, scale, theMin *[8]float32) {
 			continue
 		}
 		var cur [8]float32
-		errs(x, w, &laux, &ts, &tm, p.mad, n, &cur)
+		errsGo(x, w, laux, &ts, &tm, mad, n, &cur)
 		for k := range 8 {
-			if ok[k] && cur[k] < best[k] {
-				useIscale[k], useMin[k] = iscale[k], lo[k]
-				best[k], scale[k], lo[k] = cur[k], ts[k], tm[k]
-				rng[k] = hi[k] - lo[k]
+			if ok[k] && cur[k] < s.best[k] {
+				s.useIscale[k], s.useMin[k] = iscale[k], s.lo[k]
+				s.best[k], s.scale[k], s.lo[k] = cur[k], ts[k], tm[k]
+				s.rng[k] = s.hi[k] - s.lo[k]
 			}
 		}
-	}
-	levels(x, w, &useMin, &useIscale, nmax, n, &laux, &sums)
-	for i := 0; i < n; i++ {
-		for k := range 8 {
-			L[i][k] = uint8(laux[i][k])
-		}
-	}
-	for k := range 8 {
-		if hi[k] == lo0[k] { // all equal: no levels
-			scale[k] = 0
-			lo[k] = lo0[k]
-			for i := 0; i < n; i++ {
-				L[i][k] = 0
-			}
-		}
-		theMin[k] = -lo[k]
 	}
 }
 

@@ -14,6 +14,12 @@ func errs(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int,
 	errsGo(x, w, laux, ts, tm, mad, n, cur)
 }
 
+func qkx2Init(x, w *groups, n int, s *qkx2Lanes) { qkx2InitGo(x, w, n, s) }
+
+func qkx2Steps(s *qkx2Lanes, x, w *groups, steps []float32, nmax int32, n int, mad bool, laux *[32][8]int32) {
+	qkx2StepsGo(s, x, w, steps, nmax, n, mad, laux)
+}
+
 func symLevels(x, w, wx *groups, iscale *[8]float32, lo, hi int32, n int, lv *[32][8]int32, sums *[2][8]float32) {
 	symLevelsGo(x, w, wx, iscale, lo, hi, n, lv, sums)
 }
