@@ -6,11 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime/pprof"
 	"strings"
 	"testing"
 
@@ -31,8 +33,22 @@ const bundledBase = "../../testdata/models/qwen35-tiny/base"
 func init() {
 	if os.Getenv("FERRY_INSPECT_TEST_AS_MAIN") == "1" {
 		os.Args = append([]string{"ferry"}, os.Args[1:]...)
-		main()
-		os.Exit(0) // main always exits; this is a guard
+		stop := func() {}
+		if prof := os.Getenv("FERRY_BENCH_CPUPROFILE"); prof != "" {
+			// A CPU profile of a benchmark's ferry process.
+			f, err := os.Create(prof)
+			if err == nil {
+				err = pprof.StartCPUProfile(f)
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			stop = func() { pprof.StopCPUProfile(); f.Close() }
+		}
+		code := run()
+		stop()
+		os.Exit(code)
 	}
 }
 

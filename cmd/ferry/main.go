@@ -63,7 +63,10 @@ func newApp() *cli.App {
 	})
 }
 
-func main() {
+func main() { os.Exit(run()) }
+
+// run runs the command line in os.Args and returns the exit code.
+func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	app := newApp()
 	err := interrupted(ctx, app.RunContext(ctx, interspersed(app, os.Args)))
@@ -71,5 +74,5 @@ func main() {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ferry: %v\n", err)
 	}
-	os.Exit(exitCode(err))
+	return exitCode(err)
 }

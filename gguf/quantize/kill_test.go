@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -31,7 +32,22 @@ func init() {
 		return
 	}
 	parts := strings.Split(spec, ":")
-	if err := childQuantize(parts); err != nil {
+	stop := func() {}
+	if prof := os.Getenv("FERRY_BENCH_CPUPROFILE"); prof != "" {
+		// A CPU profile of the measured child, for finding where its time goes.
+		f, err := os.Create(prof)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		stop = func() { pprof.StopCPUProfile(); f.Close() }
+	}
+	err := childQuantize(parts)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
