@@ -30,6 +30,14 @@ func qkx2Init(x, w *groups, n int, s *qkx2Lanes) {
 	qkx2InitGo(x, w, n, s)
 }
 
+func qxSteps(s *qxLanes, x, w, wx *groups) {
+	if useAVX2 {
+		qxStepsAVX2(s, x, w, wx, &qxNum)
+		return
+	}
+	qxStepsGo(s, x, w, wx)
+}
+
 func qkx2Steps(s *qkx2Lanes, x, w *groups, steps []float32, nmax int32, n int, mad bool, laux *[32][8]int32) {
 	if useAVX2 {
 		qkx2StepsAVX2(s, x, w, steps, nmax, n, mad, laux)
@@ -71,3 +79,6 @@ func qkx2StepsAVX2(s *qkx2Lanes, x, w *groups, steps []float32, nmax int32, n in
 
 //go:noescape
 func qkx2InitAVX2(x, w *groups, n int, s *qkx2Lanes)
+
+//go:noescape
+func qxStepsAVX2(s *qxLanes, x, w, wx *groups, nums *[18]float32)

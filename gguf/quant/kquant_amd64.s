@@ -393,3 +393,76 @@ idone:
 	VMOVUPS Y0, 96(SI)
 	VZEROUPPER
 	RET
+
+// func qxStepsAVX2(s *qxLanes, x, w, wx *groups, nums *[18]float32)
+// qxStepsGo on eight lanes at once: for each numerator, symLevelsAVX2's
+// pass on 16 rows with levels in [-32, 31] (the levels are not kept: the
+// taken ones are recomputed from useIscale) and the take, with the same
+// operations in the same order per lane. The state is read and written at
+// the offsets of qxLanes: xmax 0, scale 32, best 64, useIscale 96.
+TEXT ·qxStepsAVX2(SB), NOSPLIT, $0-40
+	MOVQ s+0(FP), SI
+	MOVQ x+8(FP), R10
+	MOVQ w+16(FP), R11
+	MOVQ wx+24(FP), R12
+	MOVQ nums+32(FP), R13
+	BCAST(0x4B400000, X2, Y2)
+	BCAST(0x007fffff, X3, Y3)
+	BCAST(0x00400000, X4, Y4)
+	BCAST(0xffffffe0, X5, Y5) // -32
+	BCAST(31, X1, Y1)
+	VXORPS Y15, Y15, Y15
+	MOVQ   $18, BX
+
+qstep:
+	VBROADCASTSS (R13), Y0
+	VDIVPS  0(SI), Y0, Y0 // iscale = num / xmax
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	MOVQ    R10, DX
+	MOVQ    R11, R8
+	MOVQ    R12, DI
+	MOVQ    $16, CX
+
+qlev:
+	VMULPS    (DX), Y0, Y9 // iscale·x
+	VADDPS    Y2, Y9, Y9
+	VPAND     Y3, Y9, Y9
+	VPSUBD    Y4, Y9, Y9   // nearest_int
+	VPMINSD   Y1, Y9, Y9
+	VPMAXSD   Y5, Y9, Y9   // clamp to [-32, 31]
+	VCVTDQ2PS Y9, Y10
+	VMULPS    (DI), Y10, Y11 // (x²·x)·l
+	VADDPS    Y11, Y6, Y6
+	VMULPS    (R8), Y10, Y12 // (x²·l)
+	VMULPS    Y10, Y12, Y12  // ·l
+	VADDPS    Y12, Y7, Y7
+	ADDQ      $32, DX
+	ADDQ      $32, R8
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       qlev
+
+	// Y6 Σlx, Y7 Σl²: take where Σl² > 0 and Σlx² > best·Σl².
+	VMOVUPS   64(SI), Y13          // best
+	VCMPPS    $0x1e, Y15, Y7, Y8   // Σl² > 0, ordered
+	VMULPS    Y6, Y6, Y11          // Σlx·Σlx
+	VMULPS    Y7, Y13, Y12         // best·Σl²
+	VCMPPS    $0x1e, Y12, Y11, Y12 // >, ordered
+	VANDPS    Y12, Y8, Y8
+	VDIVPS    Y7, Y6, Y9           // scale = Σlx / Σl²
+	VMULPS    Y6, Y9, Y10          // best = scale·Σlx
+	VBLENDVPS Y8, Y10, Y13, Y13
+	VMOVUPS   Y13, 64(SI)
+	VMOVUPS   32(SI), Y11
+	VBLENDVPS Y8, Y9, Y11, Y11
+	VMOVUPS   Y11, 32(SI)
+	VMOVUPS   96(SI), Y11
+	VBLENDVPS Y8, Y0, Y11, Y11
+	VMOVUPS   Y11, 96(SI)
+	ADDQ      $4, R13
+	DECQ      BX
+	JNZ       qstep
+
+	VZEROUPPER
+	RET

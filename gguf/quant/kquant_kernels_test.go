@@ -117,6 +117,40 @@ func TestKernelsMatch(t *testing.T) {
 				}
 			}
 		}
+		// make_qx_quants' 18 other scales, from its first pass's state.
+		if n == 16 {
+			var xm, am [8]float32
+			signedMaxesGo(&x, n, &xm, &am)
+			var xw, xwx groups
+			for i := range n {
+				for k := range 8 {
+					xw[i][k] = float32(x[i][k] * x[i][k])
+					xwx[i][k] = float32(xw[i][k] * x[i][k])
+				}
+			}
+			st := qxLanes{xmax: xm}
+			var first [32][8]int32
+			var fs [2][8]float32
+			for k := range 8 {
+				st.useIscale[k] = -32 / xm[k]
+			}
+			symLevelsGo(&x, &xw, &xwx, &st.useIscale, -32, 31, n, &first, &fs)
+			for k := range 8 {
+				if fs[1][k] != 0 {
+					st.scale[k] = fs[0][k] / fs[1][k]
+				}
+				st.best[k] = float32(st.scale[k] * fs[0][k])
+			}
+			a, b := st, st
+			qxSteps(&a, &x, &xw, &xwx)
+			qxStepsGo(&b, &x, &xw, &xwx)
+			for _, f := range []struct {
+				what string
+				a, b *[8]float32
+			}{{"scale", &a.scale, &b.scale}, {"best", &a.best, &b.best}, {"useIscale", &a.useIscale, &b.useIscale}} {
+				sameRow(fmt.Sprintf("iter %d: make_qx_quants steps' %s", iter, f.what), f.a[:], f.b[:])
+			}
+		}
 		var ma, mb, aa, ab [8]float32
 		signedMaxes(&x, n, &ma, &aa)
 		signedMaxesGo(&x, n, &mb, &ab)

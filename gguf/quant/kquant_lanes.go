@@ -205,7 +205,7 @@ func symGroups(x *groups, L *[32][8]int8, scale *[8]float32, q3 bool) {
 	if q3 {
 		q3Refine(x, &w, &wx, &lv, &sums, &amax, nmax)
 	} else {
-		qxSearch(x, &w, &wx, &lv, &sums, &xmax, scale)
+		qxSearch(x, &w, &wx, &lv, &sums, &xmax, &iscale, scale)
 	}
 	for k := range 8 {
 		if amax[k] < groupMaxEps {
@@ -227,35 +227,53 @@ func symGroups(x *groups, L *[32][8]int8, scale *[8]float32, q3 bool) {
 	}
 }
 
-// qxSearch is make_qx_quants' search after its first pass: lv holds that
-// pass's levels and sums its sums; lv ends with each group's best levels,
-// scale with its scale.
-func qxSearch(x, w, wx *groups, lv *[32][8]int32, sums *[2][8]float32, xmax, scale *[8]float32) {
-	const n, nmax = 16, 32
-	var best [8]float32
+// qxSearch is make_qx_quants' search after its first pass, made at
+// iscale0: lv holds that pass's levels and sums its sums; lv ends with
+// each group's best levels, scale with its scale. The levels of a taken
+// candidate are a function of its iscale alone, so the search keeps only
+// the iscale and recomputes the levels of the winners at the end.
+func qxSearch(x, w, wx *groups, lv *[32][8]int32, sums *[2][8]float32, xmax, iscale0, scale *[8]float32) {
+	s := qxLanes{xmax: *xmax, useIscale: *iscale0}
 	for k := range 8 {
-		scale[k] = 0
 		if sums[1][k] != 0 {
-			scale[k] = sums[0][k] / sums[1][k]
+			s.scale[k] = sums[0][k] / sums[1][k]
 		}
-		best[k] = float32(scale[k] * sums[0][k])
+		s.best[k] = float32(s.scale[k] * sums[0][k])
 	}
+	qxSteps(&s, x, w, wx)
+	*scale = s.scale
+	if s.useIscale != *iscale0 {
+		symLevels(x, w, wx, &s.useIscale, -32, 31, 16, lv, sums)
+	}
+}
+
+// qxLanes is the state of make_qx_quants' search on eight groups between
+// candidates: each group's max (signed) and its best scale so far, the
+// figure a candidate must beat (scale·Σlx) and the iscale of its levels.
+// qxStepsAVX2 reads it at the offsets of this field order.
+type qxLanes struct {
+	xmax, scale, best, useIscale [8]float32
+}
+
+// qxStepsGo is make_qx_quants' (nmax 32, rmse_type 1, no weights) loop
+// over its 18 other scales on eight groups of 16: the levels of each and
+// their sums Σ (x²·x)·l and Σ (x²·l)·l, and the candidate taken where
+// Σl² > 0 and Σlx² > best·Σl².
+func qxStepsGo(s *qxLanes, x, w, wx *groups) {
 	var iscale [8]float32
 	var try [32][8]int32
 	var ts [2][8]float32
 	for _, num := range qxNum {
 		for k := range 8 {
-			iscale[k] = num / xmax[k]
+			iscale[k] = num / s.xmax[k]
 		}
-		symLevels(x, w, wx, &iscale, -nmax, nmax-1, n, &try, &ts)
+		symLevelsGo(x, w, wx, &iscale, -32, 31, 16, &try, &ts)
 		slx, sl2 := &ts[0], &ts[1]
 		for k := range 8 {
-			if sl2[k] > 0 && float32(slx[k]*slx[k]) > float32(best[k]*sl2[k]) {
-				for i := 0; i < n; i++ {
-					lv[i][k] = try[i][k]
-				}
-				scale[k] = slx[k] / sl2[k]
-				best[k] = float32(scale[k] * slx[k])
+			if sl2[k] > 0 && float32(slx[k]*slx[k]) > float32(s.best[k]*sl2[k]) {
+				s.scale[k] = slx[k] / sl2[k]
+				s.best[k] = float32(s.scale[k] * slx[k])
+				s.useIscale[k] = iscale[k]
 			}
 		}
 	}

@@ -16,6 +16,8 @@ func errs(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int,
 
 func qkx2Init(x, w *groups, n int, s *qkx2Lanes) { qkx2InitGo(x, w, n, s) }
 
+func qxSteps(s *qxLanes, x, w, wx *groups) { qxStepsGo(s, x, w, wx) }
+
 func qkx2Steps(s *qkx2Lanes, x, w *groups, steps []float32, nmax int32, n int, mad bool, laux *[32][8]int32) {
 	qkx2StepsGo(s, x, w, steps, nmax, n, mad, laux)
 }
