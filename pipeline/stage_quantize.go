@@ -36,7 +36,15 @@ import (
 // stage must hold exactly one .gguf file, or a checkpoint (config.json
 // and its shards); each output is named after the GGUF file with its type
 // (Jarvis2-27B-F16.gguf → Jarvis2-27B-Q4_K_M.gguf), or after the from
-// stage for a checkpoint (merged-Q4_K_M.gguf). report: true adds the
+// stage for a checkpoint (merged-Q4_K_M.gguf). model_name, for a
+// checkpoint, is the gguf stage's model_name: the outputs are then the
+// bytes and names a gguf stage with that model_name (outtype f16)
+// followed by this stage would make, without the F16 file, so the
+// K-quants need not wait for it:
+//
+//	quantize: { from: merged, model_name: Jarvis2-27B, types: [Q6_K, Q4_K_M] }
+//
+// report: true adds the
 // quality report of the outputs, measured while quantizing, as
 // <name>-report.parquet and <name>-report.svg
 // (quantize.WriteReportParquet, WriteReportSVG).
@@ -82,6 +90,9 @@ type quantizeStage struct {
 	ExcludeWeights []string `json:"exclude_weights,omitempty"`
 	NoMTP          bool     `json:"no_mtp,omitempty"`
 	Report         bool     `json:"report,omitempty"`
+	// ModelName is model_name, for a checkpoint input: the name the gguf
+	// stage's model_name is (the directory name the converter reads).
+	ModelName string `json:"model_name,omitempty"`
 
 	imatrixPath string             // the file, for a path
 	opts        []quantize.Options // one per type
@@ -140,6 +151,12 @@ func newQuantize(p *Params) (Stage, error) {
 	}
 	if err := s.parseImatrix(p); err != nil {
 		return nil, err
+	}
+	if s.ModelName, err = p.String("model_name", false); err != nil {
+		return nil, err
+	}
+	if strings.ContainsAny(s.ModelName, `/\`) || s.ModelName == "." || s.ModelName == ".." {
+		return nil, p.Errorf("model_name", "must be a plain name, got %q", s.ModelName)
 	}
 	for _, b := range []struct {
 		key string
@@ -312,11 +329,16 @@ func matrixFile(in *Input) (string, error) {
 }
 
 // input finds the from stage's one .gguf file, or its checkpoint
-// directory, and the stem its outputs are named after.
-func (s *quantizeStage) input(env *Env) (path, stem string, err error) {
+// directory, and the stem its outputs are named after (for a checkpoint
+// with model_name, the stem is known once the source is open: ""). A
+// checkpoint with model_name is read through a directory of that name:
+// a view in work, or for a planning preview (work "") a link to the
+// input in a temporary directory that done removes.
+func (s *quantizeStage) input(env *Env, work string) (path, stem string, done func(), err error) {
+	done = func() {}
 	in := env.Input(s.From)
 	if in == nil {
-		return "", "", fmt.Errorf("quantize: input %q not given", s.From)
+		return "", "", done, fmt.Errorf("quantize: input %q not given", s.From)
 	}
 	var found []string
 	checkpoint := false
@@ -334,26 +356,56 @@ func (s *quantizeStage) input(env *Env) (path, stem string, err error) {
 		checkpoint = exists(filepath.Join(in.Dir, "config.json"))
 	}
 	switch {
+	case len(found) == 1 && s.ModelName != "":
+		return "", "", done, fmt.Errorf("quantize: model_name %q names the model a checkpoint is converted as; stage %s holds a GGUF file (%s), whose name it keeps", s.ModelName, s.From, found[0])
 	case len(found) == 1:
-		return filepath.Join(in.Dir, found[0]), quantize.Stem(found[0]), nil
+		return filepath.Join(in.Dir, found[0]), quantize.Stem(found[0]), done, nil
+	case len(found) == 0 && checkpoint && s.ModelName == "":
+		return in.Dir, s.From, done, nil
+	case len(found) == 0 && checkpoint && work != "" && in.Outputs != nil:
+		view := filepath.Join(work, "src", s.ModelName)
+		if err := env.Store.MakeView(view, in.Outputs); err != nil {
+			return "", "", done, err
+		}
+		return view, "", done, nil
 	case len(found) == 0 && checkpoint:
-		return in.Dir, s.From, nil
+		tmp, err := os.MkdirTemp("", "ferry-quantize-plan-")
+		if err != nil {
+			return "", "", done, err
+		}
+		done = func() { os.RemoveAll(tmp) }
+		abs, err := filepath.Abs(in.Dir)
+		if err == nil {
+			err = os.Symlink(abs, filepath.Join(tmp, s.ModelName))
+		}
+		if err != nil {
+			done()
+			return "", "", func() {}, err
+		}
+		return filepath.Join(tmp, s.ModelName), "", done, nil
 	}
-	return "", "", fmt.Errorf("quantize: stage %s holds %d .gguf files (%s); want exactly one, or a checkpoint (config.json and its shards)", s.From, len(found), strings.Join(found, ", "))
+	return "", "", done, fmt.Errorf("quantize: stage %s holds %d .gguf files (%s); want exactly one, or a checkpoint (config.json and its shards)", s.From, len(found), strings.Join(found, ", "))
 }
 
 // plans opens the input and plans every type: the outputs, named in dir.
 func (s *quantizeStage) plans(env *Env, dir string) (src *quantize.Source, outs []quantize.Output, stem string, err error) {
-	in, stem, err := s.input(env)
+	in, stem, done, err := s.input(env, dir)
 	if err != nil {
 		return nil, nil, "", err
 	}
+	// A preview's link goes once the headers are read: Plan reads no
+	// tensor data.
+	defer done()
 	m, mname, err := s.matrix(env)
 	if err != nil {
 		return nil, nil, "", err
 	}
 	if src, err = quantize.OpenSource(in, quantize.SourceOptions{NoMTP: s.NoMTP}); err != nil {
 		return nil, nil, "", err
+	}
+	if stem == "" {
+		// The gguf stage's file with this model_name, without its type.
+		stem = quantize.Stem(src.Convert.DefaultFileName(false))
 	}
 	for _, o := range s.opts {
 		o.Imatrix, o.ImatrixFile = m, mname

@@ -134,6 +134,80 @@ stages:
 	}
 }
 
+// With model_name, a quantize stage straight from a checkpoint makes what
+// a gguf stage with that model_name followed by a quantize stage makes:
+// the same names and bytes (llama-quantize's goldens: the reference F16
+// was converted from a directory named base), planned before anything
+// runs with those names; model_name on a GGUF input is refused.
+func TestQuantizeStageModelName(t *testing.T) {
+	ckpt, err := filepath.Abs("../testdata/models/qwen35-tiny/base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	spec := loadSpecKinds(t, dir, `name: q
+stages:
+  - name: ck
+    import: { path: `+ckpt+` }
+  - name: f16
+    gguf: { from: ck, model_name: base }
+  - name: twostep
+    quantize: { from: f16, types: [Q6_K, Q4_K_M] }
+  - name: direct
+    quantize: { from: ck, model_name: base, types: [Q6_K, Q4_K_M] }
+`, BuiltinKinds())
+	plan, err := Plan(spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var planned string
+	for _, st := range plan.Stages {
+		if st.Stage == "direct" {
+			planned = st.Plan
+		}
+	}
+	rep, err := Run(context.Background(), spec, Options{Stages: 4, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs := map[string][]manifest.Output{}
+	for _, st := range rep.Stages {
+		outs[st.Stage] = st.Outputs
+	}
+	f16 := outs["f16"][0].Path
+	stem := strings.TrimSuffix(f16, "-F16.gguf")
+	if len(outs["direct"]) != 2 || len(outs["twostep"]) != 2 {
+		t.Fatalf("outputs: direct %+v, twostep %+v", outs["direct"], outs["twostep"])
+	}
+	if !strings.Contains(planned, stem+"-Q6_K.gguf") || !strings.Contains(planned, stem+"-Q4_K_M.gguf") {
+		t.Errorf("plan of direct: %q, want the outputs named after %s", planned, f16)
+	}
+	got := map[string]manifest.Digest{}
+	for i, o := range outs["direct"] {
+		if o != outs["twostep"][i] {
+			t.Errorf("direct made %+v, the F16 file then quantize %+v", o, outs["twostep"][i])
+		}
+		got[o.Path] = o.Digest
+	}
+	for _, typ := range []string{"Q6_K", "Q4_K_M"} {
+		name := stem + "-" + typ + ".gguf"
+		if want := goldenDigest(t, "qwen35-base-"+typ); got[name] != want {
+			t.Errorf("%s: %s, want llama-quantize's %s (outputs %+v)", name, got[name], want, outs["direct"])
+		}
+	}
+
+	bad := loadSpecKinds(t, t.TempDir(), `name: q
+stages:
+  - name: f16
+    import: { path: `+quantInput(t, "qwen35")+` }
+  - name: quants
+    quantize: { from: f16, model_name: x, type: Q8_0 }
+`, BuiltinKinds())
+	if _, err := Run(context.Background(), bad, Options{}); err == nil || !strings.Contains(err.Error(), "model_name") {
+		t.Errorf("model_name on a GGUF input: %v, want it refused", err)
+	}
+}
+
 // A bad type is refused when the pipeline file is parsed; an input the
 // quantizer refuses (NextN layers promised, their tensors missing) by
 // plan, before any stage runs.
@@ -153,6 +227,7 @@ func TestQuantizeStageRefusals(t *testing.T) {
 		{"type: Q4_K_M, imatrix: f16, include_weights: [a], exclude_weights: [b]", "cannot be used together"},
 		{"type: Q4_K_M, exclude_weights: [b]", "no imatrix given"},
 		{"type: Q4_K_M, imatrix: nosuchstage", "nosuchstage"},
+		{"type: Q4_K_M, model_name: a/b", "plain name"},
 	} {
 		dir := t.TempDir()
 		p := filepath.Join(dir, "p.yaml")
