@@ -104,7 +104,7 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	}
 	defer j.close()
 	j.removeStale()
-	e := &executor{p: p, out: outDir, opt: opt, j: j, free: make(chan *block, opt.Jobs), copyBuf: make([]byte, 1<<20)}
+	e := &executor{p: p, out: outDir, opt: opt, j: j, free: make(chan *block, shardsAtOnce*opt.Jobs)}
 	e.progress(0)
 	res := &Result{OutDir: outDir}
 
@@ -118,26 +118,61 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	weightMap := map[string]string{}
 	var total int64
 	for _, sp := range p.Shards {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
 		for _, t := range sp.Tensors {
 			weightMap[t.Name] = sp.Name
 			sz, _ := tensor.ByteSize(t.DType, t.Shape)
 			total += sz
 		}
-		if d, ok := j.finished(ctx, sp.Name); ok {
-			e.advance(sp.Size)
-			res.Files = append(res.Files, d)
+	}
+	// Shards are written shardsAtOnce at a time, each by its own goroutine
+	// (its bytes hashed there as they are written); the files keep the
+	// plan's order in the result.
+	files := make([]FileDigest, len(p.Shards))
+	resumed := make([]bool, len(p.Shards))
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(len(p.Shards), shardsAtOnce) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				sp := p.Shards[i]
+				if d, ok := j.finished(wctx, sp.Name); ok {
+					e.advance(sp.Size)
+					files[i], resumed[i] = d, true
+					continue
+				}
+				d, err := e.writeShard(wctx, sp)
+				if err != nil {
+					cancel(err)
+					return
+				}
+				files[i] = d
+			}
+		}()
+	}
+feed:
+	for i := range p.Shards {
+		select {
+		case next <- i:
+		case <-wctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if err := context.Cause(wctx); err != nil {
+		return nil, err
+	}
+	for i, sp := range p.Shards {
+		res.Files = append(res.Files, files[i])
+		if resumed[i] {
 			res.Resumed = append(res.Resumed, sp.Name)
-			continue
+		} else {
+			res.Written = append(res.Written, sp.Name)
 		}
-		d, err := e.writeShard(ctx, sp)
-		if err != nil {
-			return nil, err
-		}
-		res.Files = append(res.Files, d)
-		res.Written = append(res.Written, sp.Name)
 	}
 	if !p.Single {
 		if err := safetensors.WriteIndex(outDir, weightMap, total, p.IndexMeta); err != nil {
@@ -196,9 +231,29 @@ type executor struct {
 	mu   sync.Mutex
 	// free holds row-block buffers for reuse across tensors: with at most
 	// Jobs blocks in flight, merge memory stays Jobs × one block.
-	free    chan *block
-	copyBuf []byte // for the one goroutine that writes
+	free chan *block
+	// copyBufs holds the buffers of byte-for-byte copies, one per shard
+	// being written.
+	copyBufs sync.Pool
 }
+
+// shardsAtOnce is how many shards a merge writes at once. One shard's
+// bytes go through one goroutine that also hashes them (SHA-256, 1-2
+// GB/s a core): shard after shard, the anchors.md slice's merge (9 GB)
+// spent most of its time there with the other cores idle. Each shard
+// being written has up to Jobs row blocks in flight.
+const shardsAtOnce = 4
+
+// copyBuf returns a buffer for copySection; putCopyBuf gives it back.
+func (e *executor) copyBuf() *[]byte {
+	if b, ok := e.copyBufs.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 1<<20)
+	return &b
+}
+
+func (e *executor) putCopyBuf(b *[]byte) { e.copyBufs.Put(b) }
 
 func (e *executor) progress(done int64) {
 	if e.opt.Progress != nil {
@@ -206,12 +261,13 @@ func (e *executor) progress(done int64) {
 	}
 }
 
+// advance counts n more bytes done and reports the total, in order: the
+// shards being written report from their own goroutines.
 func (e *executor) advance(n int64) {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.done += n
-	d := e.done
-	e.mu.Unlock()
-	e.progress(d)
+	e.progress(e.done)
 }
 
 // copyFile copies src to dst atomically, hashing it as it is written.

@@ -115,9 +115,18 @@ func TestKillResume(t *testing.T) {
 
 	// A finished shard changed behind the journal's back (its stamp moved)
 	// is re-hashed, not trusted: it is rewritten.
+	// Shards are written at once: the kill can fall between a shard's
+	// journaled commit and its rename, which leaves it under its partial
+	// name (the re-run finishes the rename when the stamp still matches).
 	done := journalDone(filepath.Join(out, JournalName))
 	victim := filepath.Join(out, done[0])
-	b, _ := os.ReadFile(victim)
+	if _, err := os.Stat(victim); err != nil {
+		victim = partialPath(out, done[0])
+	}
+	b, err := os.ReadFile(victim)
+	if err != nil || len(b) == 0 {
+		t.Fatalf("recorded shard %s: neither it nor its partial file: %v", done[0], err)
+	}
 	b[len(b)-1] ^= 0xff
 	os.WriteFile(victim, b, 0o644)
 

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
@@ -25,7 +26,10 @@ const JournalName = ".ferry-merge.journal"
 
 // mergeJournal is what the journal says about an output directory.
 type mergeJournal struct {
-	dir  string
+	dir string
+	// mu guards log, done and ckpt: shards are written at once, each
+	// journaling from its own goroutine.
+	mu   sync.Mutex
 	log  *journal.Log
 	done map[string]journal.Entry // finished shards by name
 	ckpt map[string]journal.Entry // last checkpoint of unfinished shards
@@ -97,7 +101,9 @@ func (j *mergeJournal) removeStale() {
 // into place left the partial, with the committed stamp: the rename is
 // finished here.
 func (j *mergeJournal) finished(ctx context.Context, name string) (FileDigest, bool) {
+	j.mu.Lock()
 	e, ok := j.done[name]
+	j.mu.Unlock()
 	if !ok {
 		return FileDigest{}, false
 	}
@@ -134,12 +140,21 @@ func (j *mergeJournal) commit(d FileDigest, st fsutil.Stamp) error {
 	if err != nil {
 		return err
 	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	if err := j.log.Append(journal.Entry{Unit: d.Name, Commit: d.SHA256, Size: d.Size, Stamp: raw}); err != nil {
 		return err
 	}
 	j.done[d.Name] = journal.Entry{Unit: d.Name, Commit: d.SHA256, Size: d.Size, Stamp: raw}
 	delete(j.ckpt, d.Name)
 	return nil
+}
+
+// dropCheckpoint forgets the checkpoint of shard name: it starts over.
+func (j *mergeJournal) dropCheckpoint(name string) {
+	j.mu.Lock()
+	delete(j.ckpt, name)
+	j.mu.Unlock()
 }
 
 func (j *mergeJournal) close() { j.log.Close() }
@@ -167,7 +182,10 @@ type shardOut struct {
 // starts it afresh (no checkpoint, or one the file no longer backs).
 func (j *mergeJournal) openShard(name string, every time.Duration) (*shardOut, error) {
 	o := &shardOut{j: j, name: name, path: partialPath(j.dir, name), every: every, last: time.Now()}
-	if ck, ok := j.ckpt[name]; ok {
+	j.mu.Lock()
+	ck, ok := j.ckpt[name]
+	j.mu.Unlock()
+	if ok {
 		if f, err := os.OpenFile(o.path, os.O_RDWR, 0); err == nil {
 			fi, err := f.Stat()
 			if err == nil && fi.Size() >= ck.End && f.Truncate(ck.End) == nil {
@@ -183,7 +201,7 @@ func (j *mergeJournal) openShard(name string, every time.Duration) (*shardOut, e
 			f.Close()
 		}
 	}
-	delete(j.ckpt, name)
+	j.dropCheckpoint(name)
 	f, err := os.OpenFile(o.path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s: creating: %w", filepath.Join(j.dir, name), err)
@@ -229,11 +247,16 @@ func (o *shardOut) checkpoint() error {
 		return o.err
 	}
 	e := journal.Entry{Unit: o.name, End: o.hw.Size(), State: o.hw.State()}
-	if err := o.j.log.Append(e); err != nil {
+	o.j.mu.Lock()
+	err := o.j.log.Append(e)
+	if err == nil {
+		o.j.ckpt[o.name] = e
+	}
+	o.j.mu.Unlock()
+	if err != nil {
 		o.err = err
 		return err
 	}
-	o.j.ckpt[o.name] = e
 	o.last = time.Now()
 	return nil
 }

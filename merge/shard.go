@@ -32,7 +32,7 @@ func (e *executor) writeShard(ctx context.Context, sp ShardPlan) (FileDigest, er
 		}
 		if errors.Is(err, errNoResume) && attempt == 0 {
 			o.f.Close()
-			delete(e.j.ckpt, sp.Name)
+			e.j.dropCheckpoint(sp.Name)
 			continue
 		}
 		if err != nil {
@@ -60,7 +60,9 @@ func (e *executor) copyShard(sp ShardPlan, o *shardOut) error {
 		return errNoResume
 	}
 	e.advance(off)
-	if err := copySection(o, io.NewSectionReader(in, off, fi.Size()-off), e.advance, e.copyBuf); err != nil {
+	buf := e.copyBuf()
+	defer e.putCopyBuf(buf)
+	if err := copySection(o, io.NewSectionReader(in, off, fi.Size()-off), e.advance, *buf); err != nil {
 		return fmt.Errorf("%s: %w", src, err)
 	}
 	return nil
@@ -130,7 +132,10 @@ func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan, o *shardOut) 
 		switch t.Op {
 		case OpCopy:
 			e.advance(from)
-			if err := copySection(w, io.NewSectionReader(sh.Section(info), from, info.Size()-from), e.advance, e.copyBuf); err != nil {
+			buf := e.copyBuf()
+			err := copySection(w, io.NewSectionReader(sh.Section(info), from, info.Size()-from), e.advance, *buf)
+			e.putCopyBuf(buf)
+			if err != nil {
 				return fmt.Errorf("%s: tensor %q: %w", sh.Path, t.Name, err)
 			}
 		case OpMerge:

@@ -244,6 +244,8 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 
 func (e *executor) reportNonFinite(module int, tensor string, n int64) {
 	if n > 0 && e.opt.NonFinite != nil {
+		e.mu.Lock() // shards report from their own goroutines
+		defer e.mu.Unlock()
 		e.opt.NonFinite(module, tensor, n)
 	}
 }
@@ -297,7 +299,9 @@ func (e *executor) replaceTensor(w io.Writer, info safetensors.TensorInfo, t Ten
 	src, _ := ad.Tensor(t.Source)
 	if src.DType == t.DType {
 		sec := ad.Section(src)
-		if err := copySection(w, io.NewSectionReader(sec, from, sec.Size()-from), func(int64) {}, e.copyBuf); err != nil {
+		buf := e.copyBuf()
+		defer e.putCopyBuf(buf)
+		if err := copySection(w, io.NewSectionReader(sec, from, sec.Size()-from), func(int64) {}, *buf); err != nil {
 			return fmt.Errorf("%s: tensor %q: %w", ad.Path, t.Source, err)
 		}
 	} else {
