@@ -73,8 +73,9 @@ func pack2(qs []byte, L *[QK_K]uint8) {
 	}
 }
 
-// load transposes 8 groups of n values, group k at x[n*k:], into g.
-func (g *groups) load(x []float32, n int) {
+// loadGo transposes 8 groups of n values, group k at x[n*k:], into g
+// (groups.load picks this or an AVX2 form).
+func (g *groups) loadGo(x []float32, n int) {
 	x = x[:8*n]
 	for k := range 8 {
 		xk := x[n*k : n*k+n]
@@ -298,11 +299,25 @@ func quantizeQ6_K(dst []byte, src []float32) {
 	var (
 		L      [QK_K]int8
 		scales [16]float32
+		x      groups
+		lazy   q6Lazy
 	)
 	for bi := 0; bi*QK_K < len(src); bi++ {
 		xb := src[bi*QK_K : bi*QK_K+QK_K]
 		y := dst[bi*210 : bi*210+210]
-		symBlock(xb, &L, &scales, false)
-		q6Block(y, xb, &L, &scales)
+		for h := range 2 {
+			x.load(xb[128*h:], 16)
+			symSearch(&x, &lazy.lv[h], &lazy.amax[h], (*[8]float32)(scales[8*h:]), false)
+		}
+		q6Block(y, xb, &L, &scales, &lazy)
 	}
+}
+
+// q6Lazy is what make_qx_quants left for the 16 groups of a Q6_K block:
+// the levels of group j = 8h+k are lv[h][·][k]. q6Block recomputes the
+// levels of a group from its quantized scale, and reads these only where
+// that scale is 0, so they are laid out as a block holds them only then.
+type q6Lazy struct {
+	lv   [2][32][8]int32
+	amax [2][8]float32
 }

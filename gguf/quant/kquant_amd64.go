@@ -22,6 +22,33 @@ func errs(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int,
 	errsGo(x, w, laux, ts, tm, mad, n, cur)
 }
 
+func (g *groups) load(x []float32, n int) {
+	if useAVX2 && (n == 16 || n == 32) {
+		x = x[:8*n]
+		loadAVX2(g, &x[0], n)
+		return
+	}
+	g.loadGo(x, n)
+}
+
+// divLevels is divLevelsGo; len(x) a multiple of 8 goes through AVX2.
+func divLevels(x []float32, add, d float32, doAdd bool, lo, hi, bias int32, out []byte) {
+	if useAVX2 && len(x)%8 == 0 && len(x) > 0 {
+		out = out[:len(x)]
+		divLevelsAVX2(&x[0], len(x), add, d, doAdd, lo, hi, bias, &out[0])
+		return
+	}
+	divLevelsGo(x, add, d, doAdd, lo, hi, bias, out)
+}
+
+func squares(x, w, wx *groups, n int) {
+	if useAVX2 {
+		squaresAVX2(x, w, wx, n)
+		return
+	}
+	squaresGo(x, w, wx, n)
+}
+
 func qkx2Init(x, w *groups, n int, s *qkx2Lanes) {
 	if useAVX2 {
 		qkx2InitAVX2(x, w, n, s)
@@ -82,3 +109,12 @@ func qkx2InitAVX2(x, w *groups, n int, s *qkx2Lanes)
 
 //go:noescape
 func qxStepsAVX2(s *qxLanes, x, w, wx *groups, nums *[18]float32)
+
+//go:noescape
+func divLevelsAVX2(x *float32, n int, add, d float32, doAdd bool, lo, hi, bias int32, out *byte)
+
+//go:noescape
+func loadAVX2(dst *groups, x *float32, n int)
+
+//go:noescape
+func squaresAVX2(x, w, wx *groups, n int)

@@ -466,3 +466,151 @@ qlev:
 
 	VZEROUPPER
 	RET
+
+// func divLevelsAVX2(x *float32, n int, add, d float32, doAdd bool, lo, hi, bias int32, out *byte)
+// divLevelsGo on 8 values at a time: out[i] = byte(clamp(nearest_int((x[i]
+// [+ add]) / d), lo, hi) + bias), the operations of the Go form in its
+// order. n is a multiple of 8.
+TEXT ·divLevelsAVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS add+16(FP), Y6
+	VBROADCASTSS d+20(FP), Y7
+	MOVBLZX doAdd+24(FP), R9
+	MOVL lo+28(FP), AX
+	VMOVD AX, X5
+	VPBROADCASTD X5, Y5
+	MOVL hi+32(FP), AX
+	VMOVD AX, X1
+	VPBROADCASTD X1, Y1
+	MOVL bias+36(FP), AX
+	VMOVD AX, X8
+	VPBROADCASTD X8, Y8
+	MOVQ out+40(FP), DI
+	BCAST(0x4B400000, X2, Y2)
+	BCAST(0x007fffff, X3, Y3)
+	BCAST(0x00400000, X4, Y4)
+	SHRQ $3, CX
+	JZ   vdone
+
+vloop:
+	VMOVUPS (SI), Y0
+	TESTQ   R9, R9
+	JZ      vdiv
+	VADDPS  Y6, Y0, Y0 // x + add
+
+vdiv:
+	VDIVPS    Y7, Y0, Y0 // / d
+	VADDPS    Y2, Y0, Y0
+	VPAND     Y3, Y0, Y0
+	VPSUBD    Y4, Y0, Y0 // nearest_int
+	VPMINSD   Y1, Y0, Y0
+	VPMAXSD   Y5, Y0, Y0 // clamp to [lo, hi]
+	VPADDD    Y8, Y0, Y0 // + bias
+	VPACKSSDW Y0, Y0, Y0 // words: 0-3 0-3 | 4-7 4-7
+	VPACKSSWB Y0, Y0, Y0 // bytes: 0-3 ×4 | 4-7 ×4
+	VMOVD     X0, (DI)
+	VEXTRACTI128 $1, Y0, X9
+	VMOVD     X9, 4(DI)
+	ADDQ      $32, SI
+	ADDQ      $8, DI
+	DECQ      CX
+	JNZ       vloop
+
+vdone:
+	VZEROUPPER
+	RET
+
+// func loadAVX2(dst *groups, x *float32, n int)
+// groups.load: 8 groups of n values (group k at x[n·k:]) transposed into
+// g, eight rows at a time by an 8×8 transpose. n is 16 or 32.
+TEXT ·loadAVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ CX, DX
+	SHLQ $2, DX // bytes per group
+	SHRQ $3, CX // blocks of 8 rows
+
+tloop:
+	MOVQ SI, AX
+	VMOVUPS (AX), Y0
+	ADDQ    DX, AX
+	VMOVUPS (AX), Y1
+	ADDQ    DX, AX
+	VMOVUPS (AX), Y2
+	ADDQ    DX, AX
+	VMOVUPS (AX), Y3
+	ADDQ    DX, AX
+	VMOVUPS (AX), Y4
+	ADDQ    DX, AX
+	VMOVUPS (AX), Y5
+	ADDQ    DX, AX
+	VMOVUPS (AX), Y6
+	ADDQ    DX, AX
+	VMOVUPS (AX), Y7
+	VUNPCKLPS Y1, Y0, Y8
+	VUNPCKHPS Y1, Y0, Y9
+	VUNPCKLPS Y3, Y2, Y10
+	VUNPCKHPS Y3, Y2, Y11
+	VUNPCKLPS Y5, Y4, Y12
+	VUNPCKHPS Y5, Y4, Y13
+	VUNPCKLPS Y7, Y6, Y14
+	VUNPCKHPS Y7, Y6, Y15
+	VSHUFPS $0x44, Y10, Y8, Y0
+	VSHUFPS $0xEE, Y10, Y8, Y1
+	VSHUFPS $0x44, Y11, Y9, Y2
+	VSHUFPS $0xEE, Y11, Y9, Y3
+	VSHUFPS $0x44, Y14, Y12, Y4
+	VSHUFPS $0xEE, Y14, Y12, Y5
+	VSHUFPS $0x44, Y15, Y13, Y6
+	VSHUFPS $0xEE, Y15, Y13, Y7
+	VPERM2F128 $0x20, Y4, Y0, Y8
+	VPERM2F128 $0x20, Y5, Y1, Y9
+	VPERM2F128 $0x20, Y6, Y2, Y10
+	VPERM2F128 $0x20, Y7, Y3, Y11
+	VPERM2F128 $0x31, Y4, Y0, Y12
+	VPERM2F128 $0x31, Y5, Y1, Y13
+	VPERM2F128 $0x31, Y6, Y2, Y14
+	VPERM2F128 $0x31, Y7, Y3, Y15
+	VMOVUPS Y8, 0(DI)
+	VMOVUPS Y9, 32(DI)
+	VMOVUPS Y10, 64(DI)
+	VMOVUPS Y11, 96(DI)
+	VMOVUPS Y12, 128(DI)
+	VMOVUPS Y13, 160(DI)
+	VMOVUPS Y14, 192(DI)
+	VMOVUPS Y15, 224(DI)
+	ADDQ    $32, SI
+	ADDQ    $256, DI
+	DECQ    CX
+	JNZ     tloop
+
+	VZEROUPPER
+	RET
+
+// func squaresAVX2(x, w, wx *groups, n int)
+// squaresGo on eight lanes: w = x·x, wx = w·x, row by row.
+TEXT ·squaresAVX2(SB), NOSPLIT, $0-32
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ wx+16(FP), DX
+	MOVQ n+24(FP), CX
+	TESTQ CX, CX
+	JZ   qdone
+
+qloop:
+	VMOVUPS (SI), Y0
+	VMULPS  Y0, Y0, Y1
+	VMOVUPS Y1, (DI)
+	VMULPS  Y0, Y1, Y2
+	VMOVUPS Y2, (DX)
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	ADDQ    $32, DX
+	DECQ    CX
+	JNZ     qloop
+
+qdone:
+	VZEROUPPER
+	RET

@@ -89,3 +89,28 @@ func signedMaxesGo(x *groups, n int, xmax, amax *[8]float32) {
 		xmax[k], amax[k] = m, a
 	}
 }
+
+// divLevelsGo is the last pass of the K types' reference quantizers, the
+// levels from the block's quantized scale: out[i] = clamp(nearest_int((x[i]
+// + add) / d), lo, hi) + bias, without the addition when doAdd is false.
+func divLevelsGo(x []float32, add, d float32, doAdd bool, lo, hi, bias int32, out []byte) {
+	out = out[:len(x)]
+	for i, v := range x {
+		if doAdd {
+			v += add
+		}
+		out[i] = byte(clamp32(nearestInt(v/d), lo, hi) + bias)
+	}
+}
+
+// squaresGo sets w = x² and wx = w·x on n rows of eight lanes (the
+// weights make_qx_quants and make_q3_quants compute from the values).
+func squaresGo(x, w, wx *groups, n int) {
+	for i := 0; i < n; i++ {
+		for k := range 8 {
+			v := x[i][k]
+			w[i][k] = float32(v * v)
+			wx[i][k] = float32(w[i][k] * v)
+		}
+	}
+}

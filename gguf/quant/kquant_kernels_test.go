@@ -151,6 +151,34 @@ func TestKernelsMatch(t *testing.T) {
 				sameRow(fmt.Sprintf("iter %d: make_qx_quants steps' %s", iter, f.what), f.a[:], f.b[:])
 			}
 		}
+		// The transposing load and the last levels pass, on the same
+		// values laid out as a block holds them.
+		flat := make([]float32, 8*n)
+		for i := range n {
+			for k := range 8 {
+				flat[n*k+i] = x[i][k]
+			}
+		}
+		var ga, gb groups
+		ga.load(flat, n)
+		gb.loadGo(flat, n)
+		for i := range 32 {
+			sameRow(fmt.Sprintf("iter %d: load of %d values, row %d", iter, n, i), ga[i][:], gb[i][:])
+		}
+		for _, d := range []float32{float32(rng.NormFloat64()), float32(rng.Float64() * 1e-3), 0, float32(math.Inf(1)), -float32(rng.Float64())} {
+			for _, c := range []struct {
+				doAdd        bool
+				lo, hi, bias int32
+			}{{true, 0, nmax, 0}, {false, -32, 31, 32}, {true, -4, 3, 4}} {
+				add := -float32(rng.Float64())
+				oa, ob := make([]byte, len(flat)), make([]byte, len(flat))
+				divLevels(flat, add, d, c.doAdd, c.lo, c.hi, c.bias, oa)
+				divLevelsGo(flat, add, d, c.doAdd, c.lo, c.hi, c.bias, ob)
+				if !bytes.Equal(oa, ob) {
+					t.Fatalf("iter %d: levels over d=%g (add %v %g, [%d, %d] + %d) differ:\n%v\n%v", iter, d, c.doAdd, add, c.lo, c.hi, c.bias, oa, ob)
+				}
+			}
+		}
 		var ma, mb, aa, ab [8]float32
 		signedMaxes(&x, n, &ma, &aa)
 		signedMaxesGo(&x, n, &mb, &ab)

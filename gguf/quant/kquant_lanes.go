@@ -180,43 +180,58 @@ var qxNum = func() (t [18]float32) {
 // moves single levels. L receives the levels plus nmax, scale each group's
 // scale.
 func symGroups(x *groups, L *[32][8]int8, scale *[8]float32, q3 bool) {
+	var lv [32][8]int32
+	var amax [8]float32
+	symSearch(x, &lv, &amax, scale, q3)
+	nmax := int32(32)
+	if q3 {
+		nmax = 4
+	}
+	for k := range 8 {
+		symLevelsOf(&lv, &amax, k, nmax, func(i int, l int8) { L[i][k] = l })
+	}
+}
+
+// symLevelsOf hands the 16 levels of group k (symSearch's lv plus nmax,
+// zeros for a group under groupMaxEps) to set.
+func symLevelsOf(lv *[32][8]int32, amax *[8]float32, k int, nmax int32, set func(i int, l int8)) {
+	for i := 0; i < 16; i++ {
+		if amax[k] < groupMaxEps {
+			set(i, 0)
+		} else {
+			set(i, int8(lv[i][k]+nmax))
+		}
+	}
+}
+
+// symSearch is symGroups without the levels' last form: lv receives each
+// group's levels (without nmax added), amax its largest magnitude,
+// scale its scale (0 for a group under groupMaxEps).
+func symSearch(x *groups, lv *[32][8]int32, amax, scale *[8]float32, q3 bool) {
 	const n = 16
 	nmax := int32(32)
 	if q3 {
 		nmax = 4
 	}
-	var xmax, amax [8]float32
-	signedMaxes(x, n, &xmax, &amax)
+	var xmax [8]float32
+	signedMaxes(x, n, &xmax, amax)
 	var w, wx groups // x² and x²·x, as each pass recomputes them
-	for i := 0; i < n; i++ {
-		for k := range 8 {
-			v := x[i][k]
-			w[i][k] = float32(v * v)
-			wx[i][k] = float32(w[i][k] * v)
-		}
-	}
+	squares(x, &w, &wx, n)
 	var iscale [8]float32
 	for k := range 8 {
 		iscale[k] = float32(-nmax) / xmax[k]
 	}
-	var lv [32][8]int32
 	var sums [2][8]float32
-	symLevels(x, &w, &wx, &iscale, -nmax, nmax-1, n, &lv, &sums)
+	symLevels(x, &w, &wx, &iscale, -nmax, nmax-1, n, lv, &sums)
 	if q3 {
-		q3Refine(x, &w, &wx, &lv, &sums, &amax, nmax)
+		q3Refine(x, &w, &wx, lv, &sums, amax, nmax)
 	} else {
-		qxSearch(x, &w, &wx, &lv, &sums, &xmax, &iscale, scale)
+		qxSearch(x, &w, &wx, lv, &sums, &xmax, &iscale, scale)
 	}
 	for k := range 8 {
 		if amax[k] < groupMaxEps {
 			scale[k] = 0
-			for i := 0; i < n; i++ {
-				L[i][k] = 0
-			}
 			continue
-		}
-		for i := 0; i < n; i++ {
-			L[i][k] = int8(lv[i][k] + nmax)
 		}
 		if q3 {
 			scale[k] = 0

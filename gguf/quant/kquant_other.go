@@ -14,6 +14,14 @@ func errs(x, w *groups, laux *[32][8]int32, ts, tm *[8]float32, mad bool, n int,
 	errsGo(x, w, laux, ts, tm, mad, n, cur)
 }
 
+func (g *groups) load(x []float32, n int) { g.loadGo(x, n) }
+
+func divLevels(x []float32, add, d float32, doAdd bool, lo, hi, bias int32, out []byte) {
+	divLevelsGo(x, add, d, doAdd, lo, hi, bias, out)
+}
+
+func squares(x, w, wx *groups, n int) { squaresGo(x, w, wx, n) }
+
 func qkx2Init(x, w *groups, n int, s *qkx2Lanes) { qkx2InitGo(x, w, n, s) }
 
 func qxSteps(s *qxLanes, x, w, wx *groups) { qxStepsGo(s, x, w, wx) }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // The importance-weighted encoders are what ggml's quantize_q2_K …
@@ -499,9 +500,7 @@ func k45Levels(y []byte, x []float32, L *[QK_K]uint8, d, dmin float32, nmax int3
 			continue
 		}
 		dm := float32(mf * float32(mi))
-		for i, v := range x[32*j : 32*j+32] {
-			L[32*j+i] = uint8(clamp32(nearestInt((v+dm)/dl), 0, nmax))
-		}
+		divLevels(x[32*j:32*j+32], dm, dl, true, 0, nmax, 0, L[32*j:32*j+32])
 	}
 }
 
@@ -565,7 +564,7 @@ func weightedQ6_K(dst []byte, src, qw []float32) {
 		for j := range 16 {
 			scales[j] = makeQXW(x[16*j:16*j+16], q[16*j:], L[16*j:], 32)
 		}
-		q6Block(y, x, &L, &scales)
+		q6Block(y, x, &L, &scales, nil)
 	}
 }
 
@@ -574,7 +573,7 @@ func weightedQ6_K(dst []byte, src, qw []float32) {
 // zero): d = the largest-magnitude scale / -128 as half, the scales as
 // int8 of d, x re-quantized to -32…31 with them, and the levels packed. A
 // block whose scales are all below GROUP_MAX_EPS is all zero.
-func q6Block(y []byte, x []float32, L *[QK_K]int8, scales *[16]float32) {
+func q6Block(y []byte, x []float32, L *[QK_K]int8, scales *[16]float32, lazy *q6Lazy) {
 	maxScale, maxAbs := signedMax(scales[:])
 	if maxAbs < groupMaxEps {
 		clear(y)
@@ -590,11 +589,12 @@ func q6Block(y []byte, x []float32, L *[QK_K]int8, scales *[16]float32) {
 	for j := range 16 {
 		d := df * float32(int8(sc[j]))
 		if d == 0 {
+			if lazy != nil { // the search's levels, as symGroups lays them out
+				symLevelsOf(&lazy.lv[j/8], &lazy.amax[j/8], j%8, 32, func(i int, l int8) { L[16*j+i] = l })
+			}
 			continue
 		}
-		for i, v := range x[16*j : 16*j+16] {
-			L[16*j+i] = int8(clamp32(nearestInt(v/d), -32, 31) + 32)
-		}
+		divLevels(x[16*j:16*j+16], 0, d, false, -32, 31, 32, unsafe.Slice((*byte)(unsafe.Pointer(&L[16*j])), 16))
 	}
 	ql, qh := y[:128], y[128:192]
 	for h := range 2 {
