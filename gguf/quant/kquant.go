@@ -231,28 +231,10 @@ func quantizeK45(y []byte, xb []float32, L *[QK_K]uint8, p *qkx2) {
 		x, w           groups
 		lt             [32][8]uint8
 		scales, minima [8]float32
-		sumX2          [8]float32
 	)
 	x.load(xb, 32)
-	for i := range 32 {
-		for k := range 8 {
-			sumX2[k] += float32(x[i][k] * x[i][k])
-		}
-	}
-	for k := range 8 {
-		sumX2[k] = sqrt32(sumX2[k] / 32) // av_x
-	}
-	for i := range 32 {
-		for k := range 8 {
-			w[i][k] = sumX2[k] + abs32(x[i][k])
-		}
-	}
+	k45Weights(&x, &w)
 	p.run(&x, &w, &lt, &scales, &minima)
-	for k := range 8 {
-		for i := range 32 {
-			L[32*k+i] = lt[i][k]
-		}
-	}
 	maxScale, maxMin := maxima(scales[:], minima[:])
 	var invScale, invMin float32
 	if maxScale > 0 {
@@ -267,7 +249,7 @@ func quantizeK45(y []byte, xb []float32, L *[QK_K]uint8, p *qkx2) {
 		lm[j] = min(63, uint8(nearestInt(float32(invMin*minima[j]))))
 	}
 	kScales(y[4:16], &ls, &lm)
-	k45Levels(y, xb, L, maxScale/63, maxMin/63, p.nmax)
+	k45Levels(y, xb, L, &lt, maxScale/63, maxMin/63, p.nmax)
 }
 
 // quantizeQ4_K is quantize_row_q4_K_ref: 144-byte blocks of d and dmin as

@@ -49,6 +49,14 @@ func squares(x, w, wx *groups, n int) {
 	squaresGo(x, w, wx, n)
 }
 
+func k45Weights(x, w *groups) {
+	if useAVX2 {
+		k45WeightsAVX2(x, w)
+		return
+	}
+	k45WeightsGo(x, w)
+}
+
 func qkx2Init(x, w *groups, n int, s *qkx2Lanes) {
 	if useAVX2 {
 		qkx2InitAVX2(x, w, n, s)
@@ -118,3 +126,6 @@ func loadAVX2(dst *groups, x *float32, n int)
 
 //go:noescape
 func squaresAVX2(x, w, wx *groups, n int)
+
+//go:noescape
+func k45WeightsAVX2(x, w *groups)

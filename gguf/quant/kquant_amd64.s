@@ -614,3 +614,40 @@ qloop:
 qdone:
 	VZEROUPPER
 	RET
+
+// func k45WeightsAVX2(x, w *groups)
+// k45WeightsGo on eight lanes: Σx² row by row, /32, √ (VSQRTPS is the
+// correctly rounded float32 root, which the Go form's float64 root
+// rounded to float32 also is), then w = av_x + |x|.
+TEXT ·k45WeightsAVX2(SB), NOSPLIT, $0-16
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	VXORPS Y0, Y0, Y0
+	MOVQ   SI, DX
+	MOVQ   $32, CX
+
+wsum:
+	VMOVUPS (DX), Y1
+	VMULPS  Y1, Y1, Y1
+	VADDPS  Y1, Y0, Y0
+	ADDQ    $32, DX
+	DECQ    CX
+	JNZ     wsum
+
+	BCAST(0x42000000, X2, Y2) // 32.0
+	VDIVPS  Y2, Y0, Y0
+	VSQRTPS Y0, Y0
+	BCAST(0x7fffffff, X3, Y3)
+	MOVQ    $32, CX
+
+wset:
+	VANDPS  (SI), Y3, Y1
+	VADDPS  Y1, Y0, Y1
+	VMOVUPS Y1, (DI)
+	ADDQ    $32, SI
+	ADDQ    $32, DI
+	DECQ    CX
+	JNZ     wset
+
+	VZEROUPPER
+	RET

@@ -114,3 +114,23 @@ func squaresGo(x, w, wx *groups, n int) {
 		}
 	}
 }
+
+// k45WeightsGo is quantize_row_q4_K_ref's (and q5_K's) weights on eight
+// groups of 32: av_x = √(Σx²/32) per group (the sum in index order), then
+// w = av_x + |x|.
+func k45WeightsGo(x, w *groups) {
+	var sumX2 [8]float32
+	for i := range 32 {
+		for k := range 8 {
+			sumX2[k] += float32(x[i][k] * x[i][k])
+		}
+	}
+	for k := range 8 {
+		sumX2[k] = sqrt32(sumX2[k] / 32) // av_x
+	}
+	for i := range 32 {
+		for k := range 8 {
+			w[i][k] = sumX2[k] + abs32(x[i][k])
+		}
+	}
+}

@@ -179,6 +179,14 @@ func TestKernelsMatch(t *testing.T) {
 				}
 			}
 		}
+		if n == 32 {
+			var wa, wb groups
+			k45Weights(&x, &wa)
+			k45WeightsGo(&x, &wb)
+			for i := range 32 {
+				sameRow(fmt.Sprintf("iter %d: K4/K5 weights row %d", iter, i), wa[i][:], wb[i][:])
+			}
+		}
 		var ma, mb, aa, ab [8]float32
 		signedMaxes(&x, n, &ma, &aa)
 		signedMaxesGo(&x, n, &mb, &ab)

@@ -22,6 +22,8 @@ func divLevels(x []float32, add, d float32, doAdd bool, lo, hi, bias int32, out 
 
 func squares(x, w, wx *groups, n int) { squaresGo(x, w, wx, n) }
 
+func k45Weights(x, w *groups) { k45WeightsGo(x, w) }
+
 func qkx2Init(x, w *groups, n int, s *qkx2Lanes) { qkx2InitGo(x, w, n, s) }
 
 func qxSteps(s *qxLanes, x, w, wx *groups) { qxStepsGo(s, x, w, wx) }

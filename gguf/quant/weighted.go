@@ -482,13 +482,13 @@ func weightedK45(y []byte, x, q []float32, L *[QK_K]uint8, p *qkx2, clamp bool) 
 		}
 	}
 	kScales(y[4:16], &ls, &lm)
-	k45Levels(y, x, L, d, m, p.nmax)
+	k45Levels(y, x, L, nil, d, m, p.nmax)
 }
 
 // k45Levels stores d and dmin as half into a Q4_K or Q5_K block y whose
 // scales are packed, then re-quantizes x with them to levels 0…nmax in L
 // (those of a group whose scale is zero are kept).
-func k45Levels(y []byte, x []float32, L *[QK_K]uint8, d, dmin float32, nmax int32) {
+func k45Levels(y []byte, x []float32, L *[QK_K]uint8, lt *[32][8]uint8, d, dmin float32, nmax int32) {
 	dh, df := toHalf(d)
 	mh, mf := toHalf(dmin)
 	binary.LittleEndian.PutUint16(y[0:], dh)
@@ -497,6 +497,11 @@ func k45Levels(y []byte, x []float32, L *[QK_K]uint8, d, dmin float32, nmax int3
 		s, mi := scaleMinK4(j, y[4:16])
 		dl := df * float32(s)
 		if dl == 0 {
+			if lt != nil { // the search's levels, transposed
+				for i := range 32 {
+					L[32*j+i] = lt[i][j]
+				}
+			}
 			continue
 		}
 		dm := float32(mf * float32(mi))
