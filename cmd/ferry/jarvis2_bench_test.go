@@ -116,12 +116,16 @@ func BenchmarkJarvis2(b *testing.B) {
 		cmd.Stdout, cmd.Stderr = out, os.Stderr
 		start := time.Now()
 		err = cmd.Run()
-		wall += time.Since(start)
+		took := time.Since(start)
+		wall += took
 		out.Close()
 		if err != nil {
 			b.Fatalf("ferry pipeline run: %v", err)
 		}
-		rss = max(rss, sysmem.PeakRSS(cmd.ProcessState))
+		peak := sysmem.PeakRSS(cmd.ProcessState)
+		rss = max(rss, peak)
+		b.Logf("run %d: %.2f s, CPU %.1f s, peak RSS %.0f MiB", i+1, took.Seconds(),
+			(cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(), float64(peak)/(1<<20))
 		b.StopTimer()
 		var rep pipeline.Report
 		raw, err := os.ReadFile(out.Name())
