@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/internal/inputerr"
+	"github.com/ferry-llm/ferry/internal/workers"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -22,9 +23,10 @@ type ExecOptions struct {
 	// Jobs is the number of row-block workers (default: the CPU count).
 	// The output bytes do not depend on it.
 	Jobs int
-	// Progress, if set, is called from one goroutine with base bytes done
-	// (read, merged and written, or copied, or kept from an earlier run)
-	// and the total.
+	// Progress, if set, is called with base bytes done (read, merged and
+	// written, or copied, or kept from an earlier run) and the total, one
+	// call at a time and done never decreasing (the shards being written
+	// report from their own goroutines).
 	Progress func(done, total int64)
 	// BlockElems is the target row-block size in elements (default
 	// DefaultBlockElems). Blocks are whole rows; the block size depends only
@@ -35,8 +37,8 @@ type ExecOptions struct {
 	AllowNonFinite bool
 	// NonFinite, if set, is called once per merged tensor whose base holds
 	// NaN or ±Inf (carried through the merge as they are), with their count
-	// (module: index into Plan.Modules). Shards kept from an earlier run are
-	// not scanned.
+	// (module: index into Plan.Modules), one call at a time, in no set
+	// order between shards. Shards kept from an earlier run are not scanned.
 	NonFinite func(module int, tensor string, n int64)
 	// CheckpointEvery is how often the shard being written is made durable
 	// and its position and hash state journaled (default
@@ -129,41 +131,18 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	// plan's order in the result.
 	files := make([]FileDigest, len(p.Shards))
 	resumed := make([]bool, len(p.Shards))
-	wctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(len(p.Shards), shardsAtOnce) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				sp := p.Shards[i]
-				if d, ok := j.finished(wctx, sp.Name); ok {
-					e.advance(sp.Size)
-					files[i], resumed[i] = d, true
-					continue
-				}
-				d, err := e.writeShard(wctx, sp)
-				if err != nil {
-					cancel(err)
-					return
-				}
-				files[i] = d
-			}
-		}()
-	}
-feed:
-	for i := range p.Shards {
-		select {
-		case next <- i:
-		case <-wctx.Done():
-			break feed
+	err = workers.Each(ctx, len(p.Shards), shardsAtOnce, func(ctx context.Context, i int) error {
+		sp := p.Shards[i]
+		if d, ok := j.finished(ctx, sp.Name); ok {
+			e.advance(sp.Size)
+			files[i], resumed[i] = d, true
+			return nil
 		}
-	}
-	close(next)
-	wg.Wait()
-	if err := context.Cause(wctx); err != nil {
+		d, err := e.writeShard(ctx, sp)
+		files[i] = d
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	for i, sp := range p.Shards {

@@ -10,9 +10,9 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/workers"
 	"github.com/ferry-llm/ferry/manifest"
 )
 
@@ -185,35 +185,12 @@ func (s *importStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	// Files are read importFiles at a time, each hashed by its own
 	// goroutine; the outputs keep the listing's order.
 	outs := make([]manifest.Output, len(files))
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(len(files), importFiles, max(env.Jobs, 1)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				o, err := s.importOne(ctx, env, files[i], prevOut)
-				if err != nil {
-					cancel(err)
-					return
-				}
-				outs[i] = o
-			}
-		}()
-	}
-feed:
-	for i := range files {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
+	err = workers.Each(ctx, len(files), min(importFiles, max(env.Jobs, 1)), func(ctx context.Context, i int) error {
+		o, err := s.importOne(ctx, env, files[i], prevOut)
+		outs[i] = o
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	res := &Result{Sources: map[string]manifest.Stamp{}, Outputs: outs}

@@ -12,13 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"runtime/pprof"
 	"strings"
 	"testing"
 
 	"github.com/parquet-go/parquet-go"
 
 	"github.com/ferry-llm/ferry/inspect"
+	"github.com/ferry-llm/ferry/internal/benchtest"
 	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/safetensors/safetensorstest"
@@ -33,18 +33,10 @@ const bundledBase = "../../testdata/models/qwen35-tiny/base"
 func init() {
 	if os.Getenv("FERRY_INSPECT_TEST_AS_MAIN") == "1" {
 		os.Args = append([]string{"ferry"}, os.Args[1:]...)
-		stop := func() {}
-		if prof := os.Getenv("FERRY_BENCH_CPUPROFILE"); prof != "" {
-			// A CPU profile of a benchmark's ferry process.
-			f, err := os.Create(prof)
-			if err == nil {
-				err = pprof.StartCPUProfile(f)
-			}
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(1)
-			}
-			stop = func() { pprof.StopCPUProfile(); f.Close() }
+		stop, err := benchtest.StartProfile() // a benchmark's ferry process
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
 		}
 		code := run()
 		stop()

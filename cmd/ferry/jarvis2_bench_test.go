@@ -60,6 +60,7 @@ func jarvis2UpToNetwork(tb testing.TB) string {
 // 4 (a quarter of the chain's time) in under 2 GiB. The chain's figure is
 // for the slice itself; compare x-chain only with FERRY_BENCH_VOCAB=248320
 // and 4 layers, on a machine like anchors.md's (16 vCPUs).
+// FERRY_BENCH_CPUPROFILE=FILE writes the ferry process's CPU profile.
 func BenchmarkJarvis2(b *testing.B) {
 	layers := benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 4)
 	if layers < 4 {

@@ -55,6 +55,7 @@ func sha256File(b *testing.B, p string) string {
 // the same thread count: its seconds and peak RSS, x-llama-quantize (its
 // time over ours: above 1 ferry is faster) and identical (1 when the two
 // files have the same sha256; the benchmark fails when they differ).
+// FERRY_BENCH_CPUPROFILE=FILE writes the measured child's CPU profile.
 func BenchmarkQuantize(b *testing.B) {
 	in := benchInput(b)
 	st, err := os.Stat(in)

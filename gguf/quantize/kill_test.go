@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/benchtest"
 	"github.com/ferry-llm/ferry/internal/killtest"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
@@ -32,20 +32,12 @@ func init() {
 		return
 	}
 	parts := strings.Split(spec, ":")
-	stop := func() {}
-	if prof := os.Getenv("FERRY_BENCH_CPUPROFILE"); prof != "" {
-		// A CPU profile of the measured child, for finding where its time goes.
-		f, err := os.Create(prof)
-		if err == nil {
-			err = pprof.StartCPUProfile(f)
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		stop = func() { pprof.StopCPUProfile(); f.Close() }
+	stop, err := benchtest.StartProfile() // the measured child's profile
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	err := childQuantize(parts)
+	err = childQuantize(parts)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"testing"
@@ -150,4 +151,26 @@ func Run(tb testing.TB, env []string, name string, args ...string) Measured {
 	wall := time.Since(start)
 	ps := cmd.ProcessState
 	return Measured{Wall: wall, CPU: ps.UserTime() + ps.SystemTime(), PeakRSS: sysmem.PeakRSS(ps)}
+}
+
+// ProfileEnv names a file that a benchmark's measured child process
+// writes its CPU profile to.
+const ProfileEnv = "FERRY_BENCH_CPUPROFILE"
+
+// StartProfile starts a CPU profile into $FERRY_BENCH_CPUPROFILE when it
+// is set; stop ends it (call it before the process exits).
+func StartProfile() (stop func(), err error) {
+	prof := os.Getenv(ProfileEnv)
+	if prof == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(prof)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
