@@ -14,6 +14,59 @@
 // so every lane gets the bits of the scalar code. nearest_int is the same
 // trick: add 1.5·2^23 (0x4B400000), keep the low 23 bits, subtract 2^22.
 
+// One row of make_qkx2_quants' levels pass: l = clamp(nearest_int(iscale·
+// (x - lo)), 0, nmax) stored at (DI) and Σ w·l, Σ (w·l)·l, Σ (w·l)·x
+// into Y6, Y7, Y8. x at (DX), w at (R8); Y0 iscale, Y14 lo, Y15 1.5·2^23,
+// Y3 and Y4 nearest_int's mask and bias, Y1 nmax, Y5 zero; Y9-Y13
+// scratch. The pointers move on a row.
+#define LEVELS_ROW \
+	VMOVUPS   (DX), Y13; \
+	VSUBPS    Y14, Y13, Y9; \
+	VMULPS    Y9, Y0, Y9; \
+	VADDPS    Y15, Y9, Y9; \
+	VPAND     Y3, Y9, Y9; \
+	VPSUBD    Y4, Y9, Y9; \
+	VPMINSD   Y1, Y9, Y9; \
+	VPMAXSD   Y5, Y9, Y9; \
+	VMOVDQU   Y9, (DI); \
+	VCVTDQ2PS Y9, Y10; \
+	VMULPS    (R8), Y10, Y11; \
+	VADDPS    Y11, Y6, Y6; \
+	VMULPS    Y10, Y11, Y12; \
+	VADDPS    Y12, Y7, Y7; \
+	VMULPS    Y13, Y11, Y13; \
+	VADDPS    Y13, Y8, Y8; \
+	ADDQ      $32, DX; \
+	ADDQ      $32, R8; \
+	ADDQ      $32, DI
+
+// One row of make_qkx2_quants' error pass: diff = ts·l + tm - x, then
+// w·|diff| (ERR_ROW_MAD) or w·diff² (ERR_ROW_SQ) added into Y6. l at
+// (DI), x at (DX), w at (R8); Y9 ts, Y10 tm, Y2 the abs mask; Y7 scratch.
+#define ERR_ROW_MAD \
+	VCVTDQ2PS (DI), Y7; \
+	VMULPS    Y7, Y9, Y7; \
+	VADDPS    Y10, Y7, Y7; \
+	VSUBPS    (DX), Y7, Y7; \
+	VANDPS    Y2, Y7, Y7; \
+	VMULPS    (R8), Y7, Y7; \
+	VADDPS    Y7, Y6, Y6; \
+	ADDQ      $32, DX; \
+	ADDQ      $32, R8; \
+	ADDQ      $32, DI
+
+#define ERR_ROW_SQ \
+	VCVTDQ2PS (DI), Y7; \
+	VMULPS    Y7, Y9, Y7; \
+	VADDPS    Y10, Y7, Y7; \
+	VSUBPS    (DX), Y7, Y7; \
+	VMULPS    Y7, Y7, Y7; \
+	VMULPS    (R8), Y7, Y7; \
+	VADDPS    Y7, Y6, Y6; \
+	ADDQ      $32, DX; \
+	ADDQ      $32, R8; \
+	ADDQ      $32, DI
+
 // func levelsAVX2(x, w *groups, lo, iscale *[8]float32, nmax int32, n int, laux *[32][8]int32, sums *[3][8]float32)
 TEXT ·levelsAVX2(SB), NOSPLIT, $0-64
 	MOVQ x+0(FP), DX
@@ -25,7 +78,7 @@ TEXT ·levelsAVX2(SB), NOSPLIT, $0-64
 	MOVL nmax+32(FP), AX
 	VMOVD AX, X1
 	VPBROADCASTD X1, Y1
-	BCAST(0x4B400000, X2, Y2)
+	BCAST(0x4B400000, X15, Y15)
 	BCAST(0x007fffff, X3, Y3)
 	BCAST(0x00400000, X4, Y4)
 	VPXOR Y5, Y5, Y5
@@ -39,27 +92,9 @@ TEXT ·levelsAVX2(SB), NOSPLIT, $0-64
 	JZ   ldone
 
 lloop:
-	VMOVUPS   (DX), Y13      // x
-	VSUBPS    Y14, Y13, Y9   // x - lo
-	VMULPS    Y9, Y0, Y9     // iscale·(x - lo)
-	VADDPS    Y2, Y9, Y9     // + 1.5·2^23
-	VPAND     Y3, Y9, Y9
-	VPSUBD    Y4, Y9, Y9     // nearest_int
-	VPMINSD   Y1, Y9, Y9
-	VPMAXSD   Y5, Y9, Y9     // clamp to [0, nmax]
-	VMOVDQU   Y9, (DI)
-	VCVTDQ2PS Y9, Y10        // l as float
-	VMULPS    (R8), Y10, Y11 // wl = w·l
-	VADDPS    Y11, Y6, Y6    // Σ w·l
-	VMULPS    Y10, Y11, Y12
-	VADDPS    Y12, Y7, Y7    // Σ (w·l)·l
-	VMULPS    Y13, Y11, Y13
-	VADDPS    Y13, Y8, Y8    // Σ (w·l)·x
-	ADDQ      $32, DX
-	ADDQ      $32, R8
-	ADDQ      $32, DI
-	DECQ      CX
-	JNZ       lloop
+	LEVELS_ROW
+	DECQ CX
+	JNZ  lloop
 
 ldone:
 	VMOVUPS Y6, (BX)
@@ -74,9 +109,9 @@ TEXT ·errsAVX2(SB), NOSPLIT, $0-64
 	MOVQ w+8(FP), R8
 	MOVQ laux+16(FP), DI
 	MOVQ ts+24(FP), AX
-	VMOVUPS (AX), Y0
+	VMOVUPS (AX), Y9
 	MOVQ tm+32(FP), AX
-	VMOVUPS (AX), Y1
+	VMOVUPS (AX), Y10
 	BCAST(0x7fffffff, X2, Y2)
 	MOVBLZX mad+40(FP), R9
 	MOVQ n+48(FP), CX
@@ -88,33 +123,15 @@ TEXT ·errsAVX2(SB), NOSPLIT, $0-64
 	JZ   esq
 
 emad:
-	VCVTDQ2PS (DI), Y9
-	VMULPS    Y9, Y0, Y9 // ts·l
-	VADDPS    Y1, Y9, Y9 // + tm
-	VSUBPS    (DX), Y9, Y9 // - x
-	VANDPS    Y2, Y9, Y9 // |diff|
-	VMULPS    (R8), Y9, Y9 // w·|diff|
-	VADDPS    Y9, Y6, Y6
-	ADDQ      $32, DX
-	ADDQ      $32, R8
-	ADDQ      $32, DI
-	DECQ      CX
-	JNZ       emad
-	JMP       edone
+	ERR_ROW_MAD
+	DECQ CX
+	JNZ  emad
+	JMP  edone
 
 esq:
-	VCVTDQ2PS (DI), Y9
-	VMULPS    Y9, Y0, Y9
-	VADDPS    Y1, Y9, Y9
-	VSUBPS    (DX), Y9, Y9
-	VMULPS    Y9, Y9, Y9 // diff²
-	VMULPS    (R8), Y9, Y9
-	VADDPS    Y9, Y6, Y6
-	ADDQ      $32, DX
-	ADDQ      $32, R8
-	ADDQ      $32, DI
-	DECQ      CX
-	JNZ       esq
+	ERR_ROW_SQ
+	DECQ CX
+	JNZ  esq
 
 edone:
 	VMOVUPS Y6, (BX)
@@ -245,27 +262,9 @@ kstep:
 	MOVQ    R14, CX
 
 klev:
-	VMOVUPS   (DX), Y13      // x
-	VSUBPS    Y14, Y13, Y9   // x - lo
-	VMULPS    Y9, Y0, Y9     // iscale·(x - lo)
-	VADDPS    Y15, Y9, Y9    // + 1.5·2^23
-	VPAND     Y3, Y9, Y9
-	VPSUBD    Y4, Y9, Y9     // nearest_int
-	VPMINSD   Y1, Y9, Y9
-	VPMAXSD   Y5, Y9, Y9     // clamp to [0, nmax]
-	VMOVDQU   Y9, (DI)
-	VCVTDQ2PS Y9, Y10        // l as float
-	VMULPS    (R8), Y10, Y11 // wl = w·l
-	VADDPS    Y11, Y6, Y6    // Σ w·l
-	VMULPS    Y10, Y11, Y12
-	VADDPS    Y12, Y7, Y7    // Σ (w·l)·l
-	VMULPS    Y13, Y11, Y13
-	VADDPS    Y13, Y8, Y8    // Σ (w·l)·x
-	ADDQ      $32, DX
-	ADDQ      $32, R8
-	ADDQ      $32, DI
-	DECQ      CX
-	JNZ       klev
+	LEVELS_ROW
+	DECQ CX
+	JNZ  klev
 
 	// Y6 sumL, Y7 sumL2, Y8 sumXL.
 	VMOVUPS   0(SI), Y9        // sumW
@@ -297,33 +296,15 @@ klev:
 	JZ     ksq
 
 kmad:
-	VCVTDQ2PS (DI), Y7
-	VMULPS    Y7, Y9, Y7   // ts·l
-	VADDPS    Y10, Y7, Y7  // + tm
-	VSUBPS    (DX), Y7, Y7 // - x
-	VANDPS    Y2, Y7, Y7   // |diff|
-	VMULPS    (R8), Y7, Y7 // w·|diff|
-	VADDPS    Y7, Y6, Y6
-	ADDQ      $32, DX
-	ADDQ      $32, R8
-	ADDQ      $32, DI
-	DECQ      CX
-	JNZ       kmad
-	JMP       ktake
+	ERR_ROW_MAD
+	DECQ CX
+	JNZ  kmad
+	JMP  ktake
 
 ksq:
-	VCVTDQ2PS (DI), Y7
-	VMULPS    Y7, Y9, Y7
-	VADDPS    Y10, Y7, Y7
-	VSUBPS    (DX), Y7, Y7
-	VMULPS    Y7, Y7, Y7   // diff²
-	VMULPS    (R8), Y7, Y7
-	VADDPS    Y7, Y6, Y6
-	ADDQ      $32, DX
-	ADDQ      $32, R8
-	ADDQ      $32, DI
-	DECQ      CX
-	JNZ       ksq
+	ERR_ROW_SQ
+	DECQ CX
+	JNZ  ksq
 
 ktake:
 	VMOVUPS   160(SI), Y7          // best
