@@ -20,9 +20,13 @@ import (
 
 // ExecOptions tune Execute.
 type ExecOptions struct {
-	// Jobs is the number of row-block workers (default: the CPU count).
-	// The output bytes do not depend on it.
+	// Jobs is the number of row-block workers of each shard being written
+	// (default: the CPU count). The output bytes do not depend on it.
 	Jobs int
+	// Shards is how many shards are written at once, each by its own
+	// goroutine that hashes its bytes as it writes them (default
+	// DefaultShards(Jobs)). The output bytes do not depend on it.
+	Shards int
 	// Progress, if set, is called with base bytes done (read, merged and
 	// written, or copied, or kept from an earlier run) and the total, one
 	// call at a time and done never decreasing (the shards being written
@@ -86,6 +90,9 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	if opt.Jobs <= 0 {
 		opt.Jobs = runtime.NumCPU()
 	}
+	if opt.Shards <= 0 {
+		opt.Shards = DefaultShards(opt.Jobs)
+	}
 	if opt.BlockElems <= 0 {
 		opt.BlockElems = DefaultBlockElems
 	}
@@ -106,7 +113,7 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 	}
 	defer j.close()
 	j.removeStale()
-	e := &executor{p: p, out: outDir, opt: opt, j: j, free: make(chan *block, shardsAtOnce*opt.Jobs)}
+	e := &executor{p: p, out: outDir, opt: opt, j: j, free: make(chan *block, opt.Shards*opt.Jobs)}
 	e.progress(0)
 	res := &Result{OutDir: outDir}
 
@@ -126,12 +133,12 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 			total += sz
 		}
 	}
-	// Shards are written shardsAtOnce at a time, each by its own goroutine
+	// Shards are written opt.Shards at a time, each by its own goroutine
 	// (its bytes hashed there as they are written); the files keep the
 	// plan's order in the result.
 	files := make([]FileDigest, len(p.Shards))
 	resumed := make([]bool, len(p.Shards))
-	err = workers.Each(ctx, len(p.Shards), shardsAtOnce, func(ctx context.Context, i int) error {
+	err = workers.Each(ctx, len(p.Shards), opt.Shards, func(ctx context.Context, i int) error {
 		sp := p.Shards[i]
 		if d, ok := j.finished(ctx, sp.Name); ok {
 			e.advance(sp.Size)
@@ -216,12 +223,14 @@ type executor struct {
 	copyBufs sync.Pool
 }
 
-// shardsAtOnce is how many shards a merge writes at once. One shard's
-// bytes go through one goroutine that also hashes them (SHA-256, 1-2
-// GB/s a core): shard after shard, the anchors.md slice's merge (9 GB)
-// spent most of its time there with the other cores idle. Each shard
-// being written has up to Jobs row blocks in flight.
-const shardsAtOnce = 4
+// DefaultShards is how many shards a merge with jobs row-block workers
+// writes at once: one per four workers, one to four. One shard's bytes go
+// through one goroutine that also hashes them (SHA-256, 1-2 GB/s a core):
+// shard after shard, the anchors.md slice's merge (9 GB) on 16 cores spent
+// most of its time there with the other cores idle. On a few cores one
+// shard keeps them busy, and a merge killed and resumed (each resumed
+// DoRA tensor recomputes its column norms first) redoes the least.
+func DefaultShards(jobs int) int { return min(4, max(1, jobs/4)) }
 
 // copyBuf returns a buffer for copySection; putCopyBuf gives it back.
 func (e *executor) copyBuf() *[]byte {

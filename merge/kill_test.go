@@ -63,7 +63,8 @@ func TestKillHelper(t *testing.T) {
 		os.Exit(3)
 	}
 	// Slow enough to be killed mid-merge: a pause on every progress step.
-	_, err = Execute(t.Context(), p, out, ExecOptions{Jobs: 2, BlockElems: 1 << 14, Progress: func(int64, int64) { time.Sleep(2 * time.Millisecond) }})
+	// Three shards at once: the kill can fall inside several.
+	_, err = Execute(t.Context(), p, out, ExecOptions{Jobs: 2, Shards: 3, BlockElems: 1 << 14, Progress: func(int64, int64) { time.Sleep(2 * time.Millisecond) }})
 	fmt.Fprintln(os.Stderr, "helper finished:", err)
 	os.Exit(4) // it should have been killed before this
 }

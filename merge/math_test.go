@@ -331,29 +331,36 @@ func bits16(dt tensor.DType, f float32) uint16 {
 }
 
 // TestDeterministicAcrossJobs: the output bytes do not depend on the worker
-// count or the row-block size.
+// count, the row-block size or how many shards are written at once (a
+// six-shard base too).
 func TestDeterministicAcrossJobs(t *testing.T) {
 	fc := featureCases()[9] // embedding DoRA + q_proj DoRA: both norm directions
 	dir := t.TempDir()
 	baseDir, adapterDir, _, _, _ := buildCase(t, dir, fc)
-	var first []FileDigest
-	for i, cfg := range []struct{ jobs, block int }{{1, 0}, {4, 0}, {3, 64}, {8, 1}} {
-		p, err := Inventory(baseDir, adapterDir, PlanOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := Execute(t.Context(), p, filepath.Join(dir, fmt.Sprint("out", i)), ExecOptions{Jobs: cfg.jobs, BlockElems: cfg.block})
-		p.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if first == nil {
-			first = res.Files
-			continue
-		}
-		for k := range first {
-			if res.Files[k] != first[k] {
-				t.Errorf("jobs=%d block=%d: %s differs (%s vs %s)", cfg.jobs, cfg.block, res.Files[k].Name, res.Files[k].SHA256, first[k].SHA256)
+	multiBase, multiAdapter := writeMultiShard(t, filepath.Join(dir, "multi"), 6, 256, 512)
+	for _, in := range []struct{ base, adapter string }{{baseDir, adapterDir}, {multiBase, multiAdapter}} {
+		var first []FileDigest
+		for i, cfg := range []struct{ jobs, block, shards int }{{1, 0, 1}, {4, 0, 4}, {3, 64, 6}, {8, 1, 2}, {2, 0, 0}} {
+			p, err := Inventory(in.base, in.adapter, PlanOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := Execute(t.Context(), p, filepath.Join(t.TempDir(), fmt.Sprint("out", i)), ExecOptions{Jobs: cfg.jobs, BlockElems: cfg.block, Shards: cfg.shards})
+			p.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first == nil {
+				first = res.Files
+				continue
+			}
+			if len(res.Files) != len(first) {
+				t.Fatalf("%s, %+v: %d files, want %d", in.base, cfg, len(res.Files), len(first))
+			}
+			for k := range first {
+				if res.Files[k] != first[k] {
+					t.Errorf("%s, jobs=%d block=%d shards=%d: %s differs (%s vs %s)", in.base, cfg.jobs, cfg.block, cfg.shards, res.Files[k].Name, res.Files[k].SHA256, first[k].SHA256)
+				}
 			}
 		}
 	}
