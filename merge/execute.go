@@ -216,7 +216,8 @@ type executor struct {
 	done int64
 	mu   sync.Mutex
 	// free holds row-block buffers for reuse across tensors: with at most
-	// Jobs blocks in flight, merge memory stays Jobs × one block.
+	// Jobs blocks in flight per shard being written, merge memory stays
+	// Shards × Jobs × one block.
 	free chan *block
 	// copyBufs holds the buffers of byte-for-byte copies, one per shard
 	// being written.
