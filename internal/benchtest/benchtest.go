@@ -35,11 +35,16 @@ var tmp struct {
 	err  error
 }
 
-// Dir is the directory generated inputs go in: $FERRY_BENCH_DIR when set,
-// else a temporary directory made once per process and removed by Main.
+// Dir is the directory generated inputs go in: $FERRY_BENCH_DIR when set
+// (made, with its parents, when it does not exist yet: benchmarks write
+// files straight into it), else a temporary directory made once per
+// process and removed by Main.
 func Dir(tb testing.TB) string {
 	tb.Helper()
 	if dir := os.Getenv(DirEnv); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			tb.Fatalf("%s=%s: %v", DirEnv, dir, err)
+		}
 		return dir
 	}
 	tmp.once.Do(func() { tmp.dir, tmp.err = os.MkdirTemp("", "ferry-bench-") })

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/ferry-llm/ferry/internal/testmodel"
@@ -23,17 +24,27 @@ func TestEnvInt(t *testing.T) {
 	}
 }
 
-// TestDir: FERRY_BENCH_DIR is the directory when set; otherwise one
-// temporary directory serves the whole process.
+// TestDir: FERRY_BENCH_DIR is the directory when set, made (with its
+// parents) when it does not exist yet; otherwise one temporary directory
+// serves the whole process.
 func TestDir(t *testing.T) {
-	keep := t.TempDir()
-	t.Setenv(DirEnv, keep)
-	if got := Dir(t); got != keep {
-		t.Errorf("with %s=%s: Dir %s", DirEnv, keep, got)
+	root := t.TempDir()
+	for _, keep := range []string{
+		root,                               // there already
+		filepath.Join(root, "bench"),       // not yet
+		filepath.Join(root, "a", "b", "c"), // nor its parents
+	} {
+		t.Setenv(DirEnv, keep)
+		if got := Dir(t); got != keep {
+			t.Errorf("with %s=%s: Dir %s", DirEnv, keep, got)
+		}
+		if st, err := os.Stat(keep); err != nil || !st.IsDir() {
+			t.Errorf("with %s=%s: not a directory after Dir: %v", DirEnv, keep, err)
+		}
 	}
 	t.Setenv(DirEnv, "")
 	a, b := Dir(t), Dir(t)
-	if a != b || a == keep {
+	if a != b || strings.HasPrefix(a, root) {
 		t.Errorf("without %s: Dir %s then %s", DirEnv, a, b)
 	}
 	if st, err := os.Stat(a); err != nil || !st.IsDir() {
