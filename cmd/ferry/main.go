@@ -50,6 +50,7 @@ func newApp() *cli.App {
 			storeCommand(),
 			netcheckCommand(),
 			transferCommand(),
+			versionCommand(),
 		},
 		// Usage errors from flag parsing exit 2, like every bad input.
 		OnUsageError: func(c *cli.Context, err error, isSubcommand bool) error {
