@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -26,9 +28,25 @@ func jobsFlag(usage string) cli.Flag {
 func jobsOf(c *cli.Context) (int, error) {
 	n := c.Int("jobs")
 	if n < 1 {
-		return 0, usageErrorf("%s: --jobs must be at least 1", c.Command.FullName())
+		return 0, usageErrorf("%s: --jobs must be at least 1", commandPath(c))
 	}
 	return n, nil
+}
+
+// commandPath is the command c runs as the user typed it after "ferry",
+// a subcommand with its parents: "mlx quantize", "store verify", "merge".
+// Messages and lock files name commands by it. (urfave/cli v2's
+// Command.FullName is the last name alone, "quantize", which is another
+// command.)
+func commandPath(c *cli.Context) string {
+	var names []string
+	for _, x := range c.Lineage() {
+		if x.Command != nil && x.Command.Name != "" && x.Command.Name != c.App.Name {
+			names = append(names, x.Command.Name)
+		}
+	}
+	slices.Reverse(names)
+	return strings.Join(names, " ")
 }
 
 // jsonFlag is --json; usage says what is printed.

@@ -56,7 +56,7 @@ func claimOutput(c *cli.Context, out string, isDir bool, inputs ...string) (rele
 			slog.Info("waiting for the output lock", "lock", lp, "pid", h.PID, "host", h.Host, "for", wait)
 		}
 	}
-	l, err := lockfile.Wait(c.Context, lp, "output", "ferry "+c.Command.FullName(), wait)
+	l, err := lockfile.Wait(c.Context, lp, "output", c.App.Name+" "+commandPath(c), wait)
 	if err != nil {
 		return nil, err
 	}

@@ -545,3 +545,102 @@ func TestLockWaitHelp(t *testing.T) {
 		}
 	}
 }
+
+// A lock names the command that holds it as the user typed it: a second
+// writer of the same output is refused with the holder's pid, host and
+// "ferry mlx quantize" (not "ferry quantize", another command).
+func TestOutputLockNamesHolder(t *testing.T) {
+	base, adapter := lockRaceModel(t)
+	tests := []struct {
+		holder string
+		args   func(out string) []string
+		isDir  bool
+	}{
+		{"ferry mlx quantize", func(out string) []string {
+			return []string{"mlx", "quantize", base, "--out", out, "--bits", "4", "--jobs", "1"}
+		}, true},
+		{"ferry gguf convert", func(out string) []string {
+			return []string{"gguf", "convert", base, "-o", out, "--jobs", "1"}
+		}, false},
+		{"ferry merge", func(out string) []string {
+			return []string{"merge", "--base", base, "--adapter", adapter, "--out", out, "--jobs", "1"}
+		}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.holder, func(t *testing.T) {
+			// The holder is caught holding the lock and stopped there; on a
+			// busy machine it may finish first, then it runs again.
+			for try := 1; ; try++ {
+				out := filepath.Join(t.TempDir(), "out")
+				holder := startFerry(t, tt.args(out)...)
+				if waitLockHolder(t, out+".lock", holder) < 0 {
+					if try == 5 {
+						t.Fatalf("%d runs finished before their lock was seen: exit %d: %s", try, holder.code, holder.stderr.String())
+					}
+					continue
+				}
+				holder.cmd.Process.Signal(syscall.SIGSTOP)
+				h, err := lockfile.Read(out + ".lock")
+				if err != nil || h == nil || h.PID != holder.cmd.Process.Pid {
+					holder.cmd.Process.Signal(syscall.SIGCONT)
+					holder.wait(t)
+					continue // it let go of the lock before it stopped
+				}
+				if h.Command != tt.holder {
+					t.Errorf("the lock records command %q, want %q", h.Command, tt.holder)
+				}
+				r := execFerry(t, nil, tt.args(out)...)
+				host, _ := os.Hostname()
+				want := fmt.Sprintf("output is locked by pid %d on host %s", h.PID, host)
+				if r.code != exitFailure || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "("+tt.holder+")") {
+					t.Errorf("second writer: exit %d, stderr %q; want exit 1 saying %q and naming (%s)", r.code, r.stderr, want, tt.holder)
+				}
+				holder.cmd.Process.Signal(syscall.SIGCONT)
+				if code := holder.wait(t); code != 0 {
+					t.Errorf("holder: exit %d: %s", code, holder.stderr.String())
+				}
+				return
+			}
+		})
+	}
+}
+
+// Usage errors name the command as typed, a subcommand with its parent
+// (main prints them after "ferry: ").
+func TestUsageErrorNamesCommand(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"store", "verify"}, "store verify: want a store directory or a pipeline file"},
+		{[]string{"pipeline", "status"}, "pipeline status: want one pipeline file"},
+		{[]string{"gguf", "convert", "--jobs", "0", "-o", "x.gguf", "dir"}, "gguf convert: --jobs must be at least 1"},
+		{[]string{"merge", "--jobs", "0", "--base", "b", "--adapter", "a", "--out", "o"}, "merge: --jobs must be at least 1"},
+	} {
+		out, code, err := runFerry(t, tt.args...)
+		if code != exitBadInput || err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("ferry %s: exit %d, error %v (output %q); want exit 2, %q", strings.Join(tt.args, " "), code, err, out, tt.want)
+		}
+	}
+}
+
+// pipeline status names the store lock's holder with its command.
+func TestPipelineStatusNamesLockHolder(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "p.yaml")
+	if err := os.WriteFile(file, []byte("name: p\nstore: .ferry\nstages:\n  - name: a\n    import: { path: a }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, ".ferry"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lock := `{"pid":1,"host":"elsewhere.example","started":"2026-01-02T03:04:05Z","command":"ferry pipeline run other.yaml"}`
+	if err := os.WriteFile(filepath.Join(dir, ".ferry", "lock"), []byte(lock), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, code, err := runFerry(t, "pipeline", "status", file)
+	want := "store locked by pid 1 on host elsewhere.example since 2026-01-02T03:04:05Z (ferry pipeline run other.yaml)\n"
+	if code != exitOK || !strings.Contains(out, want) {
+		t.Errorf("exit %d (%v):\n%s\nwant a line %q", code, err, out, want)
+	}
+}

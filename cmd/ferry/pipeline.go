@@ -72,7 +72,7 @@ func pipelineCommand() *cli.Command {
 
 func loadSpec(c *cli.Context) (*pipeline.Spec, error) {
 	if c.NArg() != 1 {
-		return nil, usageErrorf("%s: want one pipeline file, got %d arguments %q", c.Command.FullName(), c.NArg(), c.Args().Slice())
+		return nil, usageErrorf("%s: want one pipeline file, got %d arguments %q", commandPath(c), c.NArg(), c.Args().Slice())
 	}
 	vars := map[string]string{}
 	if v, ok := c.Generic("var").(*varFlag); ok {
@@ -230,7 +230,7 @@ func pipelineStatus(c *cli.Context) error {
 	fmt.Fprintf(w, "pipeline %s (store %s)\n", rep.Pipeline, rep.Store)
 	printVars(w, rep.Vars)
 	if rep.Lock != nil {
-		fmt.Fprintf(w, "store locked by pid %d on %s since %s\n", rep.Lock.PID, rep.Lock.Host, rep.Lock.Started.Format("2006-01-02 15:04:05Z07:00"))
+		fmt.Fprintf(w, "store locked by %s\n", rep.Lock) // pid, host, since, and the holder's command
 	}
 	for _, s := range rep.Stages {
 		line := fmt.Sprintf("%s (%s): %s", s.Stage, s.Kind, s.State)

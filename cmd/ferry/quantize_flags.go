@@ -49,7 +49,7 @@ func quantizeOptionFlags() []cli.Flag {
 // usage errors (exit 2), or the matrix's own bad-input errors.
 func quantizeOptions(c *cli.Context) (quantize.Options, error) {
 	var o quantize.Options
-	name := c.Command.FullName()
+	name := commandPath(c)
 	for _, f := range []struct {
 		flag string
 		dst  **quant.Type

@@ -63,7 +63,7 @@ func storeCommand() *cli.Command {
 // file, without locking it.
 func loadStoreArg(c *cli.Context) (*manifest.Store, error) {
 	if c.NArg() != 1 {
-		return nil, usageErrorf("%s: want a store directory or a pipeline file, got %d arguments", c.Command.FullName(), c.NArg())
+		return nil, usageErrorf("%s: want a store directory or a pipeline file, got %d arguments", commandPath(c), c.NArg())
 	}
 	arg := c.Args().First()
 	fi, err := os.Stat(arg)
@@ -94,7 +94,7 @@ func openStoreArg(c *cli.Context) (*manifest.Store, *manifest.Lock, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	lock, err := s.TryLock("ferry " + c.Command.FullName())
+	lock, err := s.TryLock(c.App.Name + " " + commandPath(c))
 	if err != nil {
 		return nil, nil, err
 	}

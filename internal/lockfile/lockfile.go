@@ -39,8 +39,19 @@ type LockedError struct {
 }
 
 func (e *LockedError) Error() string {
-	return fmt.Sprintf("%s: %s is %v by pid %d on host %s since %s (%s); wait for it to finish, or if that process is gone from another host, remove the lock file",
-		e.Path, e.What, ErrLocked, e.Holder.PID, e.Holder.Host, e.Holder.Started.Format(time.RFC3339), e.Holder.Command)
+	return fmt.Sprintf("%s: %s is %v by %s; wait for it to finish, or if that process is gone from another host, remove the lock file",
+		e.Path, e.What, ErrLocked, e.Holder)
+}
+
+// String names the holder for messages: "pid 4242 on host studio-a since
+// 2026-01-02T03:04:05Z (ferry mlx quantize)", the command as the holder
+// recorded it (left out when the lock file has none).
+func (i Info) String() string {
+	s := fmt.Sprintf("pid %d on host %s since %s", i.PID, i.Host, i.Started.Format(time.RFC3339))
+	if i.Command != "" {
+		s += " (" + i.Command + ")"
+	}
+	return s
 }
 
 func (e *LockedError) Unwrap() error { return ErrLocked }
@@ -140,7 +151,8 @@ func unwrapPath(err error) error {
 }
 
 // Wait retries TryLock until it succeeds, ctx ends or wait elapses
-// (wait <= 0: one try).
+// (wait <= 0: one try). When ctx ends first, the error names the lock and
+// its holder, and wraps ctx's error.
 func Wait(ctx context.Context, path, what, command string, wait time.Duration) (*Lock, error) {
 	deadline := time.Now().Add(wait)
 	for {
@@ -150,7 +162,9 @@ func Wait(ctx context.Context, path, what, command string, wait time.Duration) (
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			var le *LockedError
+			errors.As(err, &le)
+			return nil, fmt.Errorf("%s: stopped waiting for the %s lock, held by %s: %w", path, what, le.Holder, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

@@ -131,8 +131,9 @@ func TestWait(t *testing.T) {
 	// The context ends the wait.
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := Wait(ctx, p, "store", "w", time.Minute); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("cancelled wait: %v", err)
+	_, err = Wait(ctx, p, "store", "w", time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.HasPrefix(err.Error(), p+": stopped waiting for the store lock, held by pid ") || !strings.Contains(err.Error(), " (holder)") {
+		t.Fatalf("cancelled wait: %v; want it to name the lock and its holder", err)
 	}
 	// Released meanwhile: the waiter gets it.
 	go func() { time.Sleep(300 * time.Millisecond); l.Unlock() }()
@@ -142,5 +143,26 @@ func TestWait(t *testing.T) {
 	}
 	if err := l2.Unlock(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The refusal names the holder by what its lock file records: pid, host,
+// start and the command as the holder typed it, left out when the file
+// has none (a lock written before commands were recorded).
+func TestLockedErrorNamesHolder(t *testing.T) {
+	started := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tt := range []struct {
+		holder Info
+		want   string
+	}{
+		{Info{PID: 4242, Host: "studio-a", Started: started, Command: "ferry mlx quantize"},
+			"out.lock: output is locked by pid 4242 on host studio-a since 2026-01-02T03:04:05Z (ferry mlx quantize); wait for it"},
+		{Info{PID: 7, Host: "b", Started: started},
+			"out.lock: output is locked by pid 7 on host b since 2026-01-02T03:04:05Z; wait for it"},
+	} {
+		err := &LockedError{Path: "out.lock", What: "output", Holder: tt.holder}
+		if !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("%+v: %q, want it to begin %q", tt.holder, err.Error(), tt.want)
+		}
 	}
 }
