@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -32,8 +34,10 @@ type QuantizeOptions struct {
 	// else no cast).
 	DType string
 	// KeepMTP keeps the MTP head (quantized by the same rules) under the
-	// names mlx-lm PR #990 loads; by default it is dropped and the drop
-	// recorded in config.json.
+	// names mlx-lm PR #990 loads, in side files mlx-lm's loader does not
+	// read (modulepaths.MTPSideFile; config.json's MTPSideKey and the index
+	// say where); by default it is dropped and the drop recorded in
+	// config.json.
 	KeepMTP bool
 	// FollowExternalLinks: see safetensors.DirOptions.
 	FollowExternalLinks bool
@@ -122,6 +126,18 @@ func total[T any](xs []T, f func(T) int64) int64 {
 		n += f(x)
 	}
 	return n
+}
+
+// MTPSideFiles lists the side files a kept MTP head is written to (none
+// when it is dropped).
+func (p *QuantizePlan) MTPSideFiles() []string {
+	var out []string
+	for _, s := range p.shards {
+		if strings.HasPrefix(s.name, modulepaths.MTPSideStem) {
+			out = append(out, s.name)
+		}
+	}
+	return out
 }
 
 // Config is the config.json the conversion writes.
@@ -417,18 +433,45 @@ func (t *TensorPlan) specs() []safetensors.TensorSpec {
 }
 
 // planShards lays the parameters out, in order, in shards split as
-// mlx-lm's make_shards splits them.
+// mlx-lm's make_shards splits them. A kept MTP head goes to side files of
+// its own (splitMTPShards), after the trunk's shards: the trunk's are then
+// byte for byte those of the same conversion without the head, which is
+// all mlx-lm loads.
 func (p *QuantizePlan) planShards() error {
-	var specs []safetensors.TensorSpec
+	var trunk, head []*TensorPlan
+	var trunkSpecs, headSpecs []safetensors.TensorSpec
 	for _, t := range p.Tensors {
-		specs = append(specs, t.specs()...)
+		if t.MTP {
+			head = append(head, t)
+			headSpecs = append(headSpecs, t.specs()...)
+		} else {
+			trunk = append(trunk, t)
+			trunkSpecs = append(trunkSpecs, t.specs()...)
+		}
 	}
 	var err error
-	if p.shards, err = splitShards(specs, p.Opts.ShardSize); err != nil {
+	if p.shards, err = splitShards(trunkSpecs, p.Opts.ShardSize); err != nil {
 		return errf(p.Src, "", ErrSanitize, "%v", err)
 	}
-	i, k := 0, 0 // shard, tensor in it
-	for _, t := range p.Tensors {
+	p.place(trunk, 0)
+	if len(head) > 0 {
+		side, err := splitMTPShards(headSpecs, p.Opts.ShardSize)
+		if err != nil {
+			return errf(p.Src, "", ErrSanitize, "%v", err)
+		}
+		first := len(p.shards)
+		p.shards = append(p.shards, side...)
+		p.place(head, first)
+	}
+	return nil
+}
+
+// place records where each output tensor of ts is: the shards from first
+// on hold them in order (an empty shard, left by make_shards' split, is
+// skipped).
+func (p *QuantizePlan) place(ts []*TensorPlan, first int) {
+	i, k := first, 0 // shard, tensor in it
+	for _, t := range ts {
 		for range t.specs() {
 			for k == len(p.shards[i].specs) {
 				i, k = i+1, 0
@@ -438,7 +481,6 @@ func (p *QuantizePlan) planShards() error {
 			k++
 		}
 	}
-	return nil
 }
 
 // files copied from the source as they are: what mlx-lm's tokenizer
@@ -461,6 +503,15 @@ func (p *QuantizePlan) planFiles(fixed map[string]any, block any) error {
 			edit.mtpDropped = 1
 		}
 		edit.mtpTensors = len(p.MTPDropped)
+	}
+	if p.MTPKept > 0 {
+		side := &mtpSide{layers: max(p.ckpt.Config.MTPLayers(), 1), files: p.MTPSideFiles()}
+		for _, s := range p.shards {
+			if slices.Contains(side.files, s.name) {
+				side.tensors += len(s.specs)
+			}
+		}
+		edit.mtpSide = side
 	}
 	if gen, err := os.ReadFile(filepath.Join(p.Src, "generation_config.json")); err == nil && len(gen) < 1<<20 {
 		var g map[string]any

@@ -13,8 +13,10 @@ import (
 	"github.com/ferry-llm/ferry/tensor"
 )
 
-// This file mirrors, for tests only, what mlx-lm 0.32's load_model does
-// with an MLX directory (../shared/notes/mlx.md §1): it builds the model's
+// This file mirrors, for tests only, what mlx-lm's load_model does with an
+// MLX directory (../shared/notes/mlx.md §1), in 0.32.0 (d78bf58e) and in
+// the releases before it up to v0.31.3, which differ in one rule (below):
+// it builds the model's
 // parameter tree from config.json alone (qwen3 and qwen3_5 dense, the
 // classes of mlx_lm/models/qwen3.py and qwen3_5.py), runs the load-time
 // sanitize, decides per Linear/Embedding whether it is quantized (a
@@ -129,16 +131,29 @@ type loadedTensor struct {
 	shape []int64
 }
 
-// checkLoads applies the loader's rules to the MLX directory dir.
+// The mlx-lm versions the mirror knows. They differ in qwen3_5's
+// load-time norm shift: v0.31.3 (and every release from PR #869 on) adds
+// 1.0 to the zero-centred norms when conv1d is in HF layout OR any "mtp."
+// key is among the weights loaded; 0.32.0 (PR #1623) only for the conv1d
+// layout. Run on an MLX-layout directory (norms shifted already) with mtp.*
+// keys in model*.safetensors, v0.31.3 shifts them twice: it loads, and
+// computes garbage (the recorded run in testdata/mlx_sidefile shows it).
+var mlxlmVersions = []string{"0.31.3", "0.32.0"}
+
+// checkLoads applies the loader's rules, of every version, to the MLX
+// directory dir.
 func checkLoads(t *testing.T, dir string) {
 	t.Helper()
-	for _, p := range loaderProblems(t, dir) {
-		t.Error(p)
+	for _, v := range mlxlmVersions {
+		for _, p := range loaderProblems(t, dir, v) {
+			t.Errorf("mlx-lm %s: %s", v, p)
+		}
 	}
 }
 
-// loaderProblems lists what keeps dir from loading.
-func loaderProblems(t *testing.T, dir string) []string {
+// loaderProblems lists what keeps dir from loading in mlx-lm version, or
+// from computing what it holds.
+func loaderProblems(t *testing.T, dir, version string) []string {
 	t.Helper()
 	var problems []string
 	errorf := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
@@ -165,12 +180,23 @@ func loaderProblems(t *testing.T, dir string) []string {
 		}
 		f.Close()
 	}
-	// The load-time sanitize (qwen3_5: "mtp." keys are discarded).
+	// The load-time sanitize (qwen3_5: "mtp." keys are discarded; the
+	// norms shifted as the version decides, which is only right when they
+	// are not shifted yet: conv1d in HF layout [C,1,K]).
 	if c.ModelType == "qwen3_5" {
-		for k := range weights {
+		hasMTP, hfConv := false, false
+		for k, w := range weights {
 			if strings.Contains(k, "mtp.") {
+				hasMTP = true
 				delete(weights, k)
 			}
+			if strings.Contains(k, "conv1d.weight") && len(w.shape) == 3 && w.shape[2] != 1 {
+				hfConv = true
+			}
+		}
+		shift := hfConv || (version == "0.31.3" && hasMTP)
+		if shift && !hfConv {
+			errorf("every norm shifted by +1 a second time (mtp.* keys in model*.safetensors of a directory in MLX layout): silent garbage")
 		}
 	}
 	type qp struct{ bits, gs int64 }
@@ -309,7 +335,7 @@ func TestLoaderMirrorRejects(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "mlx")
 			copyTree(t, good, dir)
 			mutate(t, dir)
-			if p := loaderProblems(t, dir); len(p) == 0 {
+			if p := loaderProblems(t, dir, "0.32.0"); len(p) == 0 {
 				t.Error("the mutated directory passes the loader mirror")
 			}
 		})
@@ -342,5 +368,30 @@ func copyTree(t *testing.T, src, dst string) {
 		if err := os.WriteFile(filepath.Join(dst, e.Name()), mustRead(t, filepath.Join(src, e.Name())), 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestLoaderMirrorMTPInModel: the one rule the versions differ in. The same
+// head moved into a file mlx-lm reads (model-mtp.safetensors matches
+// model*.safetensors) is garbage to v0.31.3 and fine to 0.32.0; where ferry
+// keeps it, both load the trunk alone.
+func TestLoaderMirrorMTPInModel(t *testing.T) {
+	kept := filepath.Join(t.TempDir(), "mlx")
+	convertTo(t, qwen35Base, kept, QuantizeOptions{Bits: 4, GroupSize: 64, KeepMTP: true}, QuantizeRunOptions{Jobs: 1})
+	for _, v := range mlxlmVersions {
+		if p := loaderProblems(t, kept, v); len(p) > 0 {
+			t.Errorf("ferry's layout, mlx-lm %s: %v", v, p)
+		}
+	}
+	moved := filepath.Join(t.TempDir(), "mlx")
+	copyTree(t, kept, moved)
+	if err := os.Rename(filepath.Join(moved, "mtp.safetensors"), filepath.Join(moved, "model-mtp.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	if p := loaderProblems(t, moved, "0.31.3"); len(p) != 1 || !strings.Contains(p[0], "a second time") {
+		t.Errorf("mtp.* in model*.safetensors, mlx-lm 0.31.3: %v, want the double shift", p)
+	}
+	if p := loaderProblems(t, moved, "0.32.0"); len(p) > 0 {
+		t.Errorf("mtp.* in model*.safetensors, mlx-lm 0.32.0: %v", p)
 	}
 }

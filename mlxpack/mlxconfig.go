@@ -24,6 +24,9 @@ type configEdit struct {
 	// was left out: the count key becomes 0 and MTPRecordKey says why.
 	mtpDropped int64
 	mtpTensors int
+	// mtpSide, when set, records that the MTP head was kept in side files
+	// (modulepaths.MTPSideFile): the count key stays, MTPSideKey says where.
+	mtpSide *mtpSide
 	// dropSaveKeys drops what mlx-lm's save_config drops
 	// (_name_or_path, vision_config).
 	dropSaveKeys bool
@@ -33,6 +36,18 @@ type configEdit struct {
 // left out of an MLX directory; verify reads it to tell a deliberate drop
 // from a lost head.
 const MTPRecordKey = modulepaths.MTPDroppedKey
+
+// mtpSide is a kept MTP head's place: its side files, its layers, the
+// tensors they hold.
+type mtpSide struct {
+	files   []string
+	layers  int64
+	tensors int
+}
+
+// MTPSideKey is the config.json key where ferry records an MTP head it kept
+// in side files beside model*.safetensors.
+const MTPSideKey = modulepaths.MTPSideKey
 
 // FixedConfig returns a copy of raw with the changes mlx-lm 0.32 needs to
 // load a config transformers 5 wrote, and the list of what changed (for
@@ -129,6 +144,16 @@ func mlxConfig(src map[string]any, e configEdit) ([]byte, error) {
 			"tensors": e.mtpTensors,
 			"key":     key,
 			"reason":  "released mlx-lm discards the MTP head at load (its sanitize drops every \"mtp.\" key); ferry mlx quantize left it out and set " + key + " to 0. --keep-mtp keeps it",
+		}
+	}
+	if m := e.mtpSide; m != nil {
+		out[MTPSideKey] = map[string]any{
+			"files":   m.files,
+			"layers":  m.layers,
+			"tensors": m.tensors,
+			"reason": "the MTP head (mlx-lm PR #990's names, language_model.mtp.*; norms shifted and modules quantized as the trunk's) is kept in these files, " +
+				"which mlx-lm's loader does not read (it loads model*.safetensors only): mlx-lm up to v0.31.3 shifts every norm again when mtp.* keys are among the weights it loads (silent garbage), " +
+				"so every mlx-lm loads the trunk alone, exactly as without the head. model.safetensors.index.json lists the head's tensors; a loader that uses the head reads them from these files",
 		}
 	}
 	if e.quant != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -54,6 +55,20 @@ var mlxShardMetadata = map[string]string{"format": "mlx"}
 // names them as save_model does: model.safetensors alone, else
 // model-0000i-of-0000n.safetensors.
 func splitShards(specs []safetensors.TensorSpec, limit int64) ([]outShard, error) {
+	return splitShardsAs(specs, limit, safetensors.ShardName, safetensors.SingleName)
+}
+
+// splitMTPShards splits a kept MTP head's specs the same way into its side
+// files: mtp.safetensors alone, else mtp-0000i-of-0000n.safetensors
+// (modulepaths.MTPSideFile: names mlx-lm's model*.safetensors glob does
+// not match).
+func splitMTPShards(specs []safetensors.TensorSpec, limit int64) ([]outShard, error) {
+	return splitShardsAs(specs, limit, func(i, n int) string {
+		return fmt.Sprintf("%s-%05d-of-%05d.safetensors", modulepaths.MTPSideStem, i, n)
+	}, modulepaths.MTPSideFile)
+}
+
+func splitShardsAs(specs []safetensors.TensorSpec, limit int64, shardName func(i, n int) string, single string) ([]outShard, error) {
 	var groups [][]safetensors.TensorSpec
 	var cur []safetensors.TensorSpec
 	var size int64
@@ -68,9 +83,9 @@ func splitShards(specs []safetensors.TensorSpec, limit int64) ([]outShard, error
 	groups = append(groups, cur)
 	out := make([]outShard, len(groups))
 	for i, g := range groups {
-		name := safetensors.SingleName
+		name := single
 		if len(groups) > 1 {
-			name = safetensors.ShardName(i+1, len(groups))
+			name = shardName(i+1, len(groups))
 		}
 		var err error
 		if out[i], err = layoutShard(name, mlxShardMetadata, g); err != nil {

@@ -28,7 +28,7 @@ func BuiltinKinds() *Kinds {
 			Summary: "check that MTP heads are in the weight index (GGUF, safetensors, MLX)"},
 		"mlx_repack": {New: newMLXRepack, Version: "1",
 			Summary: "repack a compressed-tensors checkpoint for MLX (no requantization)"},
-		"mlx_quantize": {New: newMLXQuantize, Version: "1",
+		"mlx_quantize": {New: newMLXQuantize, Version: "2",
 			Summary: "convert a safetensors checkpoint to MLX, affine-quantized as mlx_lm.convert -q does"},
 		"transfer": {New: newTransfer, Version: "1",
 			Summary: "send outputs to serving hosts over SSH (parallel, sha256-verified on each host, resumable)"},

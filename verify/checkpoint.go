@@ -65,7 +65,7 @@ func verifyCheckpoint(path string, fi fs.FileInfo, opts Options) (*Report, error
 	rep := &Report{Path: path, Format: FormatSafetensors, TemplateLayer: -1}
 	if isMLX(ck) {
 		rep.Format = FormatMLX
-		side, closeSide, err := openSideFiles(dir, rep)
+		side, closeSide, err := openSideFiles(dir, ck.Shards, rep)
 		if err != nil {
 			return nil, err
 		}
@@ -109,11 +109,20 @@ func isMLX(ck *safetensors.Checkpoint) bool {
 	return false
 }
 
-// openSideFiles opens mtp*.safetensors side files of an MLX directory.
-func openSideFiles(dir string, rep *Report) ([]*wTensor, func(), error) {
+// openSideFiles opens the mtp*.safetensors side files of an MLX directory
+// that its index does not list (mlx-lm PR #1543's layout, with an index of
+// its own); those the index lists (ferry's layout) are among shards already.
+func openSideFiles(dir string, shards []*safetensors.Shard, rep *Report) ([]*wTensor, func(), error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, nil, inputerr.Wrap(dir, err)
+	}
+	indexed := map[string]bool{}
+	for _, sh := range shards {
+		indexed[sh.Name] = true
+		if sideFileRE.MatchString(sh.Name) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s is an MTP side file, listed in %s: mlx-lm's loader reads only model*.safetensors, so every mlx-lm loads the trunk without the head, and a loader that uses the head must read this file too", sh.Name, safetensors.IndexName))
+		}
 	}
 	var files []*safetensors.File
 	closeAll := func() {
@@ -123,7 +132,7 @@ func openSideFiles(dir string, rep *Report) ([]*wTensor, func(), error) {
 	}
 	var out []*wTensor
 	for _, e := range entries {
-		if !sideFileRE.MatchString(e.Name()) {
+		if !sideFileRE.MatchString(e.Name()) || indexed[e.Name()] {
 			continue
 		}
 		f, err := safetensors.Open(filepath.Join(dir, e.Name()))

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -172,52 +173,77 @@ func TestMLXDetails(t *testing.T) {
 }
 
 // TestMLXSideFile: the head kept in mtp.safetensors beside model*.safetensors
-// (mlx-lm PR #1543's layout) is found, with a note, and no norm-shift
-// warning because mlx-lm does not see it.
+// is found, with a note, and no norm-shift warning because mlx-lm does not
+// see it: listed in model.safetensors.index.json (ferry mlx quantize's
+// layout) or not (mlx-lm PR #1543's, which had an index of its own).
 func TestMLXSideFile(t *testing.T) {
-	src := gen(t, testmodel.Qwen35Options{})
-	dir := buildMLX(t, src, mlxOpts{bits: 4, group: 32, drop: func(n string) bool { return strings.Contains(n, "mtp.") }})
-	ck, err := safetensors.OpenDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	var specs []safetensors.TensorSpec
-	var locs []safetensors.Location
-	for _, l := range ck.Tensors() {
-		if strings.HasPrefix(l.Info.Name, "mtp.") {
-			specs = append(specs, safetensors.TensorSpec{Name: mlxName(l.Info.Name), DType: l.Info.DType, Shape: l.Info.Shape})
-			locs = append(locs, l)
-		}
-	}
-	w, err := safetensors.Create(filepath.Join(dir, "mtp.safetensors"), nil, specs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, l := range locs {
-		if err := w.WriteTensor(specs[i].Name, l.Section()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := MTP(dir, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Verdict != OK || len(r.Warnings) != 0 {
-		t.Fatalf("%s", describe(r))
-	}
-	found := false
-	for _, n := range r.Notes {
-		found = found || strings.Contains(n, "mtp.safetensors is an MTP side file")
-	}
-	if !found {
-		t.Errorf("notes %v", r.Notes)
-	}
-	j, _ := json.Marshal(r)
-	if !strings.Contains(string(j), `"format":"mlx"`) {
-		t.Errorf("json %s", j)
+	for _, tc := range []struct {
+		name    string
+		indexed bool
+		note    string
+	}{
+		{"unindexed", false, "mtp.safetensors is an MTP side file: "},
+		{"indexed", true, "mtp.safetensors is an MTP side file, listed in model.safetensors.index.json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := gen(t, testmodel.Qwen35Options{})
+			dir := buildMLX(t, src, mlxOpts{bits: 4, group: 32, drop: func(n string) bool { return strings.Contains(n, "mtp.") }})
+			ck, err := safetensors.OpenDir(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ck.Close()
+			var specs []safetensors.TensorSpec
+			var locs []safetensors.Location
+			for _, l := range ck.Tensors() {
+				if strings.HasPrefix(l.Info.Name, "mtp.") {
+					specs = append(specs, safetensors.TensorSpec{Name: mlxName(l.Info.Name), DType: l.Info.DType, Shape: l.Info.Shape})
+					locs = append(locs, l)
+				}
+			}
+			w, err := safetensors.Create(filepath.Join(dir, "mtp.safetensors"), nil, specs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, l := range locs {
+				if err := w.WriteTensor(specs[i].Name, l.Section()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.indexed {
+				idx, err := safetensors.ReadIndex(filepath.Join(dir, safetensors.IndexName))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, sp := range specs {
+					idx.WeightMap[sp.Name] = "mtp.safetensors"
+				}
+				b, _ := json.Marshal(map[string]any{"metadata": map[string]any{}, "weight_map": idx.WeightMap})
+				if err := os.WriteFile(filepath.Join(dir, safetensors.IndexName), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r, err := MTP(dir, Options{Deep: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Verdict != OK || len(r.Warnings) != 0 || r.Present != 15 {
+				t.Fatalf("%s", describe(r))
+			}
+			found := false
+			for _, n := range r.Notes {
+				found = found || strings.Contains(n, tc.note)
+			}
+			if !found {
+				t.Errorf("notes %v", r.Notes)
+			}
+			j, _ := json.Marshal(r)
+			if !strings.Contains(string(j), `"format":"mlx"`) {
+				t.Errorf("json %s", j)
+			}
+		})
 	}
 }

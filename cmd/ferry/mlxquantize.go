@@ -25,7 +25,9 @@ func mlxQuantizeCommand() *cli.Command {
 			"with quantization and quantization_config, and the tokenizer and generation files. Without\n" +
 			"--bits it converts without quantizing (cast with --dtype). A config transformers 5 wrote is fixed\n" +
 			"so mlx-lm 0.32 loads it (rope_theta, qwen3_5_text). The MTP head is dropped (mlx-lm discards it;\n" +
-			"config.json records the drop) unless --keep-mtp.\n" +
+			"config.json records the drop) unless --keep-mtp, which keeps it in mtp.safetensors: a file\n" +
+			"mlx-lm's loader (model*.safetensors) does not read, so every mlx-lm loads the trunk as without\n" +
+			"the head; the index and config.json say where it is.\n" +
 			"DIR appears complete or not at all: it is built in DIR.partial; an interrupted run (Ctrl-C,\n" +
 			"kill) resumes from there when the same command runs again.\n" +
 			"Model types: " + strings.Join(mlxpack.SupportedFamilies(), ", ") + ".",
@@ -35,7 +37,7 @@ func mlxQuantizeCommand() *cli.Command {
 			&cli.StringFlag{Name: "recipe", Usage: "mlx-lm mixed recipe: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6"},
 			&cli.StringSliceFlag{Name: "module-bits", Usage: "quantize modules whose MLX path matches `REGEX=BITS` at BITS (repeatable; the last match wins)"},
 			&cli.StringFlag{Name: "dtype", Usage: "cast float weights to bf16, f16 or f32 first (default: config torch_dtype, as mlx-lm)"},
-			&cli.BoolFlag{Name: "keep-mtp", Usage: "keep the MTP head (language_model.mtp.*, quantized by the same rules) for loaders that use it"},
+			&cli.BoolFlag{Name: "keep-mtp", Usage: "keep the MTP head (language_model.mtp.*, quantized by the same rules) for loaders that use it, in mtp.safetensors, which mlx-lm's loader does not read"},
 			jobsFlag("tensor workers"),
 			dryRunFlag("plan only: check the checkpoint and print the plan, write nothing"),
 			followLinksFlag(),
@@ -93,7 +95,7 @@ func mlxQuantize(c *cli.Context) error {
 		fmt.Fprintf(stderr(c), "mlx quantize: MTP head dropped (%d mtp.* tensors), as mlx-lm does; config.json records it; --keep-mtp keeps it\n", n)
 	}
 	if plan.MTPKept > 0 {
-		fmt.Fprintf(stderr(c), "mlx quantize: MTP head kept (%d tensors as language_model.mtp.*): released mlx-lm discards it at load; mlx-lm up to v0.31.3 also shifts the trunk norms twice when it is present (fixed by mlx-lm PR #1623)\n", plan.MTPKept)
+		fmt.Fprintf(stderr(c), "mlx quantize: MTP head kept (%d tensors as language_model.mtp.*) in %s, which mlx-lm's loader does not read: every mlx-lm loads the trunk alone, as without the head; the index lists the head's tensors for loaders that use it\n", plan.MTPKept, strings.Join(plan.MTPSideFiles(), ", "))
 	}
 	var res *mlxpack.QuantizeResult
 	var start time.Time

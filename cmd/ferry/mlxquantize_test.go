@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -117,6 +118,20 @@ func TestMLXQuantizeCLI(t *testing.T) {
 	}
 	if verdict, msg, code := verifyMTP(t, kept); verdict != "ok" || code != exitOK {
 		t.Errorf("verify mtp after --keep-mtp: %s (exit %d): %s", verdict, code, msg)
+	}
+	// The head sits in mtp.safetensors, where no released mlx-lm looks:
+	// model.safetensors is the one without the head, and verify has no
+	// double-shift warning for ferry's own output.
+	if text, _, _ := runFerry(t, "verify", "mtp", kept); strings.Contains(text, "WARNING") || !strings.Contains(text, " ok") {
+		t.Errorf("verify mtp after --keep-mtp:\n%s", text)
+	}
+	withHead, _ := os.ReadFile(filepath.Join(kept, "model.safetensors"))
+	noHead, _ := os.ReadFile(filepath.Join(out, "model.safetensors"))
+	if len(withHead) == 0 || !bytes.Equal(withHead, noHead) {
+		t.Error("--keep-mtp: model.safetensors differs from the conversion without the head")
+	}
+	if _, err := os.Stat(filepath.Join(kept, "mtp.safetensors")); err != nil {
+		t.Error(err)
 	}
 }
 
