@@ -15,8 +15,11 @@ import (
 // must never panic, and a matrix it accepts must match the container: one
 // entry per in_sum2 tensor, as many values as it has elements.
 func FuzzGGUF(f *testing.F) {
-	if b, err := os.ReadFile("testdata/qwen3-imatrix.gguf"); err == nil {
-		f.Add(b)
+	// A dense model's matrix and a MoE model's (per-expert counts).
+	for _, seed := range []string{"testdata/qwen3-imatrix.gguf", "testdata/qwen35moe-imatrix.gguf"} {
+		if b, err := os.ReadFile(seed); err == nil {
+			f.Add(b)
+		}
 	}
 	f.Add(ggufFile(f, metaKVs([]string{"d"}, 2, 4),
 		f32("e.in_sum2", []uint64{2, 2}, 1, 2, 3, 4), f32("e.counts", []uint64{1, 2}, 2, 0),
@@ -49,8 +52,11 @@ func FuzzGGUF(f *testing.F) {
 // must never panic, and a matrix it accepts, written back as a .dat with
 // ncall 0 (values kept as they are), reads back the same.
 func FuzzLegacy(f *testing.F) {
-	if b, err := os.ReadFile("testdata/qwen3-imatrix.dat"); err == nil {
-		f.Add(b)
+	// A dense model's matrix and a MoE model's (per-expert counts).
+	for _, seed := range []string{"testdata/qwen3-imatrix.dat", "testdata/qwen35moe-imatrix.dat"} {
+		if b, err := os.ReadFile(seed); err == nil {
+			f.Add(b)
+		}
 	}
 	f.Add(datFile([]datEntry{{"a", 3, []float32{1, 2}}, {"b\x00c", 0, []float32{4}}, {"a", -1, []float32{5}}}, datTrailer(9, "d.txt")))
 	f.Add(datFile([]datEntry{{"", 1, []float32{1}}}, []byte{1, 2}))
