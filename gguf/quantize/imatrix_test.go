@@ -38,7 +38,12 @@ func openMatrix(t testing.TB, path string) *imatrix.Matrix {
 
 // Every imatrix golden, from the GGUF matrix and from the legacy .dat one
 // (the same matrix, written by the other llama-imatrix output format):
-// byte for byte llama-quantize's file. Both runs name the matrix
+// byte for byte llama-quantize's file. The goldens were made from the
+// GGUF matrix; the .dat gives the same bytes on these dense models only
+// because its ncall is 64, a power of two, so its values (sum/count)·64 / 64
+// are sum/count exactly. On a MoE model's experts ncall is not a power of
+// two and llama-quantize's files from the two formats differ
+// (TestGoldenMoEImatrix, TestMoEImatrixFormatsDiffer). Both runs name the matrix
 // "imatrix.gguf", as the golden's command line did: quantize.imatrix.file
 // is the name as given, the one KV a run with "imatrix.dat" writes
 // differently (TestImatrixFileKV).
