@@ -111,6 +111,10 @@ type Attempt struct {
 	// interrupt (its journals and work dir are then what a run resumes).
 	Error  string     `json:"error,omitempty"`
 	Failed *time.Time `json:"failed,omitempty"`
+	// Interrupted is when the run was cancelled (Ctrl-C, SIGTERM) while
+	// the stage ran; nil while it runs, after a kill (nothing is recorded
+	// then) or a failure.
+	Interrupted *time.Time `json:"interrupted,omitempty"`
 }
 
 func newManifest() *Manifest {
@@ -451,9 +455,25 @@ func (s *Store) FailAttempt(pipeline, stage, key, why string) error {
 	return s.saveLocked()
 }
 
-// EndAttempt clears what BeginAttempt and FailAttempt recorded for a
-// pipeline stage (it is done, or found up to date), saving the manifest
-// only if there was something to clear.
+// InterruptAttempt records that the run of a pipeline stage with key was
+// interrupted (its context cancelled: Ctrl-C, SIGTERM) while it ran, and
+// saves the manifest. What it wrote stays for the next run to resume.
+func (s *Store) InterruptAttempt(pipeline, stage, key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.m.Attempts[pipeline][stage]
+	if a == nil || a.Key != key {
+		a = &Attempt{Key: key, Started: time.Now().UTC()}
+	}
+	now := time.Now().UTC()
+	a.Interrupted = &now
+	s.setAttemptLocked(pipeline, stage, a)
+	return s.saveLocked()
+}
+
+// EndAttempt clears what BeginAttempt, FailAttempt and InterruptAttempt
+// recorded for a pipeline stage (it is done, or found up to date), saving
+// the manifest only if there was something to clear.
 func (s *Store) EndAttempt(pipeline, stage string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -95,11 +95,26 @@ func TestStageConformance(t *testing.T) {
 				}
 			}
 			ctx, cancel := context.WithCancel(context.Background())
-			prog := &cancelAfter{n: 1 << 20, cancel: cancel}
-			_, err = Run(ctx, c, Options{Only: "x", Progress: func(string) Progress { return prog }})
+			prog := &cancelAfter{n: 256 << 10, cancel: cancel}
+			repX, err := Run(ctx, c, Options{Only: "x", Progress: func(string) Progress { return prog }})
 			cancel()
 			if err != nil && !errors.Is(err, context.Canceled) {
 				t.Fatalf("cancelled run: %v", err)
+			}
+			if err != nil {
+				// The cancel came while the stage ran: it is interrupted,
+				// in the report and in status, whatever its kind.
+				t.Logf("cancelled while it ran: %v", err)
+				if a := repX.Stages[len(repX.Stages)-1].Action; a != ActionInterrupted {
+					t.Errorf("cancelled stage: action %s, want interrupted (%v)", a, err)
+				}
+				st, serr := Status(c)
+				if serr != nil {
+					t.Fatal(serr)
+				}
+				if s := st.Stages[len(st.Stages)-1]; s.State != StateInterrupted {
+					t.Errorf("status of the cancelled stage: %s %s, want interrupted", s.State, s.Detail)
+				}
 			}
 			repC, err := Run(context.Background(), c, Options{})
 			if err != nil {

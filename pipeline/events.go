@@ -17,8 +17,11 @@ const (
 	EventProgress EventType = "progress" // a running stage's bytes (sent by the CLI's progress reporter)
 	EventDone     EventType = "done"     // a stage finished (Seconds, Bytes, Outputs)
 	EventFailed   EventType = "failed"   // a stage failed (Error)
-	EventBlocked  EventType = "blocked"  // a stage cannot run: an input did not complete
-	EventEnd      EventType = "end"      // the run ended (Report, Error)
+	// A running stage was stopped by the run's cancellation (Ctrl-C,
+	// SIGTERM): Seconds it ran, Reason what it left to resume.
+	EventInterrupted EventType = "interrupted"
+	EventBlocked     EventType = "blocked" // a stage cannot run: an input did not complete
+	EventEnd         EventType = "end"     // the run ended (Report, Error)
 )
 
 // Event is one thing that happened in a run, for displays and for the

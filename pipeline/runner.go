@@ -63,6 +63,7 @@ const (
 	ActionBlocked     Action = "blocked"      // an input cannot be made
 	ActionNotSelected Action = "not-selected" // outside --only / --from
 	ActionFailed      Action = "failed"       // (run) it ran and failed
+	ActionInterrupted Action = "interrupted"  // (run) it was running when the run was cancelled (Ctrl-C, SIGTERM); it resumes where it stopped
 	ActionInvalid     Action = "invalid"      // (plan) its planner says it cannot run (Error says why)
 )
 
@@ -80,6 +81,9 @@ type StageReport struct {
 	Outputs []manifest.Output `json:"outputs,omitempty"`
 	Seconds float64           `json:"seconds,omitempty"`
 	Error   string            `json:"error,omitempty"`
+	// Resumable is what an interrupted stage left for the next run to
+	// continue from (journals, work dir), in bytes.
+	Resumable int64 `json:"resumable_bytes,omitempty"`
 	// Plan is what the stage's planner says it will make, or, for a stage
 	// whose inputs are not made yet, "checked after <stage> runs".
 	Plan string `json:"plan,omitempty"`
@@ -311,7 +315,7 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 			}
 		}
 		if n := r.store.Resumable(key); n > 0 {
-			d.reason += "; " + resumableDetail(n) // what a killed run left
+			d.reason += "; " + ResumableDetail(n) // what a killed run left
 		}
 		return d, nil
 	}
@@ -471,6 +475,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	planOpts := r.opts
 	planOpts.Verify = false
 	if _, err := newRunner(spec, store, planOpts).plan(ctx, sel, forced); err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, &InterruptedError{Err: cerr}
+		}
 		return nil, fmt.Errorf("%w; nothing was run (see 'ferry pipeline plan')", err)
 	}
 
@@ -493,12 +500,12 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	}
 	var mu sync.Mutex
 	reports := map[string]StageReport{}
+	stageErrs := map[string]error{}
 	sched := newScheduler(r.opts.Stages, r.opts.Memory)
 	// A failed stage blocks the stages that depend on it; independent
 	// stages go on (their work is not thrown away). Cancelling ctx stops
 	// everything.
 	var wg sync.WaitGroup
-	var errs []error
 	gctx := ctx
 	for _, st := range spec.Order() {
 		sl := slots[st.Name]
@@ -543,28 +550,41 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			}()
 			if err != nil {
 				mu.Lock()
-				errs = append(errs, err)
+				stageErrs[st.Name] = err
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	if ctx.Err() == nil {
-		if err := r.repaired(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	err = errors.Join(errs...)
-	if cerr := ctx.Err(); cerr != nil && err == nil {
-		err = cerr
-	}
 	rep := &Report{Pipeline: spec.Name, Store: spec.Store, Vars: spec.Vars}
 	for _, st := range spec.Stages {
 		sr, ok := reports[st.Name]
 		if !ok {
-			sr = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: "cancelled before it started"}
+			sr = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: cancelledBeforeStart}
 		}
 		rep.Stages = append(rep.Stages, sr)
+	}
+	// The stages' errors in the file's order. A cancelled run ends in one
+	// InterruptedError: a stage it stopped is not a failure.
+	var errs []error
+	for _, st := range spec.Stages {
+		if e := stageErrs[st.Name]; e != nil && (ctx.Err() == nil || reports[st.Name].Action == ActionFailed) {
+			errs = append(errs, e)
+		}
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		ie := &InterruptedError{Failed: errs, Err: cerr}
+		for _, sr := range rep.Stages {
+			if sr.Action == ActionInterrupted {
+				ie.Running = append(ie.Running, InterruptedStage{Stage: sr.Stage, Resumable: sr.Resumable})
+			}
+		}
+		err = ie
+	} else {
+		if err := r.repaired(); err != nil {
+			errs = append(errs, err)
+		}
+		err = errors.Join(errs...)
 	}
 	end := Event{Event: EventEnd, Report: rep}
 	if err != nil {
@@ -574,19 +594,36 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	return rep, err
 }
 
-// runStage runs or skips one stage and records how it ended: a failure
-// (with its error, for status) or nothing pending. An interrupted run
-// leaves the attempt execute began, so status says what it left to resume.
+// cancelledBeforeStart is the reason of a stage that a cancelled run
+// stopped before the stage itself began.
+const cancelledBeforeStart = "cancelled before it started"
+
+// runStage runs or skips one stage and decides how it ended, for the
+// report, the events and status: done; failed (with its error); or, when
+// the run's context was cancelled (Ctrl-C, SIGTERM), interrupted if the
+// stage itself had begun (its attempt is marked interrupted and keeps what
+// it wrote, so status and the next run say what it left to resume), else
+// cancelled before it started. Whatever error a cancelled stage returns
+// (the context's, a file closed under it) is the interrupt, not a failure.
 func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sched *scheduler) (StageReport, *Input, error) {
 	sr, in, err := r.stage(ctx, st, ins, forced, sched)
 	switch {
-	case err != nil && ctx.Err() == nil:
+	case err != nil && ctx.Err() != nil && sr.Action == ActionRun:
+		sr.Action, sr.Error = ActionInterrupted, ""
+		sr.Resumable = r.store.Resumable(sr.Key)
+		r.emit(Event{Event: EventInterrupted, Stage: st.Name, Kind: st.Kind, Seconds: sr.Seconds, Reason: ResumableDetail(sr.Resumable)})
+		if ierr := r.store.InterruptAttempt(r.spec.Name, st.Name, sr.Key); ierr != nil {
+			r.log.Warn("could not record the interrupt in the manifest", "stage", st.Name, "err", ierr)
+		}
+	case err != nil && ctx.Err() != nil:
+		sr.Action, sr.Reason, sr.Error = ActionBlocked, cancelledBeforeStart, ""
+	case err != nil:
 		sr.Action, sr.Error = ActionFailed, err.Error()
 		r.emit(Event{Event: EventFailed, Stage: st.Name, Kind: st.Kind, Seconds: sr.Seconds, Error: sr.Error})
 		if ferr := r.store.FailAttempt(r.spec.Name, st.Name, sr.Key, err.Error()); ferr != nil {
 			r.log.Warn("could not record the failure in the manifest", "stage", st.Name, "err", ferr)
 		}
-	case err == nil:
+	default:
 		err = r.store.EndAttempt(r.spec.Name, st.Name)
 	}
 	return sr, in, err
@@ -646,8 +683,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	rec, err := r.execute(ctx, st, d, ins, forced)
 	sr.Seconds = time.Since(start).Seconds()
 	if err != nil {
-		sr.Action, sr.Error = ActionFailed, err.Error()
-		return sr, nil, err
+		return sr, nil, err // runStage says whether it failed or was interrupted
 	}
 	sr.Outputs = rec.Outputs
 	if err := r.store.MakeView(sr.View, rec.Outputs); err != nil {

@@ -424,3 +424,134 @@ func TestRunVersionInKey(t *testing.T) {
 	rep, _ = Plan(spec, Options{Version: "0.2.0"})
 	wantActions(t, "next version", rep, map[string]string{"src": "run: ferry version changed (0.1.0 -> 0.2.0)", "syn": "pending"})
 }
+
+// A stage that is running when the run is cancelled (Ctrl-C, SIGTERM) is
+// interrupted, not failed: in the report, the events and status, with
+// what it left to resume. A stage that failed before stays failed, one
+// that had not started says so, and the run's error is of kind
+// Interrupted and never says "context canceled".
+func TestInterruptedStage(t *testing.T) {
+	dir := t.TempDir()
+	spec := loadSpec(t, dir, `name: t
+stages:
+  - name: big
+    synth: { size: 32MiB, units: 8, seed: 3 }
+  - name: bad
+    synth: { size: 1KiB, fail: disk on fire }
+  - name: after
+    synth: { size: 1KiB, from: big }
+`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Cancel once bad has failed and big has written a unit.
+	var mu sync.Mutex
+	var evs []Event
+	var failed bool
+	var written int64
+	maybeCancel := func() {
+		if failed && written >= 4<<20 {
+			cancel()
+		}
+	}
+	prog := progressFunc(func(n int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		written += n
+		maybeCancel()
+	})
+	rep, err := Run(ctx, spec, Options{Stages: 3, Progress: func(string) Progress { return prog },
+		Events: func(e Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			evs = append(evs, e)
+			if e.Event == EventFailed && e.Stage == "bad" {
+				failed = true
+				maybeCancel()
+			}
+		}})
+	var ie *InterruptedError
+	if errkind.Of(err) != errkind.Interrupted || !errors.Is(err, context.Canceled) || !errors.As(err, &ie) {
+		t.Fatalf("run: %v (kind %v), want an *InterruptedError of kind interrupted", err, errkind.Of(err))
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "interrupted; stage big was running (") || !strings.Contains(msg, "resumable") ||
+		!strings.Contains(msg, "stage bad: disk on fire") || strings.Contains(msg, "context canceled") {
+		t.Errorf("run error %q: want it to say big was running, what it left and bad's failure, never 'context canceled'", msg)
+	}
+	got := map[string]StageReport{}
+	for _, s := range rep.Stages {
+		got[s.Stage] = s
+	}
+	if s := got["big"]; s.Action != ActionInterrupted || s.Error != "" || s.Resumable <= 0 || s.Seconds <= 0 {
+		t.Errorf("big: %+v, want interrupted, no error, with resumable bytes and seconds", s)
+	}
+	if s := got["bad"]; s.Action != ActionFailed || s.Error != "disk on fire" {
+		t.Errorf("bad: %+v, want failed: disk on fire", s)
+	}
+	if s := got["after"]; s.Action != ActionBlocked || s.Reason != "cancelled before it started" {
+		t.Errorf("after: %+v, want blocked: cancelled before it started", s)
+	}
+	var seq []string
+	var end *Event
+	for i, e := range evs {
+		switch e.Event {
+		case EventInterrupted, EventFailed:
+			seq = append(seq, string(e.Event)+" "+e.Stage)
+			if e.Event == EventInterrupted && (e.Seconds <= 0 || !strings.HasSuffix(e.Reason, " resumable")) {
+				t.Errorf("interrupted event %+v: want its seconds and what it left", e)
+			}
+		case EventEnd:
+			end = &evs[i]
+		}
+	}
+	if g := strings.Join(seq, ","); g != "failed bad,interrupted big" {
+		t.Errorf("events %s, want failed bad,interrupted big", g)
+	}
+	if end == nil || end.Error != msg || end.Report == nil {
+		t.Errorf("end event %+v, want the run's error %q and its report", end, msg)
+	}
+
+	st, err := Status(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]StageStatus{}
+	for _, s := range st.Stages {
+		states[s.Stage] = s
+	}
+	if s := states["big"]; s.State != StateInterrupted || s.Resumable <= 0 || !strings.HasSuffix(s.Detail, " resumable") {
+		t.Errorf("status big: %+v, want interrupted with what it left", s)
+	}
+	if s := states["bad"]; s.State != StateFailed {
+		t.Errorf("status bad: %+v, want failed", s)
+	}
+	if s := states["after"]; s.State != StateNeverRun {
+		t.Errorf("status after: %+v, want never-run", s)
+	}
+
+	// The next run resumes big and runs after; status is complete.
+	spec = loadSpec(t, dir, `name: t
+stages:
+  - name: big
+    synth: { size: 32MiB, units: 8, seed: 3 }
+  - name: after
+    synth: { size: 1KiB, from: big }
+`)
+	if _, err := Run(context.Background(), spec, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = Status(spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st.Stages {
+		if s.State != StateComplete {
+			t.Errorf("status after the resumed run: %s %s", s.Stage, s.State)
+		}
+	}
+}
+
+// progressFunc is a Progress that hands each count to a function.
+type progressFunc func(int64)
+
+func (f progressFunc) SetTotal(int64) {}
+func (f progressFunc) Add(n int64)    { f(n) }

@@ -18,8 +18,11 @@ const (
 	StateDamaged  State = "damaged"   // latest record's outputs missing or changed
 	StateNeverRun State = "never-run" // no record for this stage
 	StateNotBuilt State = "not-built" // the kind is not built yet
-	StatePartial  State = "partial"   // a run started and did not finish (killed, interrupted, or running)
+	StatePartial  State = "partial"   // a run started and did not finish (killed, or running now)
 	StateFailed   State = "failed"    // the latest run failed (Error says why)
+	// The latest run was interrupted (Ctrl-C, SIGTERM) while the stage ran;
+	// Detail says what it left to resume.
+	StateInterrupted State = "interrupted"
 )
 
 // StageStatus is one stage's line in a status report.
@@ -82,12 +85,15 @@ func Status(spec *Spec) (*StatusReport, error) {
 		if a := store.Attempt(spec.Name, st.Name); a != nil {
 			ss.State, ss.Key, ss.Error = StatePartial, a.Key, a.Error
 			ss.Resumable = store.Resumable(a.Key)
-			ss.Detail = resumableDetail(ss.Resumable)
-			if a.Error != "" {
+			ss.Detail = ResumableDetail(ss.Resumable)
+			switch {
+			case a.Error != "":
 				ss.State, ss.Detail = StateFailed, a.Error
 				if ss.Resumable > 0 {
-					ss.Detail += "; " + resumableDetail(ss.Resumable)
+					ss.Detail += "; " + ResumableDetail(ss.Resumable)
 				}
+			case a.Interrupted != nil:
+				ss.State = StateInterrupted
 			}
 			if rec != nil {
 				ss.Outputs = rec.Outputs
@@ -136,8 +142,9 @@ func Status(spec *Spec) (*StatusReport, error) {
 	return rep, nil
 }
 
-// resumableDetail says how much an unfinished run left to resume from.
-func resumableDetail(n int64) string {
+// ResumableDetail says how much an unfinished run left to resume from:
+// "7.4 MB resumable", "nothing to resume from".
+func ResumableDetail(n int64) string {
 	if n == 0 {
 		return "nothing to resume from"
 	}

@@ -153,3 +153,120 @@ func TestFormatBytes(t *testing.T) {
 		}
 	}
 }
+
+// interruptRun starts `ferry pipeline run ARGS...`, sends it SIGINT (as
+// Ctrl-C does) once the stage it runs has made two more units durable in
+// its journal (under dir's store), and returns its exit code, stdout and
+// stderr.
+func interruptRun(t *testing.T, dir string, args ...string) (int, string, string) {
+	t.Helper()
+	journals := filepath.Join(dir, ".ferry", "ingest", "*", "*", "journal")
+	units := func() int {
+		m, _ := filepath.Glob(journals)
+		if len(m) != 1 {
+			return 0
+		}
+		b, _ := os.ReadFile(m[0])
+		return strings.Count(string(b), `"unit"`)
+	}
+	before := units() // what an earlier interrupted run left
+	cmd := exec.Command(ferryBinary(t), append([]string{"pipeline", "run"}, args...)...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if units() >= before+2 {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("run ended before it could be interrupted: %v\n%s", err, stderr.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("no unit became durable in 60 s")
+		}
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+// Ctrl-C during a run: exit 130; the message says the run was interrupted,
+// which stage was running and what it left, how to resume, and does not
+// end in "context canceled"; the run table, the events and status say
+// interrupted (not failed, not partial); the stage after it did not start.
+func TestCLIInterrupt(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, "name: i\nstages:\n  - name: big\n    synth: { size: 256MiB, units: 256, seed: 4 }\n  - name: next\n    synth: { size: 1KiB, from: big }\n")
+	lastLine := func(s string) string {
+		lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+		return lines[len(lines)-1]
+	}
+	checkMessage := func(what string, code int, stderr string) {
+		t.Helper()
+		msg := lastLine(stderr)
+		if code != 130 || !strings.HasPrefix(msg, "ferry: interrupted; stage big was running (") ||
+			!strings.HasSuffix(msg, " resumable); the stages that finished are recorded; run the same command again to resume") ||
+			strings.Contains(stderr, "context canceled") {
+			t.Errorf("%s: exit %d, last line %q; want 130, interrupted, what big left and how to resume, no 'context canceled'\n%s", what, code, msg, stderr)
+		}
+	}
+
+	code, stdout, stderr := interruptRun(t, dir, "-j", "1", p)
+	checkMessage("run", code, stderr)
+	if !regexp.MustCompile(`(?m)^\s+big\s+synth\s+interrupted\s+[0-9.]+s\s+new; .*; [0-9.]+ MB resumable$`).MatchString(stdout) ||
+		!regexp.MustCompile(`(?m)^\s+next\s+synth\s+blocked\s+cancelled before it started$`).MatchString(stdout) {
+		t.Errorf("run table: want big interrupted with its seconds and what it left, next not started:\n%s", stdout)
+	}
+	s := statusOf(t, p, "big")
+	if s.State != "interrupted" || s.Resumable <= 0 || s.Error != "" {
+		t.Errorf("status after Ctrl-C: %+v", s)
+	}
+	want := "big (synth): interrupted (" + pipeline.FormatBytes(s.Resumable) + " resumable)"
+	if r := ferry(t, "pipeline", "status", p); !strings.Contains(r.stdout, want) {
+		t.Errorf("status after Ctrl-C, want %q:\n%s", want, r.stdout)
+	}
+
+	// Again with --events: an interrupted event for big, none failed, and
+	// the end event carries the same message and the report.
+	code, stdout, stderr = interruptRun(t, dir, "-j", "1", "--events", p)
+	checkMessage("run --events", code, stderr)
+	var seq []string
+	var end pipeline.Event
+	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		var e pipeline.Event
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatalf("event line %q: %v", l, err)
+		}
+		switch e.Event {
+		case "interrupted", pipeline.EventFailed, pipeline.EventDone:
+			seq = append(seq, string(e.Event)+" "+e.Stage)
+		case pipeline.EventEnd:
+			end = e
+		}
+	}
+	if g := strings.Join(seq, ","); g != "interrupted big" {
+		t.Errorf("events %q, want interrupted big", g)
+	}
+	if !strings.HasPrefix(end.Error, "interrupted; stage big was running (") || strings.Contains(end.Error, "context canceled") ||
+		end.Report == nil || end.Report.Stages[0].Action != "interrupted" {
+		t.Errorf("end event: %+v", end)
+	}
+
+	if r := ferry(t, "pipeline", "run", p); r.code != 0 {
+		t.Fatalf("resumed run: exit %d %s", r.code, r.stderr)
+	}
+	if s := statusOf(t, p, "big"); s.State != pipeline.StateComplete {
+		t.Errorf("status after the resumed run: %+v", s)
+	}
+}

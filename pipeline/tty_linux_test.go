@@ -3,11 +3,13 @@ package pipeline_test
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/ferry-llm/ferry/internal/ptytest"
@@ -43,9 +45,10 @@ func TestCLIProgress(t *testing.T) {
 	}
 }
 
-// SIGINT (Ctrl-C) cancels the run through its context: exit non-zero, the
-// lock released, no record, and the next run resumes to the digest of an
-// uninterrupted one.
+// SIGINT (Ctrl-C) cancels the run through its context: exit 130 with a
+// message that says so (not "context canceled"), the lock released, no
+// record, status says interrupted, and the next run resumes to the digest
+// of an uninterrupted one.
 func TestCLIInterruptResumes(t *testing.T) {
 	const spec = "name: int\nstages:\n  - name: big\n    synth: { size: 128MiB, units: 64, seed: 9 }\n"
 	ref := filepath.Join(t.TempDir(), "p.yaml")
@@ -81,13 +84,13 @@ func TestCLIInterruptResumes(t *testing.T) {
 	if c := cmd.ProcessState.ExitCode(); c != 130 {
 		t.Errorf("interrupted run exited %d, want 130", c)
 	}
-	if !strings.Contains(errb.String(), "context canceled") {
+	if !strings.Contains(errb.String(), "ferry: interrupted; stage big was running (") || strings.Contains(errb.String(), "context canceled") {
 		t.Errorf("stderr: %s", errb.String())
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".ferry", "lock")); !errors.Is(err, os.ErrNotExist) {
 		t.Error("an interrupted run left its lock")
 	}
-	if s := ferry(t, "pipeline", "status", p).stdout; !regexp.MustCompile(`big \(synth\): partial \([0-9.]+ MB resumable\)`).MatchString(s) {
+	if s := ferry(t, "pipeline", "status", p).stdout; !regexp.MustCompile(`big \(synth\): interrupted \([0-9.]+ MB resumable\)`).MatchString(s) {
 		t.Errorf("status after interrupt: %s", s)
 	}
 	r = ferry(t, "--verbose", "pipeline", "run", p)
@@ -152,5 +155,45 @@ func TestCLIDisplay(t *testing.T) {
 	tty, _ = runTTY(t, "pipeline", "run", p)
 	if !regexp.MustCompile(`  = \[2/2\] b \(synth\): up to date, 1 output, 2\.0 KB`).MatchString(tty) {
 		t.Errorf("second run: %q", tty)
+	}
+}
+
+// On a terminal, a stage that Ctrl-C stops gets its own line in the
+// display: interrupted, after how long, what it left; not failed.
+func TestCLIDisplayInterrupted(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, "name: tty\nstages:\n  - name: big\n    synth: { size: 256MiB, units: 256, seed: 5 }\n  - name: next\n    synth: { size: 2000, units: 2, from: big }\n")
+	master, slave := ptytest.Open(t)
+	defer master.Close()
+	cmd := exec.Command(ferryBinary(t), "pipeline", "run", "-j", "1", p)
+	cmd.Stderr = slave
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	var tty bytes.Buffer
+	copied := make(chan error, 1)
+	go func() { _, err := io.Copy(&tty, master); copied <- err }()
+	waitFor(t, func() bool {
+		j, _ := filepath.Glob(filepath.Join(dir, ".ferry", "ingest", "*", "*", "journal"))
+		if len(j) == 0 {
+			return false
+		}
+		b, _ := os.ReadFile(j[0])
+		return bytes.Count(b, []byte(`"unit"`)) >= 4
+	})
+	cmd.Process.Signal(os.Interrupt)
+	cmd.Wait()
+	if err := <-copied; err != nil && !errors.Is(err, syscall.EIO) {
+		t.Fatal(err)
+	}
+	if c := cmd.ProcessState.ExitCode(); c != 130 {
+		t.Errorf("exit %d, want 130", c)
+	}
+	out := tty.String()
+	if !regexp.MustCompile(`  ! \[1/2\] big \(synth\): interrupted after [0-9.]+s; [0-9.]+ MB resumable\r?\n`).MatchString(out) ||
+		strings.Contains(out, "failed") || strings.Contains(out, "context canceled") {
+		t.Errorf("terminal: want big's interrupted line, nothing failed, no 'context canceled':\n%q", out)
 	}
 }

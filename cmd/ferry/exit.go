@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/errkind"
@@ -50,12 +51,72 @@ func interrupted(ctx context.Context, err error) error {
 // interruptedResume words the error of a resumable command that ctx's
 // cancellation (Ctrl-C, SIGTERM) stopped, the same way for every such
 // command: "interrupted; " what is and is not written, then how to resume
-// (exit 130). It returns nil when err is not that cancellation.
+// (exit 130). The error that stopped the command stays in the chain
+// (errors.Is) but not in the message: it is the cancellation's "context
+// canceled", or what a write cut short by it said. It returns nil when
+// err is not that cancellation.
 func interruptedResume(ctx context.Context, err error, what string, args ...any) error {
 	if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
 		return nil
 	}
-	return errkind.Mark(errkind.Interrupted, fmt.Errorf("interrupted; %s; run the same command again to resume: %w", fmt.Sprintf(what, args...), err))
+	return &interruption{msg: "interrupted; " + fmt.Sprintf(what, args...) + "; run the same command again to resume", err: err}
+}
+
+// interruption is interruptedResume's error: its own message, err's chain.
+type interruption struct {
+	msg string
+	err error
+}
+
+func (e *interruption) Error() string      { return e.msg }
+func (e *interruption) Unwrap() error      { return e.err }
+func (e *interruption) Kind() errkind.Kind { return errkind.Interrupted }
+
+// errorMessage is what main prints for err, the error a command run under
+// ctx ended with, after "ferry: ". This is the one place an error becomes
+// the line a user reads, so it is where an interrupted command's message
+// is made to say so: a command that words its interruption
+// (interruptedResume, a pipeline run) already begins "interrupted"; any
+// other gets that word first. Either way the cancellation's own words are
+// taken out: Go's "context canceled" (a cancelled context deep in a stage
+// or a lock wait) and ctx's cause ("interrupt signal received", which
+// internal/workers passes on) are not news to a user who pressed Ctrl-C.
+func errorMessage(ctx context.Context, err error) string {
+	msg := err.Error()
+	if errkind.Of(err) != errkind.Interrupted {
+		return msg
+	}
+	words := []string{context.Canceled.Error()}
+	if cause := context.Cause(ctx); cause != nil && cause.Error() != words[0] {
+		words = append(words, cause.Error())
+	}
+	msg = without(msg, words)
+	switch {
+	case strings.HasPrefix(msg, "interrupted"):
+		return msg
+	case msg == "":
+		return "interrupted"
+	}
+	return "interrupted: " + msg
+}
+
+// without removes each of words from an error message where a wrap put
+// it (": " words), and drops lines that say nothing else (errors.Join puts
+// one error a line).
+func without(msg string, words []string) string {
+	var keep []string
+	for _, l := range strings.Split(msg, "\n") {
+		for _, w := range words {
+			if l == w {
+				l = ""
+			}
+			l = strings.ReplaceAll(l, ": "+w, "")
+		}
+		if strings.TrimSpace(l) != "" {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
 }
 
 // tensorWriteFailed words the error of a GGUF write by tensor (gguf

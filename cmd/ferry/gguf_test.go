@@ -260,6 +260,7 @@ func TestGGUFConvertSIGINT(t *testing.T) {
 	if !strings.Contains(stderr, "interrupted; ") || !strings.Contains(stderr, "run the same command again to resume") {
 		t.Errorf("stderr does not say how to resume:\n%s", stderr)
 	}
+	checkInterrupted(t, stderr)
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatalf("%s exists after the interrupt (%v)", out, err)
 	}

@@ -73,7 +73,7 @@ func run() int {
 	err := interrupted(ctx, app.RunContext(ctx, interspersed(app, os.Args)))
 	stop()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "ferry: %v\n", err)
+		fmt.Fprintf(os.Stderr, "ferry: %s\n", errorMessage(ctx, err))
 	}
 	return exitCode(err)
 }

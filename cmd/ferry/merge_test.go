@@ -348,6 +348,7 @@ func TestMergeSIGINT(t *testing.T) {
 	if !strings.Contains(stderr, "interrupted; ") || !strings.Contains(stderr, "run the same command again to resume") {
 		t.Errorf("stderr does not say how to resume:\n%s", stderr)
 	}
+	checkInterrupted(t, stderr)
 	got := mergeJSON(out)
 	if len(got.Files) != len(ref.Files) {
 		t.Fatalf("resumed merge wrote %d files, want %d", len(got.Files), len(ref.Files))

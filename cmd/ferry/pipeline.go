@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -48,7 +49,7 @@ func pipelineCommand() *cli.Command {
 					&cli.IntFlag{Name: "stages", Usage: "stages run at once (within --memory)", DefaultText: "core count"},
 					&cli.StringFlag{Name: "memory", Usage: "memory budget the stages running at once share (`SIZE` like 8GB or 16GiB); a stage estimated over it runs alone", DefaultText: "half of RAM"},
 					lockWaitFlag("the store"),
-					&cli.BoolFlag{Name: "events", Usage: "print the run's events on stdout, one JSON object a line (stage start, skip, progress, done, failed; the report last), for scripts"},
+					&cli.BoolFlag{Name: "events", Usage: "print the run's events on stdout, one JSON object a line (stage start, skip, progress, done, failed, interrupted; the report last), for scripts"},
 				),
 				Action: pipelineRun,
 			},
@@ -157,11 +158,17 @@ func pipelineRun(c *cli.Context) error {
 	opts.Log = slog.Default() // through the progress bars on a terminal
 	rep, err := pipeline.Run(c.Context, spec, opts)
 	pg.Close()
-	if err != nil && c.Context.Err() != nil {
-		err = fmt.Errorf("interrupted (%w): finished stages are recorded and unfinished ones resume where they stopped; run the same command again", err)
+	// Interrupted (Ctrl-C, SIGTERM): the run says which stages it stopped
+	// and what they left; errorMessage words any other interruption (a
+	// lock wait cut short).
+	var ie *pipeline.InterruptedError
+	if errors.As(err, &ie) {
+		if ierr := interruptedResume(c.Context, err, "%s", ie.Left()); ierr != nil {
+			err = ierr
+		}
 	}
 	if events != nil {
-		events.end(rep, err)
+		events.end(c.Context, rep, err)
 		if err == nil {
 			err = events.err
 		}
@@ -205,8 +212,11 @@ func printReport(c *cli.Context, rep *pipeline.Report, ran bool) error {
 		if s.Plan != "" {
 			why += "; " + s.Plan
 		}
+		if s.Action == pipeline.ActionInterrupted {
+			why += "; " + pipeline.ResumableDetail(s.Resumable)
+		}
 		secs := ""
-		if ran && s.Action == pipeline.ActionRun {
+		if ran && (s.Action == pipeline.ActionRun || s.Action == pipeline.ActionInterrupted) {
 			secs = fmt.Sprintf("%.2fs", s.Seconds)
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", s.Stage, s.Kind, s.Action, secs, why)
@@ -242,7 +252,7 @@ func pipelineStatus(c *cli.Context) error {
 			line += fmt.Sprintf(", %s, %s", plural(len(s.Outputs), "output"), pipeline.FormatBytes(s.Bytes))
 		}
 		switch {
-		case s.State == pipeline.StatePartial: // partial (266 MB resumable)
+		case s.State == pipeline.StatePartial || s.State == pipeline.StateInterrupted: // partial (266 MB resumable)
 			line += " (" + s.Detail + ")"
 		case s.Detail != "":
 			line += "; " + s.Detail

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -65,6 +66,8 @@ func (d *display) event(e pipeline.Event) {
 			plural(len(e.Outputs), "output"), pipeline.FormatBytes(e.Bytes), e.View))
 	case pipeline.EventFailed:
 		d.pg.Println(fmt.Sprintf("  ✗ %s: failed: %s", step, e.Error))
+	case pipeline.EventInterrupted:
+		d.pg.Println(fmt.Sprintf("  ! %s: interrupted after %s; %s", step, formatSeconds(e.Seconds), e.Reason))
 	case pipeline.EventBlocked:
 		d.pg.Println(fmt.Sprintf("  - %s: blocked: %s", step, e.Reason))
 	}
@@ -110,8 +113,9 @@ func (s *eventStream) progressLine(attrs []any, snap progress.Snapshot) {
 }
 
 // end writes the end event of a run that stopped before it started
-// (a refused plan, a lock not taken): scripts always get one.
-func (s *eventStream) end(rep *pipeline.Report, err error) {
+// (a refused plan, a lock not taken), run under ctx: scripts always get
+// one.
+func (s *eventStream) end(ctx context.Context, rep *pipeline.Report, err error) {
 	s.mu.Lock()
 	ended := s.ended
 	s.mu.Unlock()
@@ -120,7 +124,7 @@ func (s *eventStream) end(rep *pipeline.Report, err error) {
 	}
 	e := pipeline.Event{Time: time.Now().UTC(), Event: pipeline.EventEnd, Report: rep}
 	if err != nil {
-		e.Error = strings.TrimSpace(err.Error())
+		e.Error = strings.TrimSpace(errorMessage(ctx, err)) // as the user reads it on stderr
 	}
 	s.event(e)
 }

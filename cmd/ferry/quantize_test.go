@@ -225,6 +225,7 @@ func TestQuantizeSIGINT(t *testing.T) {
 	if !strings.Contains(stderr, "interrupted; ") || !strings.Contains(stderr, "run the same command again to resume") {
 		t.Errorf("stderr does not say how to resume:\n%s", stderr)
 	}
+	checkInterrupted(t, stderr)
 	if exists(out) {
 		t.Fatalf("%s exists after the interrupt", out)
 	}
