@@ -2,6 +2,8 @@ package mlxpack
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"path/filepath"
 	"reflect"
@@ -132,4 +134,124 @@ func resFiles(t *testing.T, dir string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// deviceRun is what check_logits.py recorded for one mlx-lm version (the
+// fields this test reads).
+type deviceRun struct {
+	MLXLM     string `json:"mlx_lm"`
+	Artifacts map[string]struct {
+		Loaded              bool `json:"loaded"`
+		MTPParametersLoaded int  `json:"mtp_parameters_loaded"`
+		Files               map[string]struct {
+			SHA256 string `json:"sha256"`
+			Size   int64  `json:"size"`
+		} `json:"files"`
+	} `json:"artifacts"`
+	Compare map[string]struct {
+		Identical  bool    `json:"identical"`
+		MaxAbsDiff float64 `json:"max_abs_diff"`
+	} `json:"compare"`
+}
+
+// TestKeepMTPAsLoaded holds, without MLX, what the recorded device run
+// (testdata/mlx_sidefile, PROVENANCE.md there) showed: released mlx-lm
+// v0.31.3 and 0.32.0 both load ferry's 4-bit Qwen3.5 with the head in
+// mtp.safetensors and give logits bit for bit those of the same conversion
+// without the head (and of mlx-lm's own convert), where the head in
+// model.safetensors (ferry before this layout) made v0.31.3 compute garbage.
+// ferry's output for that source must still be exactly what was loaded:
+// every file's sha256, config.json up to the wording of ferry's own
+// records. A change to the layout (or to any byte mlx-lm reads) fails here
+// until the run is made again.
+func TestKeepMTPAsLoaded(t *testing.T) {
+	const dir = "testdata/mlx_sidefile"
+	runs := map[string]deviceRun{}
+	for _, v := range []string{"0.31.3", "0.32.0"} {
+		var r deviceRun
+		if err := json.Unmarshal(mustRead(t, filepath.Join(dir, "sidefile_"+v+".json")), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.MLXLM != v {
+			t.Fatalf("sidefile_%s.json is mlx-lm %s's run", v, r.MLXLM)
+		}
+		for _, a := range []string{"side", "no_mtp", "mtp_in_model", "mlxlm_convert"} {
+			if !r.Artifacts[a].Loaded || r.Artifacts[a].MTPParametersLoaded != 0 {
+				t.Fatalf("mlx-lm %s, %s: loaded %v, %d MTP parameters", v, a, r.Artifacts[a].Loaded, r.Artifacts[a].MTPParametersLoaded)
+			}
+		}
+		for _, pair := range []string{"side vs no_mtp", "side vs mlxlm_convert"} {
+			if !r.Compare[pair].Identical {
+				t.Fatalf("mlx-lm %s: %s not identical: %+v", v, pair, r.Compare[pair])
+			}
+		}
+		runs[v] = r
+	}
+	if c := runs["0.31.3"].Compare["no_mtp vs mtp_in_model"]; c.Identical || c.MaxAbsDiff < 1 {
+		t.Fatalf("the recorded run does not show v0.31.3's double shift: %+v", c)
+	}
+
+	out := t.TempDir()
+	made := map[string]string{"side": filepath.Join(out, "mlx4-mtp-side"), "no_mtp": filepath.Join(out, "mlx4-no-mtp")}
+	convertTo(t, qwen35Base, made["side"], QuantizeOptions{Bits: 4, GroupSize: 64, KeepMTP: true}, QuantizeRunOptions{Jobs: 2})
+	convertTo(t, qwen35Base, made["no_mtp"], QuantizeOptions{Bits: 4, GroupSize: 64}, QuantizeRunOptions{Jobs: 2})
+	loadedConfig := map[string]string{"side": "mlx4-mtp-side", "no_mtp": "mlx4-no-mtp"}
+	for name, d := range made {
+		rec := runs["0.32.0"].Artifacts[name].Files
+		var want []string
+		for f := range rec {
+			want = append(want, f)
+		}
+		sort.Strings(want)
+		if got := resFiles(t, d); !slices.Equal(got, want) {
+			t.Errorf("%s: ferry writes %v, the device run loaded %v", name, got, want)
+		}
+		for _, v := range []string{"0.31.3", "0.32.0"} {
+			for f, fr := range runs[v].Artifacts[name].Files {
+				if fr != rec[f] {
+					t.Errorf("%s/%s: mlx-lm %s and 0.32.0 loaded different files", name, f, v)
+				}
+			}
+		}
+		for f, fr := range rec {
+			b := mustRead(t, filepath.Join(d, f))
+			if f == "config.json" {
+				// The copy kept of what was loaded, checked against the
+				// run's digest, then compared up to ferry's reasons.
+				kept := mustRead(t, filepath.Join(dir, "loaded", loadedConfig[name], f))
+				if sha256hex(kept) != fr.SHA256 {
+					t.Fatalf("%s: loaded/%s/config.json is not the file the run loaded", dir, loadedConfig[name])
+				}
+				if a, b := withoutReasons(t, b), withoutReasons(t, kept); a != b {
+					t.Errorf("%s/config.json differs from the one the device run loaded:\n%s\nloaded:\n%s", name, a, b)
+				}
+				continue
+			}
+			if got := sha256hex(b); got != fr.SHA256 {
+				t.Errorf("%s/%s: sha256 %s, but the device run loaded %s: ferry's output is no longer what mlx-lm was shown to load (testdata/mlx_sidefile/PROVENANCE.md: run it again)", name, f, got, fr.SHA256)
+			}
+		}
+	}
+}
+
+func sha256hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// withoutReasons renders a config.json with the "reason" of ferry's MTP
+// records left out: their wording is not something mlx-lm reads.
+func withoutReasons(t *testing.T, b []byte) string {
+	t.Helper()
+	var c map[string]any
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{MTPSideKey, MTPRecordKey} {
+		if rec, ok := c[k].(map[string]any); ok {
+			delete(rec, "reason")
+		}
+	}
+	out, _ := json.MarshalIndent(c, "", " ")
+	return string(out)
 }
