@@ -104,7 +104,7 @@ func (a *ckAnalysis) mlxNotes(mtpNames []string) {
 	if inModel == 0 {
 		return
 	}
-	rep.Notes = append(rep.Notes, "released mlx-lm (up to v0.31.3, and main as of 2026-08-22) discards mtp.* at load; only a loader with MTP support (e.g. mlx-lm PR #990) uses the head")
+	rep.Notes = append(rep.Notes, "mlx-lm (v0.31.3, 0.32.0) discards mtp.* at load; only a loader with MTP support (e.g. mlx-lm PR #990) uses the head")
 	// Hybrid Qwen models: sanitize decides the norm +1 shift from the
 	// conv1d layout (HF [C,1,K] = unsanitized) — and, from PR #869 through
 	// v0.31.3, also from the mere presence of mtp.* keys.
@@ -136,8 +136,8 @@ func (a *ckAnalysis) mlxNotes(mtpNames []string) {
 	}
 	rep.Warnings = append(rep.Warnings, fmt.Sprintf(
 		"double norm shift: %d mtp.* tensor(s) sit in model*.safetensors of a directory already in MLX layout (%s is %v, so the norms are already shifted by +1%s). "+
-			"mlx-lm from PR #869 through v0.31.3 shifts every norm again when mtp.* keys are present (γ≈1 becomes ≈2: silent garbage); fixed only on main by PR #1623 (4eeaf209). "+
-			"Load with an mlx-lm that has #1623, or move mtp.* into an mtp.safetensors side file, or write the raw HF layout",
+			"mlx-lm from PR #869 through v0.31.3 shifts every norm again when mtp.* keys are among the weights it loads (γ≈1 becomes ≈2: silent garbage); mlx-lm 0.32.0 (PR #1623, 4eeaf209) does not. "+
+			"Load with mlx-lm 0.32.0 or later, or quantize again with ferry mlx quantize --keep-mtp, which keeps the head in mtp.safetensors where no mlx-lm looks, or write the raw HF layout",
 		inModel, conv.name, conv.shape, evidence))
 }
 
