@@ -299,6 +299,7 @@ func (a *ckAnalysis) run() error {
 			return err
 		}
 	}
+	rep.Present = checkpointHead(w, cfg).count()
 	decide(rep, a.countMismatch)
 	a.explain()
 	return nil
@@ -458,18 +459,12 @@ func (a *ckAnalysis) checkSpecial(name string, s special) {
 	if !ok {
 		rep.Tensors = append(rep.Tensors, Tensor{Name: name, Required: s.required, Want: known(s.want)})
 		if s.required {
-			rep.Expected++
 			rep.Missing = append(rep.Missing, name)
 		}
 		return
 	}
-	if s.required {
-		rep.Expected++
-		rep.Present++
-	}
 	shape, q, problem := a.w.logical(t)
 	for _, c := range a.w.missingCompanions(t) {
-		rep.Expected++
 		rep.Missing = append(rep.Missing, c)
 		rep.Tensors = append(rep.Tensors, Tensor{Name: c, Required: true})
 	}
@@ -542,7 +537,6 @@ func (a *ckAnalysis) checkLayers(found []int, prefixOf func(int) string, skip ma
 		p := prefixOf(i)
 		got, missing := a.w.layerSlots(p, skip)
 		for _, m := range missing {
-			rep.Expected++
 			rep.Missing = append(rep.Missing, m)
 			rep.Tensors = append(rep.Tensors, Tensor{Name: m, Required: true})
 		}
@@ -551,14 +545,11 @@ func (a *ckAnalysis) checkLayers(found []int, prefixOf func(int) string, skip ma
 			gs, ok := got[k]
 			if !ok {
 				for _, name := range expectedNames(ts, tmplPrefix, p) {
-					rep.Expected++
 					rep.Missing = append(rep.Missing, name)
 					rep.Tensors = append(rep.Tensors, Tensor{Name: name, Required: true, Want: ts.shape})
 				}
 				continue
 			}
-			rep.Expected += len(gs.names)
-			rep.Present += len(gs.names)
 			a.missingExperts(p, k, gs, ts)
 			problem := strings.Join(gs.problems, "; ")
 			if problem == "" && !slices.Equal(gs.shape, ts.shape) {
@@ -624,10 +615,6 @@ func (a *ckAnalysis) addPresentTensor(t *wTensor, want []int64, problem string, 
 		if c, ok := a.w.get(base + s); ok && c != t {
 			a.rep.Tensors = append(a.rep.Tensors, Tensor{Name: c.name, Required: required, Present: true, DType: string(c.dtype), Shape: c.shape})
 			a.present = append(a.present, c)
-			if required {
-				a.rep.Expected++
-				a.rep.Present++
-			}
 		}
 	}
 }
@@ -645,7 +632,6 @@ func (a *ckAnalysis) missingExperts(prefix, key string, got, tmpl *slot) {
 	}
 	for e := got.shape[0]; e < tmpl.shape[0]; e++ {
 		name := fmt.Sprintf("%smlp.experts.%d%s", prefix, e, rel)
-		a.rep.Expected++
 		a.rep.Missing = append(a.rep.Missing, name)
 		a.rep.Tensors = append(a.rep.Tensors, Tensor{Name: name, Required: true, Want: tmpl.shape[1:]})
 	}

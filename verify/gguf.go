@@ -96,13 +96,11 @@ func (g *ggufAnalysis) run() error {
 		return badf(f.Path, ErrBadMetadata, "%s.block_count = %d, nextn_predict_layers = %d: implausible", arch, bc, n)
 	}
 	rep.BlockCount = int(bc)
-	trunk := int(bc)
+	trunk := ggufTrunk(bc, n)
 	if hasKey {
 		rep.Promised, rep.PromisedBy = int(n), arch+".nextn_predict_layers"
 		if n >= bc && n > 0 {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%s = %d is not below %s.block_count = %d (llama.cpp asserts n_layer_nextn < n_layer_all)", rep.PromisedBy, n, arch, bc))
-		} else {
-			trunk = int(bc - n)
 		}
 	}
 	rep.TrunkLayers = trunk
@@ -166,6 +164,7 @@ func (g *ggufAnalysis) run() error {
 			return err
 		}
 	}
+	rep.Present = len(ggufHead(f, trunk))
 	decide(rep, g.countMismatch)
 	g.explain(trunk)
 	return nil
@@ -293,18 +292,12 @@ func (g *ggufAnalysis) checkBlocks(heads []int, trunk int) {
 			want := g.dimsOf(p.dims)
 			t, ok := have[rel]
 			done[rel] = true
-			if p.required {
-				rep.Expected++
-			}
 			if !ok {
 				rep.Tensors = append(rep.Tensors, Tensor{Name: name, Required: p.required, Want: want})
 				if p.required {
 					rep.Missing = append(rep.Missing, name)
 				}
 				continue
-			}
-			if p.required {
-				rep.Present++
 			}
 			problem := ""
 			if want != nil && !slices.Equal(dims64(t.Dims), want) {
@@ -317,7 +310,6 @@ func (g *ggufAnalysis) checkBlocks(heads []int, trunk int) {
 		for _, rel := range tmplRels {
 			tt := tmpl[rel]
 			name := fmt.Sprintf("blk.%d.%s", b, rel)
-			rep.Expected++
 			done[rel] = true
 			t, ok := have[rel]
 			if !ok {
@@ -325,7 +317,6 @@ func (g *ggufAnalysis) checkBlocks(heads []int, trunk int) {
 				rep.Tensors = append(rep.Tensors, Tensor{Name: name, Required: true, Want: dims64(tt.Dims)})
 				continue
 			}
-			rep.Present++
 			problem := ""
 			if !slices.Equal(t.Dims, tt.Dims) {
 				problem = fmt.Sprintf("dims %v, but trunk block %d has %v", t.Dims, tl, tt.Dims)
@@ -391,7 +382,7 @@ func (g *ggufAnalysis) explain(trunk int) {
 	key := rep.Arch + ".nextn_predict_layers"
 	switch rep.Verdict {
 	case OK:
-		rep.Message = fmt.Sprintf("%s = %d and block_count = %d: block(s) %s hold all %d required head tensors, consistent with trunk block %d",
+		rep.Message = fmt.Sprintf("%s = %d and block_count = %d: block(s) %s hold all %d head tensors, consistent with trunk block %d",
 			key, rep.Promised, rep.BlockCount, blockList(rep.FoundLayers), rep.Expected, rep.TemplateLayer)
 	case Absent:
 		rep.Message = fmt.Sprintf("no MTP head: no %s key and no nextn tensors (converted with --no-mtp, or the model has no head)", key)
@@ -401,7 +392,7 @@ func (g *ggufAnalysis) explain(trunk int) {
 			"Fix: convert again from a checkpoint that has the head, without --no-mtp (`ferry gguf convert` keeps it), and quantize from that file",
 			key, rep.Promised, rep.BlockCount, trunk, trunk)
 	case Partial:
-		rep.Message = fmt.Sprintf("%s = %d but only %d of %d required head tensors are in the file; missing: %s",
+		rep.Message = fmt.Sprintf("%s = %d but only %d of %d head tensors are in the file; missing: %s",
 			key, rep.Promised, rep.Present, rep.Expected, abbreviate(rep.Missing, 6))
 	case Inconsistent:
 		if rep.Promised == 0 {

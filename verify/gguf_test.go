@@ -558,33 +558,37 @@ func TestGGUFFamilies(t *testing.T) {
 		missing  []string
 		problem  string
 	}{
-		{"qwen35moe ok", func(t *testing.T) string { return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), nil) }, OK, 19, nil, ""},
+		{"qwen35moe ok", func(t *testing.T) string { return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), nil) }, OK, 20, nil, ""},
 		{"qwen35moe head lost its shared-expert gate", func(t *testing.T) string {
 			return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), dropTensors(func(n string) bool { return n == "blk.1.ffn_gate_inp_shexp.weight" }))
-		}, Partial, 19, []string{"blk.1.ffn_gate_inp_shexp.weight"}, ""},
+		}, Partial, 20, []string{"blk.1.ffn_gate_inp_shexp.weight"}, ""},
 		{"qwen35moe head has fewer experts", func(t *testing.T) string {
 			return miniArch(t, "qwen35moe", moeKVs, global, moeBlocks(), retype("blk.1.ffn_down_exps.weight", quant.F16, 32, 64, 3))
-		}, Inconsistent, 19, nil, "blk.1.ffn_down_exps.weight: dims [32 64 3], but trunk block 0 has [32 64 4]"},
+		}, Inconsistent, 20, nil, "blk.1.ffn_down_exps.weight: dims [32 64 3], but trunk block 0 has [32 64 4]"},
 		{"deepseek2 nextn with embed_tokens and shared_head_head ok", func(t *testing.T) string {
 			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(true), nil)
-		}, OK, 20, nil, ""},
+		}, OK, 23, nil, ""},
 		{"deepseek2 without the optional nextn tensors ok", func(t *testing.T) string {
 			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(false), nil)
-		}, OK, 20, nil, ""},
+		}, OK, 21, nil, ""},
 		{"deepseek2 nextn.embed_tokens of the wrong vocabulary", func(t *testing.T) string {
 			return miniArch(t, "deepseek2", dsKVs, global, dsBlocks(true), retype("blk.2.nextn.embed_tokens.weight", quant.F16, H, 256))
-		}, Inconsistent, 20, nil, "blk.2.nextn.embed_tokens.weight: dims [64 256], want [64 128]"},
+		}, Inconsistent, 23, nil, "blk.2.nextn.embed_tokens.weight: dims [64 256], want [64 128]"},
 		{"deepseek2 MTP block dense while the trunk's last block is MoE", func(t *testing.T) string {
 			blocks := dsBlocks(false)
 			blocks[2] = append(deepseek2Block(false), nextnTensors(H, V, false)...)
 			return miniArch(t, "deepseek2", dsKVs, global, blocks, nil)
-		}, Partial, 20, nil, "blk.2.ffn_gate.weight: not in trunk block 1"},
+		}, Partial, 24, nil, "blk.2.ffn_gate.weight: not in trunk block 1"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := MTP(c.path(t), Options{})
+			path := c.path(t)
+			r, err := MTP(path, Options{})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if h := headOf(t, path); h.NextNTensors != r.Present {
+				t.Errorf("FindGGUFHead counts %d head tensors, MTP %d", h.NextNTensors, r.Present)
 			}
 			if r.Verdict != c.verdict || r.Expected != c.expected {
 				t.Fatalf("verdict %s expected %d, want %s %d\n%s", r.Verdict, r.Expected, c.verdict, c.expected, describe(r))

@@ -3,6 +3,7 @@ package verify
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/safetensors"
@@ -35,28 +36,46 @@ func FindHead(names []string, cfg *safetensors.Config) Head {
 	for i, n := range names {
 		ts[i] = &wTensor{name: n}
 	}
-	w := newWeights(ts)
 	var h Head
 	for _, key := range []string{"mtp_num_hidden_layers", "num_nextn_predict_layers"} {
 		if n, ok := cfg.Int(key); ok && h.PromisedBy == "" {
 			h.Promised, h.PromisedBy = n, key
 		}
 	}
+	hd := checkpointHead(newWeights(ts), cfg)
+	h.Tensors, h.NextNLayers, h.NextNTensors = len(hd.qwen), hd.nextnLayers, len(hd.nextn)
+	h.Present = h.Tensors > 0 || h.NextNTensors > 0
+	return h
+}
+
+// ckHead is which tensors of a checkpoint or MLX directory are its MTP head.
+type ckHead struct {
+	qwen        []string // under any prefix Qwen keeps the head at (mtp.*, language_model.mtp.*, …)
+	nextnLayers []int    // decoder layers past num_hidden_layers (DeepSeek-style NextN)
+	nextn       []string // their tensors
+}
+
+func (h ckHead) count() int { return len(h.qwen) + len(h.nextn) }
+
+// checkpointHead is the one definition of a checkpoint's head that both
+// FindHead (what `ferry inspect` shows) and MTP (what `ferry verify mtp`
+// counts) use: every tensor under a Qwen MTP prefix, quantization
+// companions included, and every tensor of a decoder layer at or past
+// num_hidden_layers. cfg may be nil.
+func checkpointHead(w *weights, cfg *safetensors.Config) ckHead {
+	var h ckHead
 	for _, p := range qwenMTPPrefixes {
-		h.Tensors += len(w.withPrefix(p))
+		h.qwen = append(h.qwen, w.withPrefix(p)...)
 	}
-	if _, ok := cfg.Int("num_nextn_predict_layers"); ok {
-		if hidden, ok := cfg.Int("num_hidden_layers"); ok {
-			trunk := trunkPrefixOf(w)
-			for _, i := range w.layerIndices(trunk + "layers.") {
-				if int64(i) >= hidden {
-					h.NextNLayers = append(h.NextNLayers, i)
-					h.NextNTensors += len(w.withPrefix(fmt.Sprintf("%slayers.%d.", trunk, i)))
-				}
+	if hidden, ok := cfg.Int("num_hidden_layers"); ok {
+		trunk := trunkPrefixOf(w)
+		for _, i := range w.layerIndices(trunk + "layers.") {
+			if int64(i) >= hidden {
+				h.nextnLayers = append(h.nextnLayers, i)
+				h.nextn = append(h.nextn, w.withPrefix(fmt.Sprintf("%slayers.%d.", trunk, i))...)
 			}
 		}
 	}
-	h.Present = h.Tensors > 0 || h.NextNTensors > 0
 	return h
 }
 
@@ -68,24 +87,46 @@ func FindGGUFHead(f *gguf.File) Head {
 	bcKV, _ := f.KV(arch + ".block_count")
 	nKV, _ := f.KV(key)
 	bc, _ := bcKV.Uint()
-	n, _ := nKV.Uint()
+	n, hasKey := nKV.Uint()
 	var h Head
-	if n == 0 {
-		return h
-	}
-	trunk := int64(bc) - int64(n)
-	for _, t := range f.Tensors {
-		if b, _, ok := blockOf(t.Name); ok && int64(b) >= trunk {
-			h.NextNTensors++
-			if !slices.Contains(h.NextNLayers, b) {
-				h.NextNLayers = append(h.NextNLayers, b)
-			}
+	for _, t := range ggufHead(f, ggufTrunk(bc, n)) {
+		b, _, _ := blockOf(t.Name)
+		h.NextNTensors++
+		if !slices.Contains(h.NextNLayers, b) {
+			h.NextNLayers = append(h.NextNLayers, b)
 		}
 	}
 	slices.Sort(h.NextNLayers)
-	h.Promised, h.PromisedBy = int64(n), key
+	if hasKey && n > 0 {
+		h.Promised, h.PromisedBy = int64(n), key
+	}
 	h.Present = h.NextNTensors > 0
 	return h
+}
+
+// ggufTrunk is the number of trunk blocks: block_count less
+// nextn_predict_layers, or all of them when that leaves none (llama.cpp
+// asserts n_layer_nextn < n_layer_all).
+func ggufTrunk(blockCount, nextn uint64) int {
+	if nextn >= blockCount {
+		return int(min(blockCount, 1<<20))
+	}
+	return int(blockCount - nextn)
+}
+
+// ggufHead is the one definition of a GGUF file's head that both
+// FindGGUFHead (what `ferry inspect` shows) and GGUF (what `ferry verify
+// mtp` counts) use: every tensor of a block from trunk on (the NextN
+// tensors, the decoder block's, the optional shared_head_norm alike), and
+// a blk.N.nextn.* tensor in a trunk block.
+func ggufHead(f *gguf.File, trunk int) []gguf.TensorInfo {
+	var out []gguf.TensorInfo
+	for _, t := range f.Tensors {
+		if b, rel, ok := blockOf(t.Name); ok && (b >= trunk || strings.HasPrefix(rel, "nextn.")) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // trunkPrefixOf is where the decoder layers of w live ("model.",

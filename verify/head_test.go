@@ -9,7 +9,8 @@ import (
 
 // FindHead finds a head where MTP looks for one: Qwen's mtp.* under every
 // prefix MTP knows, NextN layers past num_hidden_layers under the trunk's
-// prefix only when num_nextn_predict_layers asks for them.
+// prefix, promised or not (MTP calls a head nothing promises inconsistent,
+// and counts it: one definition).
 func TestFindHead(t *testing.T) {
 	cfg := func(js string) *safetensors.Config {
 		c, err := safetensors.ParseConfig([]byte(js), "config.json")
@@ -32,7 +33,8 @@ func TestFindHead(t *testing.T) {
 		{"nextn under the trunk", []string{"model.language_model.layers.0.x", "model.language_model.layers.2.eh_proj.weight", "model.language_model.layers.2.enorm.weight"},
 			cfg(`{"num_hidden_layers":2,"num_nextn_predict_layers":1}`),
 			Head{Present: true, NextNLayers: []int{2}, NextNTensors: 2, Promised: 1, PromisedBy: "num_nextn_predict_layers"}},
-		{"extra layers without the key", []string{"model.layers.0.x", "model.layers.1.x"}, cfg(`{"num_hidden_layers":1}`), Head{}},
+		{"extra layers without the key", []string{"model.layers.0.x", "model.layers.1.x"}, cfg(`{"num_hidden_layers":1}`),
+			Head{Present: true, NextNLayers: []int{1}, NextNTensors: 1}},
 		{"promised, none there", []string{"model.layers.0.x"}, cfg(`{"num_hidden_layers":1,"num_nextn_predict_layers":1}`),
 			Head{Promised: 1, PromisedBy: "num_nextn_predict_layers"}},
 	}

@@ -1,9 +1,14 @@
 package verify
 
 import (
+	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/safetensors"
 )
 
 // bundledQwen35 is the qwen35 reference base with its 15 mtp.* tensors,
@@ -34,9 +39,9 @@ func TestReference(t *testing.T) {
 		passReq   bool
 	}{
 		{"qwen35 base", bundledQwen35, FormatSafetensors, OK, 1, 15, []int{0}, true, true},
-		{"qwen35 base F16 gguf", filepath.Join(gg, "qwen35-base-F16.gguf"), FormatGGUF, OK, 1, 14, []int{4}, true, true},
-		{"qwen35 base Q4_K_M gguf", filepath.Join(gg, "qwen35-base-Q4_K_M.gguf"), FormatGGUF, OK, 1, 14, []int{4}, true, true},
-		{"qwen35 base Q6_K gguf", filepath.Join(gg, "qwen35-base-Q6_K.gguf"), FormatGGUF, OK, 1, 14, []int{4}, true, true},
+		{"qwen35 base F16 gguf", filepath.Join(gg, "qwen35-base-F16.gguf"), FormatGGUF, OK, 1, 15, []int{4}, true, true},
+		{"qwen35 base Q4_K_M gguf", filepath.Join(gg, "qwen35-base-Q4_K_M.gguf"), FormatGGUF, OK, 1, 15, []int{4}, true, true},
+		{"qwen35 base Q6_K gguf", filepath.Join(gg, "qwen35-base-Q6_K.gguf"), FormatGGUF, OK, 1, 15, []int{4}, true, true},
 		{"qwen35 merged_dora", materialize(t, "testdata/reference/qwen35-merged_dora"), FormatSafetensors, Dropped, 1, 15, []int{}, false, false},
 		{"qwen3 base", materialize(t, "testdata/reference/qwen3-base"), FormatSafetensors, Absent, 0, 0, nil, true, false},
 		{"qwen3 base F16 gguf", filepath.Join(gg, "qwen3-base-F16.gguf"), FormatGGUF, Absent, 0, 0, []int{}, true, false},
@@ -64,8 +69,39 @@ func TestReference(t *testing.T) {
 			if r.Deep || r.BytesRead != 0 {
 				t.Errorf("read tensor bytes without --deep")
 			}
+			// One definition of the head: what inspect shows is what
+			// verify counts (issue 27: verify said 14 where inspect said 15).
+			if h := headOf(t, c.path); h.Tensors+h.NextNTensors != r.Present {
+				t.Errorf("FindHead/FindGGUFHead count %d head tensors, MTP %d", h.Tensors+h.NextNTensors, r.Present)
+			}
 		})
 	}
+}
+
+// headOf is the head inspect shows for path (a GGUF file or a checkpoint).
+func headOf(t *testing.T, path string) Head {
+	t.Helper()
+	if strings.HasSuffix(path, ".gguf") {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := gguf.Parse(bytes.NewReader(data), int64(len(data)), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return FindGGUFHead(f)
+	}
+	ck, err := safetensors.OpenDir(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	var names []string
+	for _, l := range ck.Tensors() {
+		names = append(names, l.Info.Name)
+	}
+	return FindHead(names, ck.Config)
 }
 
 // TestReferenceDetails pins what the reports say on the reference data.

@@ -115,8 +115,13 @@ type Report struct {
 	// TemplateLayer is the trunk layer the head's decoder block is compared
 	// with (-1 when there is none).
 	TemplateLayer int `json:"template_layer"`
-	Expected      int `json:"expected"` // required tensors
-	Present       int `json:"present"`  // required tensors present
+	// Present counts the head's tensors in the weight index or file: every
+	// one, the optional ones (GGUF shared_head_norm) and quantization
+	// companions (MLX scales, biases) included, by the one definition
+	// `ferry inspect` shows too (FindHead, FindGGUFHead). Expected is
+	// Present plus the required tensors missing.
+	Expected int `json:"expected"`
+	Present  int `json:"present"`
 	// Missing lists required tensors that are not in the weight index.
 	Missing []string `json:"missing,omitempty"`
 	// Problems lists what is inconsistent (counts, shapes, dtypes, values).

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -12,14 +13,15 @@ import (
 // decide sets the verdict from what the analysis recorded. countMismatch
 // says the head's tensors are there but in more layers or other blocks than
 // the metadata says: inconsistent rather than partial.
+//
+// rep.Present is set by the caller: the head's tensors in the file, by the
+// one definition FindHead and FindGGUFHead share (checkpointHead,
+// ggufHead). Expected is those and the required ones missing.
 func decide(rep *Report, countMismatch bool) {
-	present := 0
-	for _, t := range rep.Tensors {
-		if t.Present {
-			present++
-		}
-	}
+	present := rep.Present
 	sort.Strings(rep.Missing)
+	rep.Missing = slices.Compact(rep.Missing)
+	rep.Expected = rep.Present + len(rep.Missing)
 	if rep.FoundLayers == nil {
 		rep.FoundLayers = []int{}
 	}
