@@ -144,7 +144,7 @@ demo: build
 # 127.0.0.1 for the purpose; a second run must skip every stage, and the
 # outputs are checked locally and on both destinations (pipelines/demo-full.sh).
 # Then the same flow killed with SIGKILL at random points of every stage
-# and run again each time (TestKillAnywhere, a few minutes on 2 cores).
+# and run again each time (TestKillAnywhere, about a minute on 2 cores).
 .PHONY: demo-full
 demo-full: build
 	FERRY=$(BIN) GO=$(GO) pipelines/demo-full.sh

@@ -501,7 +501,9 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 	// Config-targeted 2-D weights with no adapter weights are reported.
 	// The MTP head is the expected case: transformers drops mtp.* on load,
 	// so PEFT never wraps those modules even when target_modules matches
-	// them. It gets one line, not one per module.
+	// them (the bundled qwen35-tiny DoRA adapter, like any adapter naming
+	// q_proj … down_proj, matches the head's seven). It gets one line, not
+	// one per module, saying there is nothing to do.
 	if !cfg.TargetAll {
 		var mtp []string
 		for _, l := range p.base.Tensors() {
@@ -520,7 +522,9 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 			p.Warnings = append(p.Warnings, fmt.Sprintf("config targets %s but the adapter has no weights for it; it is copied unchanged", m))
 		}
 		if len(mtp) > 0 {
-			p.Warnings = append(p.Warnings, fmt.Sprintf("config targets %d MTP-head modules (%s) that PEFT never saw (transformers drops mtp.* on load); the head is copied unchanged from the base", len(mtp), listSome(mtp, 3)))
+			p.Warnings = append(p.Warnings, fmt.Sprintf("config targets %d MTP-head modules (%s) that the adapter has no weights for, "+
+				"as with every PEFT adapter of a model with an MTP head: transformers drops mtp.* when it loads the model, so PEFT never saw them to train; "+
+				"nothing to do: the head is copied unchanged from the base and kept for speculative decoding (a PEFT merge drops it)", len(mtp), listSome(mtp, 3)))
 		}
 	}
 	p.KeyRewrite = rewrite.used()
