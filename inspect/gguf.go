@@ -44,6 +44,7 @@ func ggufReport(path string) (*Report, []hashing.Section, func(), error) {
 		s.Bytes += t.Size()
 		s.BytesPerDType[t.Type.String()] += t.Size()
 	}
+	s.ParameterRule = verify.RuleElements
 	s.MTP = verify.FindGGUFHead(f)
 	return rep, sections, func() { f.Close() }, nil
 }

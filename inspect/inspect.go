@@ -43,6 +43,7 @@ type Summary struct {
 	ModelType     string           `json:"model_type,omitempty"`
 	Tensors       int              `json:"tensors"`
 	Parameters    int64            `json:"parameters"`
+	ParameterRule string           `json:"parameter_rule"` // how Parameters counted: verify.RuleElements, or verify.RuleMLX for an MLX directory (the index's total_parameters)
 	Bytes         int64            `json:"bytes"`
 	BytesPerDType map[string]int64 `json:"bytes_per_dtype"`
 	Shards        int              `json:"shards"`
@@ -234,11 +235,14 @@ func safetensorsReport(path string, isDir bool, opt safetensors.DirOptions) (*Re
 		})
 		sections = append(sections, l.Section())
 		names = append(names, t.Name)
-		rep.Summary.Parameters += t.NumElements()
 		rep.Summary.Bytes += t.Size()
 		rep.Summary.BytesPerDType[string(t.DType)] += t.Size()
 	}
 	rep.Summary.MTP = verify.FindHead(names, cfg)
+	if rep.Summary.Parameters, rep.Summary.ParameterRule, err = verify.Parameters(locs, cfg); err != nil {
+		in.close()
+		return nil, nil, nil, err
+	}
 	return rep, sections, in.close, nil
 }
 

@@ -34,7 +34,11 @@ func (rep *Report) writeTables(w io.Writer) error {
 	fmt.Fprintf(tw, "architecture\t%s\n", orNone(s.Architecture))
 	fmt.Fprintf(tw, "model_type\t%s\n", orNone(s.ModelType))
 	fmt.Fprintf(tw, "tensors\t%d\n", s.Tensors)
-	fmt.Fprintf(tw, "parameters\t%d\n", s.Parameters)
+	if s.ParameterRule == verify.RuleMLX {
+		fmt.Fprintf(tw, "parameters\t%d (as mlx-lm's total_parameters counts them: quantized weights unpacked at their bits; scales, biases and parameters of non-leaf modules not counted)\n", s.Parameters)
+	} else {
+		fmt.Fprintf(tw, "parameters\t%d\n", s.Parameters)
+	}
 	fmt.Fprintf(tw, "bytes\t%d\n", s.Bytes)
 	dts := make([]string, 0, len(s.BytesPerDType))
 	for d := range s.BytesPerDType {

@@ -63,7 +63,7 @@ func verifyCheckpoint(path string, fi fs.FileInfo, opts Options) (*Report, error
 		ts = append(ts, &wTensor{name: l.Info.Name, dtype: l.Info.DType, shape: l.Info.Shape, loc: l, file: l.Shard.Name})
 	}
 	rep := &Report{Path: path, Format: FormatSafetensors, TemplateLayer: -1}
-	if isMLX(ck) {
+	if isMLX(ck.Config, ck.Shards) {
 		rep.Format = FormatMLX
 		side, closeSide, err := openSideFiles(dir, ck.Shards, rep)
 		if err != nil {
@@ -97,11 +97,11 @@ func verifyCheckpoint(path string, fi fs.FileInfo, opts Options) (*Report, error
 // isMLX recognises a directory mlx-lm wrote: a "quantization" block in
 // config.json (HF checkpoints use quantization_config), or shards stamped
 // {"format": "mlx"} by mlx's save_safetensors.
-func isMLX(ck *safetensors.Checkpoint) bool {
-	if _, ok := ck.Config.Raw["quantization"]; ok {
+func isMLX(cfg *safetensors.Config, shards []*safetensors.Shard) bool {
+	if _, ok := cfg.Raw["quantization"]; ok {
 		return true
 	}
-	for _, s := range ck.Shards {
+	for _, s := range shards {
 		if s.Metadata["format"] == "mlx" {
 			return true
 		}

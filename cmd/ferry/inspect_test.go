@@ -23,6 +23,7 @@ import (
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/safetensors/safetensorstest"
 	"github.com/ferry-llm/ferry/tensor"
+	"github.com/ferry-llm/ferry/verify"
 )
 
 const bundledBase = "../../testdata/models/qwen35-tiny/base"
@@ -438,4 +439,51 @@ func TestInspectFollowLinks(t *testing.T) {
 		return
 	}
 	t.Fatal("no symlink case in the bad-input table")
+}
+
+// TestInspectMLXParameters: on an MLX directory inspect counts parameters as
+// mlx-lm's total_parameters does, the figure the index records (ferry's
+// index matches mlx_lm.convert's: mlxpack's golden tests), not the packed
+// U32 words (it said 460440 for a 3.69 M model), and says so; on a Hugging
+// Face checkpoint it counts elements.
+func TestInspectMLXParameters(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"4-bit", []string{"--bits", "4"}},
+		{"4-bit with the head", []string{"--bits", "4", "--keep-mtp"}},
+		{"3-bit group 32", []string{"--bits", "3", "--group-size", "32"}},
+		{"mixed_3_6", []string{"--bits", "3", "--recipe", "mixed_3_6"}},
+		{"8-bit lm_head at 4", []string{"--bits", "8", "--module-bits", "lm_head=4"}},
+		{"float", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
+			if _, code, err := runFerry(t, append([]string{"mlx", "quantize", bundledBase, "--out", out}, tc.args...)...); code != exitOK {
+				t.Fatalf("mlx quantize: exit %d: %v", code, err)
+			}
+			var idx struct {
+				Metadata struct {
+					TotalParameters int64 `json:"total_parameters"`
+				} `json:"metadata"`
+			}
+			b, _ := os.ReadFile(filepath.Join(out, safetensors.IndexName))
+			if err := json.Unmarshal(b, &idx); err != nil {
+				t.Fatal(err)
+			}
+			s := inspectJSON(t, out).Summary
+			if s.Parameters != idx.Metadata.TotalParameters || s.ParameterRule != verify.RuleMLX {
+				t.Errorf("parameters %d (%s), the index's total_parameters %d", s.Parameters, s.ParameterRule, idx.Metadata.TotalParameters)
+			}
+			text, _, _ := runFerry(t, "inspect", out)
+			if !strings.Contains(text, fmt.Sprintf("parameters    %d (as mlx-lm's total_parameters counts them", idx.Metadata.TotalParameters)) {
+				t.Errorf("text output:\n%s", text[:min(len(text), 600)])
+			}
+		})
+	}
+	if s := inspectJSON(t, bundledBase).Summary; s.ParameterRule != verify.RuleElements {
+		t.Errorf("a Hugging Face checkpoint: parameter rule %q", s.ParameterRule)
+	}
 }
