@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +133,46 @@ func BenchmarkDemoNoopRerun(b *testing.B) {
 	b.ReportMetric(per/full.Seconds(), "x_full_run")
 	if per/stages >= 1 {
 		b.Errorf("no-op re-run takes %.3f s per stage, want < 1 s", per/stages)
+	}
+}
+
+// README.md says what `make demo-full` runs: every Go test that its
+// Makefile recipe and pipelines/demo-full.sh run (go test -run
+// '^TestName$') is named in the README's paragraph on make demo-full.
+func TestREADMENamesDemoFullTests(t *testing.T) {
+	read := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	mk, script, readme := read("../Makefile"), read("../pipelines/demo-full.sh"), read("../README.md")
+	// The recipe: the tab-indented lines after the target.
+	var recipe strings.Builder
+	if i := strings.Index(mk, "\ndemo-full:"); i >= 0 {
+		for _, l := range strings.Split(mk[i+1:], "\n")[1:] {
+			if !strings.HasPrefix(l, "\t") {
+				break
+			}
+			recipe.WriteString(l + "\n")
+		}
+	}
+	tests := regexp.MustCompile(`-run '\^(Test\w+)\$+'`).FindAllStringSubmatch(recipe.String()+script, -1) // $$ in make
+	if len(tests) < 2 {
+		t.Fatalf("found %d go tests in make demo-full's recipe and pipelines/demo-full.sh, want the two it runs: %q", len(tests), tests)
+	}
+	i := strings.Index(readme, "\n`make demo-full` is")
+	if i < 0 {
+		t.Fatal("README.md has no paragraph beginning \"`make demo-full` is\"")
+	}
+	para := readme[i+1:]
+	if j := strings.Index(para, "\n\n"); j >= 0 {
+		para = para[:j]
+	}
+	for _, m := range tests {
+		if !strings.Contains(para, "`"+m[1]+"`") {
+			t.Errorf("README.md's paragraph on make demo-full does not name %s, which it runs:\n%s", m[1], para)
+		}
 	}
 }
