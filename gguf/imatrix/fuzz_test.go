@@ -15,8 +15,8 @@ import (
 // must never panic, and a matrix it accepts must match the container: one
 // entry per in_sum2 tensor, as many values as it has elements.
 func FuzzGGUF(f *testing.F) {
-	// A dense model's matrix and a MoE model's (per-expert counts).
-	for _, seed := range []string{"testdata/qwen3-imatrix.gguf", "testdata/qwen35moe-imatrix.gguf"} {
+	// A dense model's matrix and two MoE models' (per-expert counts, some 0).
+	for _, seed := range []string{"testdata/qwen3-imatrix.gguf", "testdata/qwen35moe-imatrix.gguf", "testdata/qwen35moe32-imatrix.gguf"} {
 		if b, err := os.ReadFile(seed); err == nil {
 			f.Add(b)
 		}
@@ -52,8 +52,8 @@ func FuzzGGUF(f *testing.F) {
 // must never panic, and a matrix it accepts, written back as a .dat with
 // ncall 0 (values kept as they are), reads back the same.
 func FuzzLegacy(f *testing.F) {
-	// A dense model's matrix and a MoE model's (per-expert counts).
-	for _, seed := range []string{"testdata/qwen3-imatrix.dat", "testdata/qwen35moe-imatrix.dat"} {
+	// A dense model's matrix and two MoE models' (per-expert counts, some 0).
+	for _, seed := range []string{"testdata/qwen3-imatrix.dat", "testdata/qwen35moe-imatrix.dat", "testdata/qwen35moe32-imatrix.dat"} {
 		if b, err := os.ReadFile(seed); err == nil {
 			f.Add(b)
 		}

@@ -18,11 +18,14 @@
 // then, optionally, int32 chunk count, int32 length and the dataset name.
 // The importance is value / ncall in float32, or the value itself when
 // ncall is not positive. llama-imatrix writes ncall = ⌈max count /
-// chunk_size⌉ (an expert that saw no token is stored as 1 · ncall), so the
-// round trip gives in_sum2 / count exactly only when ncall is a power of
-// two: for a MoE model's expert tensors the two formats of one run load to
-// vectors a few ulps apart, and llama-quantize's files made from each
-// differ; here as there.
+// chunk_size⌉ (an expert that saw no token is stored as 1 · ncall, which
+// loads as exactly 1, the ones the GGUF branch gives it; an entry none of
+// whose experts saw a token is left out, so its tensor is quantized
+// without weights, where the GGUF gives ones), so the round trip gives
+// in_sum2 / count exactly only when ncall is a power of two: for a MoE
+// model's expert tensors the two formats of one run load to vectors a few
+// ulps apart, and llama-quantize's files made from each differ; here as
+// there.
 //
 // A file that starts with the GGUF magic is read as GGUF, any other as
 // .dat. (llama.cpp reads any file its GGUF parser refuses as .dat; one

@@ -68,27 +68,44 @@ func rawGGUF(t *testing.T, f *gguf.File, name string) []float32 {
 }
 
 // TestReferenceMoE reads the two matrices of one llama-imatrix run on a
-// Qwen3.5-MoE model (testdata/qwen35moe-imatrix.*, see PROVENANCE.md),
-// whose expert tensors have one token count per expert, and checks the
-// legacy arithmetic end to end against the GGUF file's raw sums and
-// counts:
+// Qwen3.5-MoE model (testdata/qwen35moe-imatrix.*, and qwen35moe32-imatrix.*
+// of a 32-expert model on 48 tokens, where some experts saw no token; see
+// PROVENANCE.md), whose expert tensors have one token count per expert,
+// and checks the legacy arithmetic end to end against the GGUF file's raw
+// sums and counts:
 //
 //   - llama-imatrix's legacy writer: ncall = ⌈max_e count_e / chunk_size⌉
 //     and each value fl(fl(in_sum2 / count_e) · ncall), or ncall itself for
 //     an expert that saw no token (value and count taken as 1);
-//   - load_imatrix's legacy branch (Lookup of the .dat): fl(value / ncall);
-//   - its GGUF branch (Lookup of the .gguf): fl(in_sum2 / count_e).
+//   - load_imatrix's legacy branch (Lookup of the .dat): fl(value / ncall),
+//     so exactly 1 for an expert that saw no token;
+//   - its GGUF branch (Lookup of the .gguf): fl(in_sum2 / count_e), or 1
+//     for an expert whose count is 0.
 //
 // The round trip · ncall / ncall is exact when ncall is a power of two
-// (every dense entry here: 8192 tokens, ncall 64), not otherwise: the
-// expert entries' vectors differ between the formats in some elements,
-// and so do llama-quantize's expert tensors made from each
-// (gguf/quantize's TestGoldenMoEImatrix has both).
+// (every dense entry of the first model: 8192 tokens, ncall 64), not
+// otherwise: the expert entries' vectors differ between the formats in
+// some elements, and so do llama-quantize's expert tensors made from each
+// (gguf/quantize's TestGoldenMoEImatrix and TestGoldenMoEZeroCount have
+// both).
 func TestReferenceMoE(t *testing.T) {
-	gPath := filepath.Join("testdata", "qwen35moe-imatrix.gguf")
-	dPath := filepath.Join("testdata", "qwen35moe-imatrix.dat")
+	for _, c := range []struct {
+		name, log string
+		zeros     int // experts (of all expert entries) that saw no token
+	}{
+		{"qwen35moe-imatrix", filepath.Join("..", "quantize", "testdata", "logs", "quantize_imatrix_dat_Q4_K_M.log"), 0},
+		// Expert 2 of blk.0's three expert tensors, 6 and 22 of blk.1's.
+		{"qwen35moe32-imatrix", filepath.Join("..", "quantize", "testdata", "logs", "qwen35moe32", "quantize_imatrix_dat_Q4_K_M.log"), 9},
+	} {
+		t.Run(c.name, func(t *testing.T) { referenceMoE(t, c.name, c.log, c.zeros) })
+	}
+}
+
+func referenceMoE(t *testing.T, base, logPath string, wantZeros int) {
+	gPath := filepath.Join("testdata", base+".gguf")
+	dPath := filepath.Join("testdata", base+".dat")
 	g, d := open(t, gPath), open(t, dPath)
-	b, err := os.ReadFile(filepath.Join("..", "quantize", "testdata", "logs", "quantize_imatrix_dat_Q4_K_M.log"))
+	b, err := os.ReadFile(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +131,7 @@ func TestReferenceMoE(t *testing.T) {
 	defer f.Close()
 	raw := readRawDat(t, dPath)
 	chunkSize := int64(g.ChunkSize())
-	experts, differing := 0, 0
+	experts, differing, zeros, ones := 0, 0, 0, 0
 	for _, name := range g.Entries() {
 		sums := rawGGUF(t, f, name+sumsSuffix)
 		counts := rawGGUF(t, f, name+countsSuffix)
@@ -138,6 +155,16 @@ func TestReferenceMoE(t *testing.T) {
 			}
 		}
 		ne0 := len(sums) / len(counts)
+		for e, c := range counts {
+			if c != 0 {
+				continue
+			}
+			zeros++
+			if !slices.ContainsFunc(gv[e*ne0:(e+1)*ne0], func(f float32) bool { return f != 1 }) &&
+				!slices.ContainsFunc(dv[e*ne0:(e+1)*ne0], func(f float32) bool { return f != 1 }) {
+				ones++
+			}
+		}
 		n := float32(r.ncall)
 		diff := 0
 		for i, s := range sums {
@@ -170,5 +197,8 @@ func TestReferenceMoE(t *testing.T) {
 	}
 	if experts == 0 || differing == 0 {
 		t.Errorf("%d expert entries, %d entries whose formats differ; the reference should have both", experts, differing)
+	}
+	if zeros != wantZeros || ones != zeros {
+		t.Errorf("%d experts with count 0 (want %d), %d of them all ones from both formats", zeros, wantZeros, ones)
 	}
 }

@@ -47,14 +47,13 @@ var moeImatrixTypes = []string{"Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K"}
 // outputs on moeImatrixModel and its logs.
 const moeTestdata = "testdata"
 
-// moeImatrixF16 writes moeImatrixModel's checkpoint into
-// dir/qwen35moe-imatrix and converts it with gguf/convert (--no-mtp, as
-// convert_hf_to_gguf.py needs for a Qwen3.5 config without MTP layers) to
-// dir/qwen35moe-imatrix-F16.gguf, returned.
-func moeImatrixF16(t *testing.T, dir string) string {
+// moeF16 writes model's checkpoint into dir/name and converts it with
+// gguf/convert (--no-mtp, as convert_hf_to_gguf.py needs for a Qwen3.5
+// config without MTP layers) to dir/name-F16.gguf, returned.
+func moeF16(t *testing.T, dir, name string, model testmodel.Qwen35MoEOptions) string {
 	t.Helper()
-	ckDir := filepath.Join(dir, "qwen35moe-imatrix")
-	if _, err := moeImatrixModel.Write(ckDir); err != nil {
+	ckDir := filepath.Join(dir, name)
+	if _, err := model.Write(ckDir); err != nil {
 		t.Fatal(err)
 	}
 	ck, err := safetensors.OpenDir(ckDir)
@@ -66,21 +65,21 @@ func moeImatrixF16(t *testing.T, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := filepath.Join(dir, "qwen35moe-imatrix-F16.gguf")
+	in := filepath.Join(dir, name+"-F16.gguf")
 	if err := convert.Write(context.Background(), cp, in, convert.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return in
 }
 
-// updateMoEDump rewrites the dump at golden from DIR/rel when -update-moe
-// DIR is given.
-func updateMoEDump(t *testing.T, golden, rel string) {
+// updateDump rewrites the dump at golden from dir/rel, the file's name in
+// the dump being rel, unless dir is empty.
+func updateDump(t *testing.T, dir, golden, rel string) {
 	t.Helper()
-	if *updateMoE == "" {
+	if dir == "" {
 		return
 	}
-	g, err := goldenfile.Dump(filepath.Join(*updateMoE, rel), rel)
+	g, err := goldenfile.Dump(filepath.Join(dir, rel), rel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,13 +97,37 @@ func updateMoEDump(t *testing.T, golden, rel string) {
 // in_sum2 / count in float32. The F16 input is ferry's conversion, the same
 // bytes as convert_hf_to_gguf.py's (checked against its dump).
 func TestGoldenMoEImatrix(t *testing.T) {
+	moeGolden(t, moeGoldenSet{
+		name: "qwen35moe-imatrix", model: moeImatrixModel, logs: filepath.Join(moeTestdata, "logs"),
+		writeInput: *writeMoEInput, update: *updateMoE,
+	})
+}
+
+// moeGoldenSet is one model's MoE imatrix goldens: the checkpoint
+// (model), its F16 dump testdata/golden/NAME-F16.json, the matrices
+// ../imatrix/testdata/NAME.{dat,gguf}, llama-quantize's outputs' dumps
+// testdata/golden/NAME-FORMAT-TYPE.json for every moeImatrixTypes and
+// its logs LOGS/quantize_imatrix_FORMAT_TYPE.log.
+type moeGoldenSet struct {
+	name       string
+	model      testmodel.Qwen35MoEOptions
+	logs       string
+	writeInput string // -write-…-input: where the checkpoint and F16 go
+	update     string // -update-…: the device run's folder to dump
+}
+
+// moeGolden quantizes the set's F16 (ferry's conversion, the same bytes
+// as convert_hf_to_gguf.py's: checked against its dump) with each matrix
+// to each type and requires llama-quantize's file byte for byte, and the
+// tensors it quantized without weights to be those it logged.
+func moeGolden(t *testing.T, s moeGoldenSet) {
 	dir := t.TempDir()
-	if *writeMoEInput != "" {
-		dir = *writeMoEInput
+	if s.writeInput != "" {
+		dir = s.writeInput
 	}
-	in := moeImatrixF16(t, dir)
-	f16Golden := filepath.Join(moeTestdata, "golden", "qwen35moe-imatrix-F16.json")
-	updateMoEDump(t, f16Golden, "qwen35moe-imatrix-F16.gguf")
+	in := moeF16(t, dir, s.name, s.model)
+	f16Golden := filepath.Join(moeTestdata, "golden", s.name+"-F16.json")
+	updateDump(t, s.update, f16Golden, s.name+"-F16.gguf")
 	want, err := goldenfile.Load(f16Golden)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +136,7 @@ func TestGoldenMoEImatrix(t *testing.T) {
 		t.Fatalf("the F16 input is not the one llama.cpp's converter wrote (%v)", err)
 	}
 	for _, format := range []string{"dat", "gguf"} {
-		m := openMatrix(t, filepath.Join("..", "imatrix", "testdata", "qwen35moe-imatrix."+format))
+		m := openMatrix(t, filepath.Join("..", "imatrix", "testdata", s.name+"."+format))
 		for _, typ := range moeImatrixTypes {
 			t.Run(format+"-"+typ, func(t *testing.T) {
 				ft, err := ParseType(typ)
@@ -121,8 +144,8 @@ func TestGoldenMoEImatrix(t *testing.T) {
 					t.Fatal(err)
 				}
 				name := "imatrix-" + format + "-" + typ
-				golden := filepath.Join(moeTestdata, "golden", "qwen35moe-"+name+".json")
-				updateMoEDump(t, golden, filepath.Join("imatrix", name+".gguf"))
+				golden := filepath.Join(moeTestdata, "golden", s.name+"-"+format+"-"+typ+".json")
+				updateDump(t, s.update, golden, filepath.Join("imatrix", name+".gguf"))
 				out := filepath.Join(t.TempDir(), "out.gguf")
 				// The .dat runs' chunks of 300 rows straddle the
 				// experts' boundaries (256 rows each).
@@ -131,7 +154,7 @@ func TestGoldenMoEImatrix(t *testing.T) {
 					chunk = 300 * 256
 				}
 				p, _ := goldenRun(t, in, out, golden, Options{FileType: ft, Imatrix: m, ImatrixFile: "imatrix." + format}, chunk)
-				b, err := os.ReadFile(filepath.Join(moeTestdata, "logs", "quantize_imatrix_"+format+"_"+typ+".log"))
+				b, err := os.ReadFile(filepath.Join(s.logs, "quantize_imatrix_"+format+"_"+typ+".log"))
 				if err != nil {
 					t.Fatal(err)
 				}
