@@ -88,7 +88,13 @@ func File(ctx context.Context, path string, progress func(n int64)) (Digest, int
 	}
 	defer f.Close()
 	w := NewWriter(nil)
-	buf := make([]byte, ChunkSize)
+	// A buffer no larger than the file (and the EOF read after it): a
+	// tree of small files must not cost a ChunkSize allocation each.
+	n := int64(ChunkSize)
+	if fi, err := f.Stat(); err == nil && fi.Size() < n {
+		n = max(fi.Size()+1, 4096)
+	}
+	buf := make([]byte, n)
 	for {
 		if err := ctx.Err(); err != nil {
 			return Digest{}, 0, err
