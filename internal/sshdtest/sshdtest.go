@@ -21,6 +21,7 @@ package sshdtest
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -75,7 +76,13 @@ type settings struct {
 	authorized []ssh.PublicKey
 	hostKey    ed25519.PrivateKey
 	extraKeys  []crypto.Signer
+	sftp       string
 }
+
+// SFTPServer makes cmd (run by the user's shell) the sftp subsystem
+// instead of sshd's in-process internal-sftp: an external sftp-server,
+// or one behind a wrapper that records what the client sends.
+func SFTPServer(cmd string) Option { return func(s *settings) { s.sftp = cmd } }
 
 // Alias names the server in the client ssh_config (default "sshdtest").
 func Alias(name string) Option { return func(s *settings) { s.alias = name } }
@@ -289,8 +296,8 @@ AllowTcpForwarding yes
 MaxStartups 256
 MaxSessions 256
 LogLevel VERBOSE
-Subsystem sftp internal-sftp
-`, s.Port, akPath, filepath.Join(s.Dir, "sshd.pid"))
+Subsystem sftp %s
+`, s.Port, akPath, filepath.Join(s.Dir, "sshd.pid"), cmp.Or(set.sftp, "internal-sftp"))
 	return b.String()
 }
 
