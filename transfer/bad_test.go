@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -271,5 +272,110 @@ func TestRemoteHashNeverAnswers(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dst, "w.bin")); err == nil {
 		t.Error("w.bin is at the destination")
+	}
+}
+
+// A destination on a file system that holds the file but not twice: a
+// partial an earlier run left (killed, or stopped by a full disk) whose
+// journal is gone is started again, and the room it takes is counted as
+// freed by the truncation (the check once refused such a rerun forever);
+// a resumed partial keeps its blocks and needs only the rest. Where the
+// room is truly short (an older copy in place, replaced only once the new
+// one is verified) the run stops before a byte is sent, saying what to
+// delete.
+func TestResumeOnFullDisk(t *testing.T) {
+	needRoot(t, "mount a small tmpfs")
+	s := startSSHD(t)
+	const size = 3 << 20
+	src := filepath.Join(t.TempDir(), "w.bin")
+	want := randomFile(t, src, size, 8)
+	mount := func(t *testing.T) string {
+		dst := t.TempDir()
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dst).CombinedOutput(); err != nil {
+			t.Fatalf("mount tmpfs: %v: %s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("umount", dst).Run() })
+		return dst
+	}
+	p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("stale partial", func(t *testing.T) {
+		dst := mount(t)
+		// What a run killed near its end leaves: a partial holding most
+		// of the file, and no journal (another state directory).
+		if err := os.WriteFile(filepath.Join(dst, "w.bin.partial"), want[:size-1000], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		d := Destination{Name: "h1:" + dst, Host: "h1", Dir: dst, Dial: testDialer(s, s.Addr())}
+		if _, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: t.TempDir(), Log: testLog(t)}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := os.ReadFile(filepath.Join(dst, "w.bin")); !bytes.Equal(got, want) {
+			t.Error("the file at the destination is not the source")
+		}
+	})
+	t.Run("interrupted, resumed", func(t *testing.T) {
+		dst := mount(t)
+		state := t.TempDir()
+		d := Destination{Name: "h1:" + dst, Host: "h1", Dir: dst, Dial: testDialer(s, s.Addr())}
+		ctx, cancel := context.WithCancel(context.Background())
+		var seen atomic.Int64
+		_, err := Run(ctx, p, []Destination{d}, Options{StateDir: state, Log: testLog(t), Streams: 1,
+			Progress: func(string, int64) progressReporter { return &cancelAt{n: &seen, at: size * 3 / 4, cancel: cancel} }})
+		if !errors.Is(err, ErrInterrupted) {
+			t.Fatalf("want the run interrupted, got %v", err)
+		}
+		rep, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: state, Log: testLog(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := rep.Hosts[0].Files[0]; !f.Resumed || f.Sent >= size {
+			t.Errorf("want the partial resumed; got %+v", f)
+		}
+		if got, _ := os.ReadFile(filepath.Join(dst, "w.bin")); !bytes.Equal(got, want) {
+			t.Error("the file at the destination is not the source")
+		}
+	})
+	t.Run("truly short", func(t *testing.T) {
+		dst := mount(t)
+		old := filepath.Join(dst, "w.bin")
+		randomFile(t, old, size, 9) // an older version, of the same size
+		d := Destination{Name: "h1:" + dst, Host: "h1", Dir: dst, Dial: testDialer(s, s.Addr())}
+		rep, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: t.TempDir(), Log: testLog(t)})
+		if !errors.Is(err, ErrRemoteFull) {
+			t.Fatalf("want %v, got %v", ErrRemoteFull, err)
+		}
+		msg := err.Error()
+		t.Log(msg)
+		if !strings.Contains(msg, "older copies there of w.bin") || !strings.Contains(msg, "delete them first") {
+			t.Errorf("error %q does not say what to delete", msg)
+		}
+		if rep.Hosts[0].Sent != 0 || len(partials(t, dst)) != 0 {
+			t.Errorf("bytes were sent (%d) or a partial made before the room was known to be short", rep.Hosts[0].Sent)
+		}
+	})
+}
+
+// A destination under /proc (no blocks, nothing free) fails with the error
+// the server gives, not as a full file system.
+func TestProcDestination(t *testing.T) {
+	s := startSSHD(t)
+	src := filepath.Join(t.TempDir(), "w.bin")
+	randomFile(t, src, 1000, 1)
+	for _, dir := range []string{"/proc", "/proc/self/ferry-transfer-test"} {
+		d := Destination{Name: "h1:" + dir, Host: "h1", Dir: dir, Dial: testDialer(s, s.Addr())}
+		_, err := sendOne(t, d, src, Options{})
+		if err == nil {
+			t.Fatalf("%s: no error", dir)
+		}
+		t.Log(err)
+		if errors.Is(err, ErrRemoteFull) || strings.Contains(err.Error(), "full") {
+			t.Errorf("error %q calls /proc full", err)
+		}
+		if !strings.Contains(err.Error(), dir) {
+			t.Errorf("error %q does not name the path", err)
+		}
 	}
 }

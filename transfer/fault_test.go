@@ -157,12 +157,27 @@ func TestRepairAlteredChunk(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dst, "w.bin")); err == nil {
 		t.Fatal("a cancelled run left the file under its name")
 	}
-	// Alter a byte of the first chunk, which the journal says is there.
+	// Alter a byte of a chunk the journal says is there.
+	jl, err := os.ReadFile(JournalPath(state, d.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := -1
+	for _, line := range strings.Split(string(jl), "\n") {
+		if _, idx, ok := strings.Cut(line, `"unit":"c:w.bin#`); ok {
+			fmt.Sscanf(idx, "%d", &chunk)
+			break
+		}
+	}
+	if chunk < 0 {
+		t.Fatalf("the cancelled run journaled no chunk:\n%s", jl)
+	}
+	at := int64(chunk)*cs + 1000
 	f, err := os.OpenFile(part, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.WriteAt([]byte{want[1000] ^ 0xff}, 1000)
+	f.WriteAt([]byte{want[at] ^ 0xff}, at)
 	f.Close()
 	rep, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: state, Log: testLog(t)})
 	if err != nil {

@@ -30,15 +30,15 @@ func TestNewPartialDropsOldChunks(t *testing.T) {
 
 	// An earlier run journaled a partial and its first four chunks; the
 	// partial is gone since (removed, or its disk replaced).
-	o.defaults()
-	h := newHost(d, p, &o)
+	o.defaults(p.ChunkSize)
+	h := newHost(ctx, d, p, &o)
 	if err := h.openJournal(); err != nil {
 		t.Fatal(err)
 	}
-	h.journal(jEntry{kind: jPartial, rel: "w.bin", size: 8 * cs})
+	h.journal(jPartial{rel: "w.bin", size: 8 * cs})
 	for i := range 4 {
 		s := sha256.Sum256(data[i*cs : (i+1)*cs])
-		h.journal(jEntry{kind: jChunk, rel: "w.bin", chunk: i, end: int64(i+1) * cs, digest: digest.New(s[:])})
+		h.journal(jChunk{rel: "w.bin", chunk: i, end: int64(i+1) * cs, digest: digest.New(s[:])})
 	}
 	h.jl.Close()
 

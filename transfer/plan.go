@@ -75,6 +75,9 @@ type PlanOptions struct {
 	Jobs int
 	// Hashed is called with each file's byte count as it is hashed.
 	Hashed func(n int64)
+	// Cache, if not nil, gives the digests of files whose stamp has not
+	// changed since they were hashed, and learns the others.
+	Cache *DigestCache
 }
 
 // ErrSourceChanged is wrapped by errors about a source file that changed
@@ -120,7 +123,7 @@ func NewPlan(ctx context.Context, srcs []string, opts PlanOptions) (*Plan, error
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p, p.Hash(ctx, opts.Jobs, opts.Hashed)
+	return p, p.Hash(ctx, opts.Jobs, opts.Hashed, opts.Cache)
 }
 
 func (p *Plan) add(local, rel string, fi fs.FileInfo) {
@@ -180,8 +183,10 @@ func (p *Plan) check() error {
 	return nil
 }
 
-// Hash computes the digest of every file that has none, jobs at a time.
-func (p *Plan) Hash(ctx context.Context, jobs int, hashed func(int64)) error {
+// Hash computes the digest of every file that has none, jobs at a time;
+// cache (may be nil) gives those of files unchanged since they were
+// hashed.
+func (p *Plan) Hash(ctx context.Context, jobs int, hashed func(int64), cache *DigestCache) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(jobs, 1))
 	for i := range p.Files {
@@ -189,11 +194,18 @@ func (p *Plan) Hash(ctx context.Context, jobs int, hashed func(int64)) error {
 		if f.Digest != "" {
 			continue
 		}
-		g.Go(func() error {
-			before, err := fsutil.StatStamp(f.Path)
-			if err != nil {
-				return err
+		before, err := fsutil.StatStamp(f.Path)
+		if err != nil {
+			return err
+		}
+		if d, ok := cache.Lookup(f.Path, before); ok {
+			f.Digest, f.Size, f.Stamp = d, before.Size, before
+			if hashed != nil {
+				hashed(before.Size)
 			}
+			continue
+		}
+		g.Go(func() error {
 			sum, n, err := hashing.File(ctx, f.Path, hashed)
 			if err != nil {
 				return err
@@ -206,6 +218,7 @@ func (p *Plan) Hash(ctx context.Context, jobs int, hashed func(int64)) error {
 				return fmt.Errorf("%s: %w (while it was hashed)", f.Path, ErrSourceChanged)
 			}
 			f.Digest, f.Size, f.Stamp = digest.New(sum[:]), n, after
+			cache.Store(f.Path, after, f.Digest)
 			return nil
 		})
 	}

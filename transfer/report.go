@@ -31,6 +31,15 @@ type HostReport struct {
 	MBps        float64      `json:"mb_per_s"` // Sent / Seconds, in 10⁶ bytes per second
 	Files       []FileReport `json:"files"`
 	Links       []string     `json:"links,omitempty"` // links made or found right
+	// Extra is what the destination holds under the plan's directories
+	// that the plan does not (files it did not put there), deepest first;
+	// Deleted, what of it this run removed (Options.DeleteExtra).
+	Extra   []string `json:"extra,omitempty"`
+	Deleted []string `json:"deleted,omitempty"`
+	// Requests and Commands are the SFTP requests and remote commands this
+	// run made: each is a round trip (most of them made many at once).
+	Requests int64 `json:"sftp_requests"`
+	Commands int64 `json:"remote_commands"`
 }
 
 // FileReport is one file at one destination.
@@ -40,6 +49,7 @@ type FileReport struct {
 	Digest   digest.Digest `json:"digest"`
 	Verified bool          `json:"verified"`          // the remote file has Digest
 	Skipped  bool          `json:"skipped,omitempty"` // it was there already
+	Trusted  bool          `json:"trusted,omitempty"` // as an earlier run verified and left it (size and mtime), not read again
 	Resumed  bool          `json:"resumed,omitempty"` // chunks of an earlier run were kept
 	Sent     int64         `json:"sent"`              // bytes written by this run
 	Chunks   int           `json:"chunks_sent"`       // chunks written by this run

@@ -2,9 +2,11 @@ package transfer
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -47,5 +49,39 @@ func TestSendTree(t *testing.T) {
 	}
 	if h := rep.Hosts[0]; h.Sent != 0 {
 		t.Errorf("second run sent %d bytes", h.Sent)
+	}
+}
+
+// The pre-flight check (netcheck) runs once per host, however many
+// destinations are on it and however many files go there.
+func TestPreFlightOncePerHost(t *testing.T) {
+	s := startSSHD(t)
+	src := filepath.Join(t.TempDir(), "m")
+	for i := range 20 {
+		randomFile(t, filepath.Join(src, fmt.Sprintf("f%02d", i)), 1000, uint64(i))
+	}
+	p, err := NewPlan(context.Background(), []string{src}, PlanOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	checks := map[string]int{}
+	var dests []Destination
+	for _, host := range []string{"a", "a", "b"} {
+		dst := t.TempDir()
+		dests = append(dests, Destination{Name: host + ":" + dst, Host: host, Dir: dst, Dial: testDialer(s, s.Addr())})
+	}
+	_, err = Run(context.Background(), p, dests, Options{StateDir: t.TempDir(), Log: testLog(t),
+		PreFlight: func(ctx context.Context, d Destination) error {
+			mu.Lock()
+			checks[d.Host]++
+			mu.Unlock()
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checks["a"] != 1 || checks["b"] != 1 {
+		t.Errorf("pre-flight checks by host: %v, want one each", checks)
 	}
 }
