@@ -48,6 +48,10 @@ type Options struct {
 	// level: the events say the same.
 	Events func(Event)
 	Log    *slog.Logger
+	// SSH is how transfer stages reach their hosts, over what the
+	// pipeline file says (ferry pipeline run's --ssh-config, --known-hosts
+	// and -i).
+	SSH SSHSettings
 }
 
 // Action is what a plan or a run does with a stage; it marshals as its
@@ -704,7 +708,7 @@ func (r *runner) env(st *StageSpec, key string, ins []Input, prog Progress, veri
 		Pipeline: r.spec.Name, Stage: st.Name, Key: key, Dir: r.spec.Dir,
 		Inputs: ins, Store: r.store, Progress: prog, Log: r.log.With("stage", st.Name),
 		Prev: r.store.StageRecord(r.spec.Name, st.Name), Verify: verify,
-		Jobs: r.opts.Workers,
+		Jobs: r.opts.Workers, SSH: r.opts.SSH,
 	}
 }
 

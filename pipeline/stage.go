@@ -83,6 +83,10 @@ type Env struct {
 	Verify bool
 	// Jobs bounds the stage's own worker count.
 	Jobs int
+	// SSH is how the run was told to reach hosts (ferry pipeline run's
+	// --ssh-config, --known-hosts, -i); it takes precedence over a
+	// stage's own settings.
+	SSH SSHSettings
 }
 
 // Input returns the input from stage name, or nil.

@@ -7,6 +7,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"golang.org/x/crypto/ssh"
@@ -42,16 +43,49 @@ import (
 // `ferry pipeline run --verify` runs it again, which re-hashes every
 // remote file and sends only what does not match.
 type transferStage struct {
-	From     []string `json:"from"`
-	To       []string `json:"to"`
-	Streams  int      `json:"-"` // how, not what: not part of the key
-	Sessions int      `json:"-"`
+	From []string `json:"from"`
+	To   []string `json:"to"`
+	// DeleteExtra (delete_extra: true) removes what a destination holds
+	// under the stage directories that the inputs do not (a quant dropped
+	// from the list), as rsync --delete does; without it such files are
+	// listed in the record. It changes what the destinations hold: part of
+	// the key.
+	DeleteExtra bool `json:"delete_extra,omitempty"`
+	Streams     int  `json:"-"` // how, not what: not part of the key
+	Sessions    int  `json:"-"`
 	TransferNetcheck
 	// SkipNetcheck (skip_netcheck: true) sends without the route and
 	// interface checks; how, not what: not part of the key.
 	SkipNetcheck bool `json:"-"`
+	// SSH is how hosts are reached (ssh_config, known_hosts, identity),
+	// as ferry transfer's --ssh-config, --known-hosts and -i; the same
+	// flags of ferry pipeline run take precedence. Not part of the key.
+	SSH SSHSettings `json:"-"`
 
 	dests []sshconn.Target
+}
+
+// SSHSettings are the SSH client settings a transfer stage reaches its
+// hosts with: ssh_config ("none": no config), known_hosts and identity
+// files; empty: as ssh reads the user's.
+type SSHSettings struct {
+	Config     string
+	KnownHosts string
+	Identity   []string
+}
+
+// over is s with what o sets taking precedence.
+func (s SSHSettings) over(o SSHSettings) SSHSettings {
+	if o.Config != "" {
+		s.Config = o.Config
+	}
+	if o.KnownHosts != "" {
+		s.KnownHosts = o.KnownHosts
+	}
+	if len(o.Identity) > 0 {
+		s.Identity = o.Identity
+	}
+	return s
 }
 
 var _ Stage = (*transferStage)(nil)
@@ -122,6 +156,31 @@ func newTransfer(p *Params) (Stage, error) {
 	if s.SkipNetcheck, err = p.Bool("skip_netcheck", false); err != nil {
 		return nil, err
 	}
+	if s.DeleteExtra, err = p.Bool("delete_extra", false); err != nil {
+		return nil, err
+	}
+	if s.SSH.Config, err = p.String("ssh_config", false); err != nil {
+		return nil, err
+	}
+	if s.SSH.Config != "" && s.SSH.Config != "none" {
+		if s.SSH.Config, err = p.Path("ssh_config", false); err != nil {
+			return nil, err
+		}
+	}
+	if s.SSH.KnownHosts, err = p.Path("known_hosts", false); err != nil {
+		return nil, err
+	}
+	ids, err := p.Strings("identity", false)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		abs, err := ResolvePath(p.Dir(), id)
+		if err != nil {
+			return nil, p.Errorf("identity", "%v", err)
+		}
+		s.SSH.Identity = append(s.SSH.Identity, abs)
+	}
 	return s, nil
 }
 
@@ -178,6 +237,11 @@ type transferDest struct {
 	Destination string         `json:"destination"`
 	HashCommand string         `json:"hash_command"`
 	Files       []transferFile `json:"files"`
+	// Extra is what the destination held under the stage directories that
+	// the inputs do not (files the stage did not put there); Deleted, what
+	// of it delete_extra removed.
+	Extra   []string `json:"extra,omitempty"`
+	Deleted []string `json:"deleted,omitempty"`
 	// Netcheck is what the route and interface checks found before the
 	// transfer (absent with skip_netcheck).
 	Netcheck *netcheck.Summary `json:"netcheck,omitempty"`
@@ -195,7 +259,8 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	var so sshconn.Options
+	how := s.SSH.over(env.SSH)
+	so := sshconn.Options{SSHConfigPath: how.Config, KnownHostsPath: how.KnownHosts, IdentityFiles: how.Identity}
 	if s.Via != "" {
 		b, err := netcheck.BindInterface(s.Via)
 		if err != nil {
@@ -217,7 +282,11 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	env.Progress.SetTotal(p.Bytes() * int64(len(dests)))
-	o := transfer.Options{Streams: s.Streams, Sessions: s.Sessions, StateDir: state, Verify: env.Verify, Log: env.Log,
+	// What each destination was verified to hold outlives the stage's
+	// work directory (removed with each commit): a run with other inputs
+	// trusts what an earlier one left there instead of hashing it again.
+	o := transfer.Options{Streams: s.Streams, Sessions: s.Sessions, StateDir: state, IndexDir: filepath.Join(env.Store.Root, "transfer"),
+		Verify: env.Verify, DeleteExtra: s.DeleteExtra, Log: env.Log,
 		Progress: func(string, int64) progress.Reporter { return transferProgress{env.Progress} }}
 	checked := map[string]netcheck.Summary{} // by destination host
 	var mu sync.Mutex
@@ -241,7 +310,10 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	var rec transferRecord
 	for _, h := range rep.Hosts {
-		d := transferDest{Destination: h.Destination, HashCommand: h.HashCommand}
+		d := transferDest{Destination: h.Destination, HashCommand: h.HashCommand, Extra: h.Extra, Deleted: h.Deleted}
+		if len(h.Extra) > 0 && len(h.Deleted) == 0 {
+			env.Log.Warn(fmt.Sprintf("transfer: %d files at %s that the stage did not put there (delete_extra: true removes them)", len(h.Extra), h.Destination), "files", strings.Join(h.Extra, ", "))
+		}
 		if nc, ok := checked[h.Host]; ok {
 			d.Netcheck = &nc
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/sshdtest"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/pipeline/pipelinetest"
 
@@ -158,5 +159,106 @@ stages:
 	s.Stop()
 	if rep := run(false); rep.Stages[1].Action != ActionSkip {
 		t.Errorf("rerun: %+v", rep.Stages[1])
+	}
+}
+
+// A pipeline file may say how its hosts are reached (ssh_config,
+// known_hosts, identity), as ferry transfer's flags do; ferry pipeline
+// run's flags (Options.SSH) take precedence. Here the user's own
+// ~/.ssh has nothing: only what the file or the options name reaches the
+// server.
+func TestTransferStageSSHSettings(t *testing.T) {
+	s := sshdtest.Start(t, sshdtest.SSHDConfig("SetEnv HOME="+t.TempDir()))
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("SSH_AUTH_SOCK", "")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "model", "a.bin"), "weights")
+	dst := t.TempDir()
+	spec := func(sub, extra string) *Spec {
+		return loadSpec(t, dir, `name: x
+stages:
+  - name: model
+    import: { path: model }
+  - name: shipped
+    transfer: { from: [model], to: [`+s.Alias+`:`+dst+`/`+sub+`], skip_netcheck: true`+extra+` }
+`)
+	}
+	// Nothing says where the host is: refused.
+	if _, err := Run(context.Background(), spec("none", ""), Options{}); err == nil {
+		t.Fatal("a host no config names was reached")
+	}
+	// The file names them (relative to the file, as every path in it).
+	cfg := filepath.Join(dir, "ssh", "config")
+	writeFile(t, cfg, strings.ReplaceAll(s.HostBlock(s.Alias), "UserKnownHostsFile", "# UserKnownHostsFile"))
+	kh := filepath.Join(dir, "ssh", "known_hosts")
+	writeFile(t, kh, s.KnownHostsLine()+"\n")
+	if _, err := Run(context.Background(), spec("file", `, ssh_config: ssh/config, known_hosts: ssh/known_hosts, identity: [`+s.ClientKeyPath+`]`), Options{}); err != nil {
+		t.Fatalf("settings from the file: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "file", "model", "a.bin")); err != nil {
+		t.Error(err)
+	}
+	// The run's options win over the file's.
+	bad := filepath.Join(dir, "ssh", "wrong_known_hosts")
+	writeFile(t, bad, "")
+	_, err := Run(context.Background(), spec("over", `, ssh_config: ssh/config, known_hosts: ssh/wrong_known_hosts`), Options{SSH: SSHSettings{KnownHosts: kh}})
+	if err != nil {
+		t.Fatalf("options over the file: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "over", "model", "a.bin")); err != nil {
+		t.Error(err)
+	}
+}
+
+// Files at a destination that the stage did not put there (a quant
+// dropped from the list) are in the record; delete_extra removes them.
+func TestTransferStageExtra(t *testing.T) {
+	sshdHome(t, "studio")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "model", "a.bin"), "weights")
+	dst := t.TempDir()
+	writeFile(t, filepath.Join(dst, "model", "old-Q6_K.gguf"), "an older quant")
+	spec := func(extra string) *Spec {
+		return loadSpec(t, dir, `name: x
+stages:
+  - name: model
+    import: { path: model }
+  - name: shipped
+    transfer: { from: [model], to: [studio:`+dst+`], skip_netcheck: true`+extra+` }
+`)
+	}
+	record := func(extra string) (extraFiles, deleted []string) {
+		t.Helper()
+		rep, err := Run(context.Background(), spec(extra), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		store, err := manifest.Load(filepath.Join(dir, ".ferry"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(store.BlobPath(rep.Stages[1].Outputs[0].Digest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec struct {
+			Destinations []struct{ Extra, Deleted []string }
+		}
+		if err := json.Unmarshal(b, &rec); err != nil {
+			t.Fatal(err)
+		}
+		return rec.Destinations[0].Extra, rec.Destinations[0].Deleted
+	}
+	if x, d := record(""); len(x) != 1 || x[0] != "model/old-Q6_K.gguf" || len(d) != 0 {
+		t.Errorf("extra %v, deleted %v", x, d)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "model", "old-Q6_K.gguf")); err != nil {
+		t.Error("removed without delete_extra")
+	}
+	if x, d := record(", delete_extra: true"); len(d) != 1 || d[0] != "model/old-Q6_K.gguf" || len(x) != 1 {
+		t.Errorf("extra %v, deleted %v", x, d)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "model", "old-Q6_K.gguf")); err == nil {
+		t.Error("delete_extra left the extra file")
 	}
 }
