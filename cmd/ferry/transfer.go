@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,22 +23,30 @@ func transferCommand() *cli.Command {
 		Usage:     "copy files and directories to one or more hosts over SSH: parallel, sha256-verified, resumable",
 		ArgsUsage: "SRC... [user@]HOST:DIR [[user@]HOST2:DIR ...]",
 		Description: `Each source (a file, or a directory sent as DIR/<its name>) goes to every
-destination. Every file is hashed (sha256) before it is sent, written by
---streams SSH connections at once into NAME.partial, checked on the remote
-host (openssl, sha256sum or shasum over SSH; reading it back where none
-works), and renamed into place only when its digest matches. A file
-already there with the right digest is skipped. Chunks whose bytes are
-durable on the remote side are journaled (in --state-dir), so a run that
-was interrupted, or lost its connection, sends only what is missing when
-run again. One destination failing does not stop the others; the error
-and the --json report say which failed.`,
+destination. Every file is hashed (sha256) before it is sent (a file
+unchanged since an earlier run, by size, mtime and inode, keeps the digest
+it had), written by --streams SSH connections at once into NAME.partial,
+many small files at once, checked on the remote host (openssl, sha256sum
+or shasum over SSH, one command for many files; reading it back where none
+works), and renamed into place only when its digest matches. One listing
+of each destination decides what is already there: a file an earlier run
+verified and left is trusted by its size and mtime (--verify reads it
+again), another there with the right size is hashed there, and skipped if
+it matches. Chunks whose bytes are durable on the remote side are
+journaled (in --state-dir), so a run that was interrupted, or lost its
+connection, sends only what is missing when run again. Files under the
+sources' directories at a destination that the sources do not have are
+listed (--delete-extra removes them, as rsync --delete does). One
+destination failing does not stop the others; the error and the --json
+report say which failed.`,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "streams", Value: 4, Usage: "SSH connections per destination"},
 			&cli.IntFlag{Name: "sessions", Value: transfer.SessionsPerConn, Usage: "SFTP sessions (SSH channels) on each connection, each with a chunk buffer"},
 			&cli.BoolFlag{Name: "dereference", Usage: "copy what symlinks point to (links inside a source tree are otherwise recreated as links, and links leaving it refused)"},
 			&cli.StringFlag{Name: "chunk-size", Value: "16MiB", Usage: "unit of parallel writes, of the resume journal and of repair"},
 			&cli.StringFlag{Name: "state-dir", Usage: "where resume journals are kept (default: the user cache directory's ferry/transfer)"},
-			&cli.BoolFlag{Name: "verify", Usage: "re-hash remote files an earlier run verified, instead of trusting their size"},
+			&cli.BoolFlag{Name: "verify", Usage: "re-hash remote files an earlier run verified, instead of trusting their size and mtime"},
+			&cli.BoolFlag{Name: "delete-extra", Usage: "remove what a destination holds under the sources' directories that the sources do not (as rsync --delete)"},
 			&cli.StringFlag{Name: "ssh-config", Usage: "read only this ssh_config (\"none\": no config)"},
 			&cli.StringFlag{Name: "known-hosts", Usage: "the known_hosts file to check (and with --accept-new, to add to)"},
 			&cli.StringSliceFlag{Name: "identity", Aliases: []string{"i"}, Usage: "identity file (private key), tried before the config's"},
@@ -118,13 +127,20 @@ func runTransfer(c *cli.Context) error {
 	}
 	pg := newProgress(c, false)
 	hashBar := pg.New("hashing", 0, "task", "hash")
-	plan, err := transfer.NewPlan(c.Context, srcs, transfer.PlanOptions{Dereference: c.Bool("dereference"), ChunkSize: cs, Jobs: jobs, Hashed: hashBar.Add})
+	cache := transfer.OpenDigestCache(filepath.Join(state, transfer.DigestCacheFile))
+	plan, err := transfer.NewPlan(c.Context, srcs, transfer.PlanOptions{Dereference: c.Bool("dereference"), ChunkSize: cs, Jobs: jobs, Hashed: hashBar.Add, Cache: cache})
 	hashBar.Close()
 	if err != nil {
 		pg.Close()
+		if r := interruptedResume(c.Context, err, "nothing was sent"); r != nil {
+			return r
+		}
 		return err
 	}
-	o := transfer.Options{Streams: streams, Sessions: sessions, StateDir: state, Verify: c.Bool("verify"),
+	if err := cache.Save(); err != nil {
+		slog.Warn("transfer: the digest cache was not saved (the next run hashes the sources again)", "err", err)
+	}
+	o := transfer.Options{Streams: streams, Sessions: sessions, StateDir: state, Verify: c.Bool("verify"), DeleteExtra: c.Bool("delete-extra"),
 		Progress: func(dest string, total int64) progress.Reporter { return pg.New(dest, total, "dest", dest) }}
 	o.PreFlight = preFlight
 	rep, err := transfer.Run(c.Context, plan, dests, o)
@@ -134,8 +150,8 @@ func runTransfer(c *cli.Context) error {
 			err = perr
 		}
 	}
-	if r := interruptedResume(c.Context, err, "nothing unverified was renamed into place"); r != nil {
-		return r
+	if err != nil && c.Context.Err() != nil {
+		return &interruption{msg: "interrupted; nothing unverified was renamed into place; run the same command again to resume", err: err}
 	}
 	return err
 }
@@ -169,6 +185,8 @@ func transferStateDir() (string, error) {
 	return filepath.Join(dir, "ferry", "transfer"), nil
 }
 
+// printTransfer prints a line per destination. A failed one says FAILED
+// and no more: its error is the command's, printed once by main.
 func printTransfer(c *cli.Context, rep *transfer.Report) error {
 	if c.Bool("json") {
 		return printJSON(c, rep)
@@ -193,9 +211,19 @@ func printTransfer(c *cli.Context, rep *transfer.Report) error {
 		}
 		fmt.Fprintf(w, "%s: %s, %d of %d files verified (%s), %d sent, %d already there, %d bytes sent in %.1fs (%.1f MB/s)\n",
 			h.Destination, status, verified, rep.Files, h.HashCommand, sent, skipped, h.Sent, h.Seconds, h.MBps)
-		if h.Error != "" {
-			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(h.Error, "\n", "\n  "))
+		if len(h.Deleted) > 0 {
+			fmt.Fprintf(w, "  deleted %d files that the sources do not have: %s\n", len(h.Deleted), listSome(h.Deleted))
+		} else if len(h.Extra) > 0 {
+			fmt.Fprintf(w, "  %d files there that the sources do not have (--delete-extra removes them): %s\n", len(h.Extra), listSome(h.Extra))
 		}
 	}
 	return nil
+}
+
+// listSome is the first few of names, and how many more.
+func listSome(names []string) string {
+	if len(names) <= 5 {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:5], ", "), len(names)-5)
 }

@@ -387,3 +387,48 @@ func TestTransferSIGINT(t *testing.T) {
 		t.Fatalf("rerun: exit %d, %v: %s", r.code, err, r.stderr)
 	}
 }
+
+// A destination that fails is reported once: its summary line says
+// FAILED, and the error (printed by main, on stderr) says why; no log
+// line repeats it.
+func TestTransferFailurePrintedOnce(t *testing.T) {
+	s := startTransferSSHD(t)
+	src := filepath.Join(t.TempDir(), "w.bin")
+	writeRandom(t, src, 1000, 3)
+	dst := t.TempDir()
+	notDir := filepath.Join(dst, "notdir")
+	os.WriteFile(notDir, []byte("x"), 0o644)
+	r := execFerry(t, nil, "transfer", "--ssh-config", s.ConfigPath, "--state-dir", t.TempDir(), src, s.Alias+":"+notDir, s.Alias+":"+filepath.Join(dst, "ok"))
+	if r.code != exitBadInput {
+		t.Fatalf("exit %d, want %d: %s", r.code, exitBadInput, r.stderr)
+	}
+	out := r.stdout + r.stderr
+	if n := strings.Count(out, "exists and is not a directory"); n != 1 {
+		t.Errorf("the failure is printed %d times, want once:\n%s", n, out)
+	}
+	if !strings.Contains(r.stdout, s.Alias+":"+notDir+": FAILED") || !strings.Contains(r.stdout, s.Alias+":"+filepath.Join(dst, "ok")+": ok") {
+		t.Errorf("stdout does not give each destination's line:\n%s", r.stdout)
+	}
+}
+
+// Files at the destination that the source tree does not have are listed,
+// and --delete-extra removes them.
+func TestTransferDeleteExtra(t *testing.T) {
+	s := startTransferSSHD(t)
+	src := filepath.Join(t.TempDir(), "quants")
+	writeRandom(t, filepath.Join(src, "m-Q4_K_M.gguf"), 1000, 1)
+	dst, state := t.TempDir(), t.TempDir()
+	writeRandom(t, filepath.Join(dst, "quants", "m-Q6_K.gguf"), 1000, 2)
+	args := []string{"transfer", "--ssh-config", s.ConfigPath, "--state-dir", state, src, s.Alias + ":" + dst}
+	r := execFerry(t, nil, args...)
+	if r.code != 0 || !strings.Contains(r.stdout, "1 files there that the sources do not have (--delete-extra removes them): quants/m-Q6_K.gguf") {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = execFerry(t, nil, append([]string{"transfer", "--delete-extra"}, args[1:]...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "deleted 1 files") {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "quants", "m-Q6_K.gguf")); err == nil {
+		t.Error("the extra file is still there")
+	}
+}
