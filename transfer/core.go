@@ -72,12 +72,15 @@ type host struct {
 	bytes   atomic.Int64 // of the files verified there
 	start   time.Time
 
-	smallQ  chan smallJob
-	chunkQ  chan chunkJob
-	settleQ chan *upload
-	workers sync.WaitGroup
-	fin     sync.WaitGroup
-	vsem    chan struct{} // chunk checks during the send
+	smallSlots int          // sessions the small files use
+	unsettled  atomic.Int64 // small files handed to the writers and not yet to the checks
+	large      bool         // a larger file is sent: every connection is in use
+	smallQ     chan smallJob
+	chunkQ     chan chunkJob
+	settleQ    chan *upload
+	workers    sync.WaitGroup
+	fin        sync.WaitGroup
+	vsem       chan struct{} // chunk checks during the send
 }
 
 // upload is one file on its way to one destination.
@@ -278,6 +281,15 @@ func (p *Plan) roots() []string {
 	return out
 }
 
+// conns is how many connections the work so far uses: the small files'
+// sessions', or all of them when a larger file is sent.
+func (h *host) conns() int {
+	if h.large {
+		return h.o.Streams
+	}
+	return max(1, (h.smallSlots+h.o.Sessions-1)/h.o.Sessions)
+}
+
 // small reports files sent whole, in one write, with a batched check.
 func (p *Plan) small(f *File) bool { return f.Size <= p.ChunkSize }
 
@@ -294,7 +306,10 @@ func (h *host) begin(pre *preflights) error {
 	if err := h.openJournal(); err != nil {
 		return err
 	}
-	listing, missing, err := h.ep.list(ctx, h.p.roots(), h.p.Dirs)
+	// Where an earlier run did not verify every file of the plan there,
+	// something will be sent or checked: the listing's command probes the
+	// tools too.
+	listing, missing, err := h.ep.list(ctx, h.p.roots(), h.p.Dirs, !h.idx.covers(h.p))
 	if err != nil {
 		return err
 	}
@@ -491,14 +506,14 @@ func (h *host) hashRemote(ctx context.Context, k int, batch []int, partial bool)
 		n += h.p.Files[i].Size
 	}
 	if h.tools.hashCmd != "" {
-		return h.ep.hashFiles(ctx, k%h.o.Streams, h.tools, rels, n)
+		return h.ep.hashFiles(ctx, k%h.conns(), h.tools, rels, n)
 	}
 	ds = make([]digest.Digest, len(batch))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(16)
 	for j, i := range batch {
 		g.Go(func() error {
-			d, _, err := h.ep.readBack(gctx, h.ep.slotOf(k+j), rels[j], h.p.Files[i].Size, h.p.ChunkSize)
+			d, _, err := h.ep.readBack(gctx, h.smallSlot(k+j), rels[j], h.p.Files[i].Size, h.p.ChunkSize)
 			ds[j] = d
 			return err
 		})
@@ -650,8 +665,16 @@ type chunkJob struct {
 }
 
 // Per destination, how many small files are being written at once on
-// each SFTP session (each pays its round trips: open, write, close).
-const smallPerSession = 16
+// each SFTP session (each pays its round trips: open, write, close), and
+// how many bytes of small files make a session worth opening.
+const (
+	smallPerSession      = 16
+	smallBytesPerSession = 16 << 20
+)
+
+// smallSlot is the session for small-file work item k: the first
+// smallSlots sessions, connection by connection.
+func (h *host) smallSlot(k int) int { return k % max(h.smallSlots, 1) }
 
 // Chunk checks during the send, at once per connection.
 const verifiersPerConn = 2
@@ -725,9 +748,11 @@ func readSmall(ctx context.Context, f *File, i int, hs []*host, sem *semaphore.W
 			j.release()
 			continue
 		}
+		h.unsettled.Add(1)
 		select {
 		case h.smallQ <- smallJob{u: h.ups[i], j: j}:
 		case <-h.ctx.Done():
+			h.unsettled.Add(-1)
 			j.release()
 		}
 	}
@@ -879,23 +904,35 @@ func (h *host) startWorkers() {
 	h.chunkQ = make(chan chunkJob)
 	h.settleQ = make(chan *upload, slots*smallPerSession)
 	h.vsem = make(chan struct{}, h.o.Streams*verifiersPerConn)
-	// Many small files in flight on every session, their checks batched.
+	// Many small files in flight on each session they use, their checks
+	// batched. They use a session per smallBytesPerSession of them, the
+	// first connection's sessions first: a few small files open one
+	// connection, not Streams.
+	var smallBytes int64
+	for _, u := range h.ups {
+		switch {
+		case u == nil:
+		case u.small:
+			smallBytes += u.f.Size
+		default:
+			h.large = true
+		}
+	}
+	h.smallSlots = int(min(int64(slots), max(1, (smallBytes+smallBytesPerSession-1)/smallBytesPerSession)))
 	var small sync.WaitGroup
-	for w := range slots * smallPerSession {
+	for w := range h.smallSlots * smallPerSession {
 		small.Go(func() {
 			for sj := range h.smallQ {
-				h.writeSmall(sj, h.ep.slotOf(w))
+				h.writeSmall(sj, h.smallSlot(w))
 			}
 		})
 	}
-	var settlers sync.WaitGroup
-	for k := range h.o.Streams * batchesPerConn {
-		settlers.Go(func() { h.settleLoop(k) })
-	}
+	var settler sync.WaitGroup
+	settler.Go(h.settleLoop)
 	h.workers.Go(func() {
 		small.Wait()
 		close(h.settleQ)
-		settlers.Wait()
+		settler.Wait()
 	})
 	for w := range slots {
 		h.workers.Go(func() {
@@ -912,18 +949,24 @@ func (h *host) startWorkers() {
 // session, two shells, sync, the hash tool, stat: about 100 ms of CPU on
 // the 2-core VM the benchmarks ran on, a few ms on a server) is spread
 // over many files, small enough that the checks keep up with the writes.
-// A batch is checked when it is full, when the writes are done, or
-// batchWait after its first file.
+// A batch is checked when it is full, when no other small file is being
+// written, or batchWait after its first file.
 const (
 	batchesPerConn = 1
 	maxBatch       = 1024
 	maxBatchBytes  = 64 << 20
-	batchWait      = 100 * time.Millisecond
+	batchWait      = 500 * time.Millisecond
 )
 
 // writeSmall writes a small file into its partial and queues its check.
 func (h *host) writeSmall(sj smallJob, slot int) {
 	defer sj.j.release()
+	queued := false
+	defer func() {
+		if !queued {
+			h.unsettled.Add(-1)
+		}
+	}()
 	if h.err() != nil {
 		return
 	}
@@ -938,41 +981,64 @@ func (h *host) writeSmall(sj smallJob, slot int) {
 	h.sent.Add(u.f.Size)
 	u.fr.Sent += u.f.Size
 	u.fr.Chunks++
+	queued = true
 	select {
 	case h.settleQ <- u:
 	case <-h.ctx.Done():
+		h.unsettled.Add(-1)
 	}
 }
 
-// settleLoop checks written small files in batches and commits those that
-// match.
-func (h *host) settleLoop(k int) {
-	for {
-		u, ok := <-h.settleQ
-		if !ok {
-			return
-		}
-		batch := []*upload{u}
-		n := u.f.Size
-		timer := time.NewTimer(batchWait)
-	gather:
-		for len(batch) < maxBatch && n < maxBatchBytes {
-			select {
-			case u, ok := <-h.settleQ:
-				if !ok {
-					break gather
+// settleLoop gathers written small files into batches and hands each to
+// one of the checkers: a batch is every file written since the last one
+// left, sent when it is full, when no other small file is being written,
+// or batchWait after its first file (one gatherer, so that files written
+// at once share a command).
+func (h *host) settleLoop() {
+	batches := make(chan []*upload)
+	var checkers sync.WaitGroup
+	for k := range h.o.Streams * batchesPerConn {
+		checkers.Go(func() {
+			for batch := range batches {
+				if h.err() == nil {
+					if err := h.settle(k, batch); err != nil {
+						h.fail(errFile(batch, err), err)
+					}
 				}
-				batch = append(batch, u)
-				n += u.f.Size
-			case <-timer.C:
-				break gather
 			}
+		})
+	}
+	defer checkers.Wait()
+	defer close(batches)
+	var batch []*upload
+	var n int64
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	flush := func() {
+		if len(batch) > 0 {
+			batches <- batch
 		}
+		batch, n = nil, 0
 		timer.Stop()
-		if h.err() == nil {
-			if err := h.settle(k, batch); err != nil {
-				h.fail(errFile(batch, err), err)
+	}
+	for {
+		select {
+		case u, ok := <-h.settleQ:
+			if !ok {
+				flush()
+				return
 			}
+			if len(batch) == 0 {
+				timer.Reset(batchWait)
+			}
+			batch = append(batch, u)
+			n += u.f.Size
+			// Nothing else is being written: no more is coming soon.
+			if h.unsettled.Add(-1) == 0 || len(batch) >= maxBatch || n >= maxBatchBytes {
+				flush()
+			}
+		case <-timer.C:
+			flush()
 		}
 	}
 }
@@ -1065,7 +1131,7 @@ func (h *host) commitAll(k int, batch []*upload, ds []digest.Digest, mtimes []in
 // alone, up to twice).
 func (h *host) repairSmall(ctx context.Context, k int, u *upload, got digest.Digest) error {
 	f := u.f
-	slot := h.ep.slotOf(k)
+	slot := h.smallSlot(k)
 	for round := 0; ; round++ {
 		if h.tools.hashCmd != "" {
 			d, _, err := h.ep.readBack(ctx, slot, f.Rel+".partial", f.Size, h.p.ChunkSize)
@@ -1117,7 +1183,11 @@ func (h *host) commit(ctx context.Context, k int, u *upload, mtime int64, modeSe
 		}
 		return err
 	}
-	got, err := h.ep.commit(ctx, h.ep.slotOf(k), f.Rel, f.Perm, modeSet, mtime < 0)
+	slot := h.smallSlot(k)
+	if !u.small {
+		slot = h.ep.slotOf(k)
+	}
+	got, err := h.ep.commit(ctx, slot, f.Rel, f.Perm, modeSet, mtime < 0)
 	if err != nil {
 		return err
 	}
@@ -1488,7 +1558,7 @@ func (h *host) end() error {
 		g.Go(func() error {
 			e := h.listing[l.Rel]
 			if e.kind != 'l' || e.target != l.Target {
-				if err := h.ep.symlink(gctx, h.ep.slotOf(k), l.Rel, l.Target, e); err != nil {
+				if err := h.ep.symlink(gctx, h.ep.metaSlot(k), l.Rel, l.Target, e); err != nil {
 					return &fileError{l.Rel, err}
 				}
 			}
@@ -1513,7 +1583,7 @@ func (h *host) end() error {
 	}
 	// Deepest first: a directory is empty of its extras when removed.
 	for k, p := range h.extra {
-		if err := h.ep.remove(ctx, h.ep.slotOf(k), p, h.listing[p].kind == 'd'); err != nil {
+		if err := h.ep.remove(ctx, h.ep.metaSlot(k), p, h.listing[p].kind == 'd'); err != nil {
 			return err
 		}
 		h.idx.del(p)

@@ -101,6 +101,19 @@ func (x *destIndex) put(rel string, e indexEntry) {
 	}
 }
 
+// covers reports whether an earlier run verified every file of p at the
+// destination (as they are now planned).
+func (x *destIndex) covers(p *Plan) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, f := range p.Files {
+		if e, ok := x.files[f.Rel]; !ok || e.Digest != f.Digest || e.Size != f.Size {
+			return false
+		}
+	}
+	return true
+}
+
 // verifiedBy records how the destination verifies files now.
 func (x *destIndex) verifiedBy(cmd string) {
 	x.mu.Lock()

@@ -157,7 +157,10 @@ const (
 // cut out of its input right (POSIX dd: GNU coreutils, BSD and macOS,
 // busybox), and whether sync -f makes one file system durable (GNU
 // coreutils ≥ 8.24, busybox).
-func probeScript() string {
+func probeScript() string { return "/bin/sh -c " + shQuote(probeBody()) }
+
+// probeBody is probeScript's shell code.
+func probeBody() string {
 	var b strings.Builder
 	b.WriteString("for c in")
 	for _, c := range hashCommands {
@@ -167,8 +170,17 @@ func probeScript() string {
 	b.WriteString("printf 'range %s\\n' \"$(printf " + rangeProbe + " | dd bs=1 skip=1 count=1 2>/dev/null | $c 2>/dev/null)\"; done; ")
 	b.WriteString("sync -f . >/dev/null 2>&1 && echo syncfs; ")
 	b.WriteString("if stat -c %Y . >/dev/null 2>&1; then echo gnustat; elif stat -f %m . >/dev/null 2>&1; then echo bsdstat; fi; echo end")
-	return "/bin/sh -c " + shQuote(b.String())
+	return b.String()
 }
+
+// probeAndListScript is probeScript and listScript in one command, the
+// probe's answer first, then "ferry-probed", then the listing's.
+func probeAndListScript(dir string, roots []string) string {
+	return "/bin/sh -c " + shQuote(probeBody()+"; echo ferry-probed; "+listBody(dir, roots))
+}
+
+// probedMark ends the probe's answer in probeAndListScript's.
+const probedMark = "ferry-probed\n"
 
 // parseProbe reads probeScript's answer.
 func parseProbe(out []byte) (*remoteTools, error) {
@@ -287,6 +299,11 @@ type entry struct {
 // can enter, "ferry-none" when neither tool works, and ends with
 // "ferry-end" so that a cut answer is not taken for a short listing.
 func listScript(dir string, roots []string) string {
+	return "/bin/sh -c " + shQuote(listBody(dir, roots))
+}
+
+// listBody is listScript's shell code.
+func listBody(dir string, roots []string) string {
 	var r strings.Builder
 	for _, x := range roots {
 		r.WriteString(" " + shellQuote(x))
@@ -295,7 +312,7 @@ func listScript(dir string, roots []string) string {
 		"if find . -maxdepth 0 -printf '' >/dev/null 2>&1; then echo ferry-gnu; find" + r.String() + " -printf '%y %s %b %T@ %p\\0' 2>/dev/null; " +
 		"elif stat -f %z . >/dev/null 2>&1; then echo ferry-bsd; find" + r.String() + " -exec stat -f '%Sp %z %b %m %N' {} + 2>/dev/null; " +
 		"else echo ferry-none; fi; echo; echo ferry-end"
-	return "/bin/sh -c " + shQuote(s)
+	return s
 }
 
 // errNoListing is a remote shell that cannot list (neither GNU find nor

@@ -528,6 +528,11 @@ func (s *sftpDest) closeAll() {
 	}
 }
 
+// metaSlot is the session for metadata item k (a listing, a directory, a
+// link, a removal): the first connection's sessions, so that work of a
+// few round trips opens no more connections.
+func (s *sftpDest) metaSlot(k int) int { return k % s.o.Sessions }
+
 // slotOf spreads work item k over the sessions: consecutive items go to
 // different connections first.
 func (s *sftpDest) slotOf(k int) int {

@@ -28,53 +28,72 @@ import (
 // and renamed to REL once verified.
 
 // probeTools finds, once, the remote sha256 tool, whether dd cuts chunks
-// for it and whether sync -f works: one remote command.
+// for it, whether sync -f works and which stat there is: one remote
+// command (none when list already probed).
 func (s *sftpDest) probeTools(ctx context.Context) (*remoteTools, error) {
 	s.toolMu.Lock()
 	defer s.toolMu.Unlock()
 	if s.tools != nil {
 		return s.tools, nil
 	}
-	var t *remoteTools
-	err := s.doExec(ctx, 0, 0, "probe remote tools", func(ctx context.Context, c *ssh.Client) error {
-		out, err := run(ctx, c, probeScript(), nil)
+	var out []byte
+	err := s.doExec(ctx, 0, 0, "probe remote tools", func(ctx context.Context, c *ssh.Client) (err error) {
+		out, err = run(ctx, c, probeScript(), nil)
 		var ee *exitError
-		switch {
-		case errors.As(err, &ee):
+		if errors.As(err, &ee) {
 			// No POSIX shell there (an SFTP-only account): files are read back.
-			t = &remoteTools{}
-			return nil
-		case err != nil:
-			return err
+			out, err = nil, nil
 		}
-		if t, err = parseProbe(out); err != nil {
-			s.log.Info("transfer: the remote shell did not run the tool probe; verifying by reading files back", "dest", s.d.Name, "err", err)
-			t = &remoteTools{}
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.tools = t
-	return t, nil
+	s.tools = s.parseTools(out)
+	return s.tools, nil
+}
+
+// setTools keeps the tools a probe's answer out names.
+func (s *sftpDest) setTools(out []byte) {
+	s.toolMu.Lock()
+	defer s.toolMu.Unlock()
+	s.tools = s.parseTools(out)
+}
+
+// parseTools reads a probe's answer; one that does not parse (no shell,
+// an SFTP-only account) means no tools: files are read back.
+func (s *sftpDest) parseTools(out []byte) *remoteTools {
+	if out == nil {
+		return &remoteTools{}
+	}
+	t, err := parseProbe(out)
+	if err != nil {
+		s.log.Info("transfer: the remote shell did not run the tool probe; verifying by reading files back", "dest", s.d.Name, "err", err)
+		return &remoteTools{}
+	}
+	return t
 }
 
 // list returns what the destination holds under the roots (names
 // relative to its directory): one remote command where the shell has GNU
 // find or BSD stat, else SFTP directory reads of the plan's directories
 // (dirs) and stats of its top-level files. missing says the destination
-// directory itself does not exist.
-func (s *sftpDest) list(ctx context.Context, roots, dirs []string) (m map[string]entry, missing bool, err error) {
+// directory itself does not exist. With probe, the same command probes the
+// remote tools (probeTools's answer is then known).
+func (s *sftpDest) list(ctx context.Context, roots, dirs []string, probe bool) (m map[string]entry, missing bool, err error) {
 	// Names with a newline would break the one-line-per-path listings.
 	odd := false
 	for _, r := range append(append([]string(nil), roots...), dirs...) {
 		odd = odd || strings.ContainsAny(r, "\n\x00")
 	}
 	if !odd && len(roots) > 0 {
+		cmd := listScript(s.dir, roots)
+		if probe {
+			cmd = probeAndListScript(s.dir, roots)
+		}
 		var out []byte
 		err = s.doExec(ctx, 0, 0, "list "+s.dir, func(ctx context.Context, c *ssh.Client) (err error) {
-			out, err = run(ctx, c, listScript(s.dir, roots), nil)
+			out, err = run(ctx, c, cmd, nil)
 			var ee *exitError
 			if errors.As(err, &ee) {
 				out, err = nil, nil // no POSIX shell: listed over SFTP below
@@ -83,6 +102,13 @@ func (s *sftpDest) list(ctx context.Context, roots, dirs []string) (m map[string
 		})
 		if err != nil {
 			return nil, false, err
+		}
+		if probe && out != nil {
+			p, rest, ok := bytes.Cut(out, []byte(probedMark))
+			if ok {
+				s.setTools(p)
+				out = rest
+			}
 		}
 		if out != nil {
 			m, err = parseListing(out)
@@ -114,7 +140,7 @@ func (s *sftpDest) linkTargets(ctx context.Context, m map[string]entry) error {
 	g.SetLimit(32)
 	for k, p := range links {
 		g.Go(func() error {
-			return s.do(gctx, s.slotOf(k), "readlink "+p, func(c *session) error {
+			return s.do(gctx, s.metaSlot(k), "readlink "+p, func(c *session) error {
 				t, err := c.sftp.ReadLink(s.remote(p))
 				if err != nil {
 					if errors.Is(err, os.ErrNotExist) {
@@ -179,7 +205,7 @@ func (s *sftpDest) listSFTP(ctx context.Context, roots, dirs []string) (map[stri
 		g.SetLimit(32)
 		for k, rel := range level {
 			g.Go(func() error {
-				return s.do(gctx, s.slotOf(k), "list "+rel, func(c *session) error {
+				return s.do(gctx, s.metaSlot(k), "list "+rel, func(c *session) error {
 					p := s.remote(rel)
 					if depth == 0 {
 						fi, err := c.sftp.Lstat(p)
@@ -253,7 +279,7 @@ func (s *sftpDest) mkdirs(ctx context.Context, dirs []string, m map[string]entry
 		g.SetLimit(64)
 		for k, d := range byDepth[n] {
 			g.Go(func() error {
-				return s.do(gctx, s.slotOf(k), "mkdir "+d, func(c *session) error { return s.mkdirNew(c, s.remote(d)) })
+				return s.do(gctx, s.metaSlot(k), "mkdir "+d, func(c *session) error { return s.mkdirNew(c, s.remote(d)) })
 			})
 		}
 		if err := g.Wait(); err != nil {
