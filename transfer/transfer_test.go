@@ -85,3 +85,20 @@ func TestPreFlightOncePerHost(t *testing.T) {
 		t.Errorf("pre-flight checks by host: %v, want one each", checks)
 	}
 }
+
+// Files are sent a directory at a time in turn, each directory's in plan
+// order.
+func TestSendOrder(t *testing.T) {
+	p := &Plan{}
+	for _, rel := range []string{"m/a/1", "m/a/2", "m/a/3", "m/b/1", "m/top", "m/c/1", "m/c/2"} {
+		p.Files = append(p.Files, File{Rel: rel})
+	}
+	var got []string
+	for _, i := range p.sendOrder() {
+		got = append(got, p.Files[i].Rel)
+	}
+	want := "m/a/1 m/b/1 m/top m/c/1 m/a/2 m/c/2 m/a/3"
+	if strings.Join(got, " ") != want {
+		t.Errorf("order %v, want %s", got, want)
+	}
+}

@@ -63,7 +63,8 @@ func benchSSHConfig(b *testing.B, s *sshdtest.Server, hostKeyLine string, addr s
 }
 
 // BenchmarkTransferTree copies a tree of FERRY_TREE_FILES small files
-// (default 5000, of 1 B to 64 KiB, 500 a directory) to a real sshd on
+// (default 5000, of 1 B to 64 KiB, FERRY_TREE_PER_DIR a directory, default
+// 500) to a real sshd on
 // loopback, straight (direct) and through a proxy adding 20 ms each way
 // (rtt=40ms): ferry, rsync -a and scp -r (FERRY_TREE_TOOLS, a comma
 // list, picks some: scp makes a round trip a file and takes about 15
@@ -87,9 +88,16 @@ func BenchmarkTransferTree(b *testing.B) {
 			b.Fatalf("%s not found (Debian: apt-get install openssh-client rsync)", tool)
 		}
 	}
+	perDir := 500
+	if v := os.Getenv("FERRY_TREE_PER_DIR"); v != "" {
+		var err error
+		if perDir, err = strconv.Atoi(v); err != nil {
+			b.Fatal(err)
+		}
+	}
 	s := startSSHD(b)
 	src := filepath.Join(b.TempDir(), "tree")
-	total := smallTree(b, src, n, 500, 7)
+	total := smallTree(b, src, n, perDir, 7)
 	b.Logf("%d files, %d bytes", n, total)
 	for _, lat := range []int{-1, 20} {
 		proxy, label := s.Addr(), "direct"
