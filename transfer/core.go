@@ -632,7 +632,48 @@ type job struct {
 	once  sync.Once
 	refs  atomic.Int32
 	bytes int64
-	sem   *semaphore.Weighted
+	b     *budget
+	// pooled: data is one of b's chunk buffers, returned to it on release.
+	pooled bool
+}
+
+// budget bounds the bytes of source data in flight (read, not yet written
+// everywhere) and keeps chunk buffers for reuse: a fresh 16 MiB buffer a
+// chunk costs its page faults and zeroing again (a 1 GB file went at 50
+// instead of 62 MB/s on 2 cores).
+type budget struct {
+	sem  *semaphore.Weighted
+	free chan []byte // buffers of a chunk's size
+	cs   int64
+}
+
+func newBudget(inFlight, chunkSize int64) *budget {
+	return &budget{sem: semaphore.NewWeighted(inFlight), free: make(chan []byte, inFlight/chunkSize+1), cs: chunkSize}
+}
+
+// acquire takes n bytes of the budget.
+func (b *budget) acquire(ctx context.Context, n int64) error { return b.sem.Acquire(ctx, max(n, 1)) }
+
+// chunk returns a buffer of n bytes (n ≤ the chunk size) for a chunk whose
+// bytes were acquired: a reused one where there is one.
+func (b *budget) chunk(n int64) []byte {
+	select {
+	case buf := <-b.free:
+		return buf[:n]
+	default:
+		return make([]byte, n, b.cs)
+	}
+}
+
+// release gives n bytes back, and buf (from chunk, or nil) for reuse.
+func (b *budget) release(buf []byte, n int64) {
+	if buf != nil && int64(cap(buf)) == b.cs {
+		select {
+		case b.free <- buf[:b.cs]:
+		default:
+		}
+	}
+	b.sem.Release(max(n, 1))
 }
 
 // digest is the chunk's sha256, computed once by the first goroutine
@@ -650,8 +691,12 @@ func (j *job) digest() digest.Digest {
 
 func (j *job) release() {
 	if j.refs.Add(-1) == 0 {
+		var buf []byte
+		if j.pooled {
+			buf = j.data
+		}
 		j.data = nil
-		j.sem.Release(j.bytes)
+		j.b.release(buf, j.bytes)
 	}
 }
 
@@ -693,7 +738,7 @@ func send(ctx context.Context, p *Plan, hosts []*host) {
 		return
 	}
 	o := active[0].o
-	sem := semaphore.NewWeighted(o.InFlight)
+	bud := newBudget(o.InFlight, p.ChunkSize)
 	hasher := newInOrder()
 	for _, i := range p.sendOrder() {
 		if ctx.Err() != nil {
@@ -710,9 +755,9 @@ func send(ctx context.Context, p *Plan, hosts []*host) {
 		}
 		f := &p.Files[i]
 		if p.small(f) {
-			readSmall(ctx, f, i, hs, sem)
+			readSmall(ctx, f, i, hs, bud)
 		} else {
-			readLarge(ctx, f, i, hs, sem, hasher)
+			readLarge(ctx, f, i, hs, bud, hasher)
 		}
 	}
 	hasher.close()
@@ -753,18 +798,12 @@ func (p *Plan) sendOrder() []int {
 	return order
 }
 
-// acquire takes n bytes of the in-flight budget.
-func acquire(ctx context.Context, sem *semaphore.Weighted, n int64) error {
-	return sem.Acquire(ctx, n)
-}
-
 // readSmall reads file f (plan index i) whole and queues it to the hosts.
-func readSmall(ctx context.Context, f *File, i int, hs []*host, sem *semaphore.Weighted) {
-	n := max(f.Size, 1)
-	if err := acquire(ctx, sem, n); err != nil {
+func readSmall(ctx context.Context, f *File, i int, hs []*host, b *budget) {
+	if err := b.acquire(ctx, f.Size); err != nil {
 		return
 	}
-	j := &job{data: make([]byte, f.Size), bytes: n, sem: sem}
+	j := &job{data: make([]byte, f.Size), bytes: f.Size, b: b}
 	j.refs.Store(int32(len(hs)))
 	err := readWhole(f, j.data)
 	if err == nil && j.digest() != f.Digest {
@@ -847,7 +886,7 @@ func (x *inOrder) close() {
 
 // readLarge reads file f (plan index i) chunk by chunk and hands each
 // chunk to the hosts that lack it.
-func readLarge(ctx context.Context, f *File, i int, hs []*host, sem *semaphore.Weighted, hasher *inOrder) {
+func readLarge(ctx context.Context, f *File, i int, hs []*host, b *budget, hasher *inOrder) {
 	cs := hs[0].p.ChunkSize
 	n := f.Chunks(cs)
 	rf := &readFile{f: f, sums: make([]digest.Digest, n), done: make(chan struct{})}
@@ -891,13 +930,13 @@ func readLarge(ctx context.Context, f *File, i int, hs []*host, sem *semaphore.W
 		}
 		off := int64(idx) * cs
 		size := min(cs, f.Size-off)
-		if err := acquire(ctx, sem, size); err != nil {
+		if err := b.acquire(ctx, size); err != nil {
 			fail(err)
 			return
 		}
-		j := &job{rf: rf, idx: idx, off: off, data: make([]byte, size), bytes: size, sem: sem}
+		j := &job{rf: rf, idx: idx, off: off, data: b.chunk(size), bytes: size, b: b, pooled: true}
 		if _, err := lf.ReadAt(j.data, off); err != nil {
-			sem.Release(size)
+			b.release(j.data, size)
 			if err == io.EOF {
 				err = fmt.Errorf("%w: shorter than %d bytes", ErrSourceChanged, f.Size)
 			}

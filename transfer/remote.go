@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -152,11 +153,12 @@ const (
 	rangeProbeSHA256 = "3e23e8160039594a33894f6564e1b1348bbd7a0088d42c4acb73eeaed59c009d" // sha256("b")
 )
 
-// probeScript asks the remote shell, in one command, which sha256 tool
-// hashes an empty stdin right, whether dd piped into each hashes a block
-// cut out of its input right (POSIX dd: GNU coreutils, BSD and macOS,
-// busybox), and whether sync -f makes one file system durable (GNU
-// coreutils ≥ 8.24, busybox).
+// probeScript asks the remote shell, in one command, for the first sha256
+// tool that hashes an empty stdin right (the others are not run: shasum
+// is a Perl script, slow to start), whether dd piped into it hashes a
+// block cut out of its input right (POSIX dd: GNU coreutils, BSD and
+// macOS, busybox), whether sync -f makes one file system durable (GNU
+// coreutils ≥ 8.24, busybox) and which stat prints mtimes.
 func probeScript() string { return "/bin/sh -c " + shQuote(probeBody()) }
 
 // probeBody is probeScript's shell code.
@@ -166,9 +168,11 @@ func probeBody() string {
 	for _, c := range hashCommands {
 		b.WriteString(" " + shQuote(c))
 	}
-	b.WriteString("; do printf 'hash %s\\n' \"$(printf '' | $c 2>/dev/null)\"; ")
-	b.WriteString("printf 'range %s\\n' \"$(printf " + rangeProbe + " | dd bs=1 skip=1 count=1 2>/dev/null | $c 2>/dev/null)\"; done; ")
-	b.WriteString("sync -f . >/dev/null 2>&1 && echo syncfs; ")
+	b.WriteString("; do case \"$(printf '' | $c 2>/dev/null)\" in " + emptySHA256 + "*) printf 'hash %s\\n' \"$c\"; ")
+	b.WriteString("printf 'range %s\\n' \"$(printf " + rangeProbe + " | dd bs=1 skip=1 count=1 2>/dev/null | $c 2>/dev/null)\"; break;; esac; done; ")
+	// /dev/null: sync -f of the working directory would flush whatever
+	// that file system holds dirty (seconds after a big write there).
+	b.WriteString("sync -f /dev/null >/dev/null 2>&1 && echo syncfs; ")
 	b.WriteString("if stat -c %Y . >/dev/null 2>&1; then echo gnustat; elif stat -f %m . >/dev/null 2>&1; then echo bsdstat; fi; echo end")
 	return b.String()
 }
@@ -185,21 +189,18 @@ const probedMark = "ferry-probed\n"
 // parseProbe reads probeScript's answer.
 func parseProbe(out []byte) (*remoteTools, error) {
 	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
-	if len(lines) < 2*len(hashCommands)+1 || lines[len(lines)-1] != "end" {
+	if len(lines) == 0 || lines[len(lines)-1] != "end" {
 		return nil, fmt.Errorf("the remote shell did not run the tool probe: %q", firstLine(out))
 	}
 	t := &remoteTools{}
-	for i, c := range hashCommands {
-		h, _ := strings.CutPrefix(lines[2*i], "hash ")
-		r, _ := strings.CutPrefix(lines[2*i+1], "range ")
-		if d, ok := parseDigest([]byte(h)); ok && d.Hex() == emptySHA256 {
+	for _, l := range lines {
+		if c, ok := strings.CutPrefix(l, "hash "); ok && slices.Contains(hashCommands, c) {
 			t.hashCmd = c
+		}
+		if r, ok := strings.CutPrefix(l, "range "); ok && t.hashCmd != "" {
 			d, ok := parseDigest([]byte(r))
 			t.ranges = ok && d.Hex() == rangeProbeSHA256
-			break
 		}
-	}
-	for _, l := range lines[2*len(hashCommands):] {
 		switch l {
 		case "syncfs":
 			t.syncfs = true

@@ -473,7 +473,9 @@ func (s *sftpDest) hashFiles(ctx context.Context, conn int, t *remoteTools, rels
 // rangeHash hashes chunk i (chunk size cs) of the remote file rel on the
 // remote host, over connection conn.
 func (s *sftpDest) rangeHash(ctx context.Context, conn int, t *remoteTools, rel string, cs int64, i int, retry bool) (digest.Digest, error) {
-	cmd := "/bin/sh -c " + shQuote(rangeCommand(t.hashCmd, s.remote(rel), cs, i))
+	// Run by the login shell as it is, as scp's and rsync's remote ends
+	// are (a /bin/sh around it costs one more process a chunk).
+	cmd := rangeCommand(t.hashCmd, s.remote(rel), cs, i)
 	var d digest.Digest
 	f := func(ctx context.Context, c *ssh.Client) error {
 		out, err := run(ctx, c, cmd, nil)
