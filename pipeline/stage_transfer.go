@@ -62,7 +62,14 @@ type transferStage struct {
 	// flags of ferry pipeline run take precedence. Not part of the key.
 	SSH SSHSettings `json:"-"`
 
-	dests []sshconn.Target
+	dests []stageDest // in the order of To
+}
+
+// stageDest is one destination of the stage: an SSH target, or a local
+// directory (absolute).
+type stageDest struct {
+	ssh   *sshconn.Target
+	local string
 }
 
 // SSHSettings are the SSH client settings a transfer stage reaches its
@@ -112,10 +119,22 @@ func newTransfer(p *Params) (Stage, error) {
 		return nil, err
 	}
 	if len(s.To) == 0 {
-		return nil, p.Errorf("to", "needs at least one [user@]HOST:DIR")
+		return nil, p.Errorf("to", "needs at least one destination: [user@]HOST:DIR or a local directory")
 	}
 	seen := map[string]bool{}
 	for _, to := range s.To {
+		if dir, ok := transfer.LocalDir(to); ok {
+			abs, err := ResolvePath(p.Dir(), dir)
+			if err != nil {
+				return nil, p.Errorf("to", "%v", err)
+			}
+			if seen[abs] {
+				return nil, p.Errorf("to", "%s given twice", to)
+			}
+			seen[abs] = true
+			s.dests = append(s.dests, stageDest{local: abs})
+			continue
+		}
 		t, err := sshconn.ParseTarget(to)
 		if err != nil {
 			return nil, p.Errorf("to", "%v", err)
@@ -124,7 +143,7 @@ func newTransfer(p *Params) (Stage, error) {
 			return nil, p.Errorf("to", "%s given twice", to)
 		}
 		seen[t.String()] = true
-		s.dests = append(s.dests, t)
+		s.dests = append(s.dests, stageDest{ssh: &t})
 	}
 	n, err := p.Int("streams", 4)
 	if err != nil {
@@ -268,14 +287,21 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 		so.Control = b.Control // every SSH connection leaves by it
 	}
-	dialer, err := sshconn.NewDialer(so)
-	if err != nil {
-		return nil, err
-	}
+	var dialer *sshconn.Dialer
 	var dests []transfer.Destination
-	for _, t := range s.dests {
+	for _, sd := range s.dests {
+		if sd.ssh == nil {
+			dests = append(dests, transfer.Destination{Name: sd.local, Dir: sd.local, Local: true})
+			continue
+		}
+		if dialer == nil {
+			if dialer, err = sshconn.NewDialer(so); err != nil {
+				return nil, err
+			}
+		}
+		t, d := *sd.ssh, dialer
 		dests = append(dests, transfer.Destination{Name: t.String(), Host: t.HostString(), Dir: t.Dir,
-			Dial: func(ctx context.Context) (*ssh.Client, error) { return dialer.Dial(ctx, t) }})
+			Dial: func(ctx context.Context) (*ssh.Client, error) { return d.Dial(ctx, t) }})
 	}
 	state, err := env.WorkDir()
 	if err != nil {

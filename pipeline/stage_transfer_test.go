@@ -262,3 +262,56 @@ stages:
 		t.Error("delete_extra left the extra file")
 	}
 }
+
+// A transfer stage's destinations may mix SSH hosts and local directories
+// (relative to the pipeline file); the record says what each verified,
+// and a second run skips the stage.
+func TestTransferStageLocal(t *testing.T) {
+	sshdHome(t, "studio")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "model", "a.bin"), "weights")
+	remote := t.TempDir()
+	spec := loadSpec(t, dir, `name: x
+stages:
+  - name: model
+    import: { path: model }
+  - name: shipped
+    transfer: { from: [model], to: [studio:`+remote+`, backup/models, "file://`+filepath.Join(dir, "disk")+`"], skip_netcheck: true }
+`)
+	rep, err := Run(context.Background(), spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{remote, filepath.Join(dir, "backup", "models"), filepath.Join(dir, "disk")} {
+		if b, err := os.ReadFile(filepath.Join(d, "model", "a.bin")); err != nil || string(b) != "weights" {
+			t.Errorf("%s: %q, %v", d, b, err)
+		}
+	}
+	store, err := manifest.Load(filepath.Join(dir, ".ferry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(store.BlobPath(rep.Stages[1].Outputs[0].Digest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Destinations []struct {
+			Destination string
+			HashCommand string `json:"hash_command"`
+		}
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Destinations) != 3 || rec.Destinations[1].Destination != filepath.Join(dir, "backup", "models") || rec.Destinations[1].HashCommand != "re-read" {
+		t.Errorf("record: %s", b)
+	}
+	rep, err = Run(context.Background(), spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := rep.Stages[1].Action; a != "skip" {
+		t.Errorf("second run: %s, want skip", a)
+	}
+}

@@ -51,16 +51,7 @@ func TestBadCases(t *testing.T) {
 	// probe, so the probes take them): the chunk checks meet the lie.
 	// Where there is no dd at all (a PATH of the liars alone) the files
 	// are hashed whole, and that check meets it.
-	liar := t.TempDir()
-	for _, tool := range []string{"openssl", "sha256sum", "shasum"} {
-		script := "#!/bin/sh\nfor last; do :; done\n" +
-			"if [ -f \"$last\" ]; then echo " + zeros + " \"$last\"; exit 0; fi\n" +
-			"out=$(/usr/bin/" + tool + " \"$@\")\n" +
-			"case \"$out\" in " + emptySHA256 + "*|" + rangeProbeSHA256 + "*) echo \"$out\";; *) echo " + zeros + ";; esac\n"
-		if err := os.WriteFile(filepath.Join(liar, tool), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	liar := liarTools(t)
 	s := startSSHD(t, "PATH="+liar+":/usr/bin:/bin")
 	noDD := startSSHD(t, "PATH="+liar)
 	honest := startSSHD(t)
@@ -173,6 +164,23 @@ func TestBadCases(t *testing.T) {
 			}
 		})
 	}
+}
+
+// liarTools is a directory of sha256 tools that lie about files and
+// about what dd pipes into them (and tell the truth about an empty stdin
+// and dd's probe, so the probes take them).
+func liarTools(t testing.TB) string {
+	liar := t.TempDir()
+	for _, tool := range []string{"openssl", "sha256sum", "shasum"} {
+		script := "#!/bin/sh\nfor last; do :; done\n" +
+			"if [ -f \"$last\" ]; then echo " + zeros + " \"$last\"; exit 0; fi\n" +
+			"out=$(/usr/bin/" + tool + " \"$@\")\n" +
+			"case \"$out\" in " + emptySHA256 + "*|" + rangeProbeSHA256 + "*) echo \"$out\";; *) echo " + zeros + ";; esac\n"
+		if err := os.WriteFile(filepath.Join(liar, tool), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return liar
 }
 
 const zeros = "0000000000000000000000000000000000000000000000000000000000000000"

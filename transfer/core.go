@@ -48,7 +48,7 @@ type host struct {
 	d      Destination
 	o      *Options
 	p      *Plan
-	ep     *sftpDest
+	ep     endpoint
 	ctx    context.Context // the run's, cancelled when this destination fails
 	cancel context.CancelFunc
 	parent context.Context
@@ -106,7 +106,7 @@ type upload struct {
 }
 
 func newHost(ctx context.Context, d Destination, p *Plan, o *Options) *host {
-	h := &host{d: d, o: o, p: p, ep: newSFTPDest(d, o), parent: ctx, state: map[string]*fileState{},
+	h := &host{d: d, o: o, p: p, ep: newEndpoint(d, o), parent: ctx, state: map[string]*fileState{},
 		fr: make([]*FileReport, len(p.Files)), ups: make([]*upload, len(p.Files))}
 	h.ctx, h.cancel = context.WithCancel(ctx)
 	h.rep = HostReport{Destination: d.Name, Host: d.Host, Dir: d.Dir}
@@ -222,6 +222,10 @@ func Run(ctx context.Context, p *Plan, dests []Destination, o Options) (*Report,
 	var failed []*HostError
 	var names []string
 	for _, h := range hosts {
+		// Before the record of what it verified is saved.
+		if err := h.ep.flush(context.WithoutCancel(ctx)); err != nil && h.err() == nil {
+			h.fail("", err)
+		}
 		h.ep.closeAll()
 		if h.prog != nil {
 			h.prog.Close()
@@ -297,8 +301,10 @@ func (p *Plan) small(f *File) bool { return f.Size <= p.ChunkSize }
 // begin surveys the destination and decides what each file needs.
 func (h *host) begin(pre *preflights) error {
 	ctx := h.ctx
-	if err := pre.check(ctx, h.d); err != nil {
-		return err
+	if !h.d.Local { // a local directory: no route or interface to check
+		if err := pre.check(ctx, h.d); err != nil {
+			return err
+		}
 	}
 	var err error
 	if h.idx, err = loadIndex(cmp.Or(h.o.IndexDir, h.o.StateDir), h.d.Name); err != nil {
@@ -339,6 +345,9 @@ func (h *host) begin(pre *preflights) error {
 		h.rep.HashCommand = h.tools.hashCmd
 		if h.tools.ranges {
 			h.rep.HashCommand = "dd | " + h.tools.hashCmd
+		}
+		if h.tools.label != "" {
+			h.rep.HashCommand = h.tools.label
 		}
 		if h.tools.hashCmd == "" {
 			h.rep.HashCommand = ReadBack
@@ -590,7 +599,7 @@ func (h *host) roomCheck() error {
 		return nil
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s needs %d more bytes and has %d free", h.ep.dir, need, free)
+	fmt.Fprintf(&b, "%s needs %d more bytes and has %d free", h.ep.where(), need, free)
 	if len(old) > 0 {
 		if len(old) > 5 {
 			old = append(old[:5], fmt.Sprintf("and %d more", len(old)-5))
@@ -1665,8 +1674,7 @@ func (h *host) report() HostReport {
 	r.Bytes = h.bytes.Load()
 	r.Seconds = time.Since(h.start).Seconds()
 	r.MBps = mbps(r.Sent, r.Seconds)
-	r.Requests = h.ep.requests.Load()
-	r.Commands = h.ep.commands.Load()
+	r.Requests, r.Commands = h.ep.counts()
 	for _, fr := range h.fr {
 		fr.MBps = mbps(fr.Sent, fr.Seconds)
 		r.Files = append(r.Files, *fr)

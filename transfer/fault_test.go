@@ -131,68 +131,6 @@ func TestFaults(t *testing.T) {
 
 // A chunk altered on the remote side after it was written and journaled
 // is found by the final check and sent again, alone.
-func TestRepairAlteredChunk(t *testing.T) {
-	s := startSSHD(t)
-	src := filepath.Join(t.TempDir(), "w.bin")
-	want := randomFile(t, src, 3<<20, 12)
-	dst := t.TempDir()
-	state := t.TempDir()
-	const cs = 256 << 10
-	p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: cs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := Destination{Name: "t:" + dst, Host: "t", Dir: dst, Dial: testDialer(s, s.Addr())}
-	// First run: cancelled once half the bytes are on their way.
-	ctx, cancel := context.WithCancel(context.Background())
-	var seen atomic.Int64
-	_, err = Run(ctx, p, []Destination{d}, Options{StateDir: state, Log: testLog(t), Streams: 1,
-		Progress: func(string, int64) progressReporter {
-			return &cancelAt{n: &seen, at: int64(len(want)) / 2, cancel: cancel}
-		}})
-	if err == nil {
-		t.Fatal("cancelled run succeeded")
-	}
-	part := filepath.Join(dst, "w.bin.partial")
-	if _, err := os.Stat(filepath.Join(dst, "w.bin")); err == nil {
-		t.Fatal("a cancelled run left the file under its name")
-	}
-	// Alter a byte of a chunk the journal says is there.
-	jl, err := os.ReadFile(JournalPath(state, d.Name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := -1
-	for _, line := range strings.Split(string(jl), "\n") {
-		if _, idx, ok := strings.Cut(line, `"unit":"c:w.bin#`); ok {
-			fmt.Sscanf(idx, "%d", &chunk)
-			break
-		}
-	}
-	if chunk < 0 {
-		t.Fatalf("the cancelled run journaled no chunk:\n%s", jl)
-	}
-	at := int64(chunk)*cs + 1000
-	f, err := os.OpenFile(part, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.WriteAt([]byte{want[at] ^ 0xff}, at)
-	f.Close()
-	rep, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: state, Log: testLog(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ := os.ReadFile(filepath.Join(dst, "w.bin"))
-	if !bytes.Equal(got, want) {
-		t.Fatal("remote file differs after the repair")
-	}
-	fr := rep.Hosts[0].Files[0]
-	if !fr.Resumed || fr.Repaired != 1 || fr.Sent >= int64(len(want)) {
-		t.Errorf("want a resumed file with 1 repaired chunk and less than the whole sent; got %+v", fr)
-	}
-}
-
 type progressReporter = progress.Reporter
 
 // cancelAt cancels once n reaches at.

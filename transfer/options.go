@@ -22,6 +22,10 @@ type Destination struct {
 	// to the login directory, as scp and sftp take it.
 	Dir  string
 	Dial Dialer
+	// Local says Dir is a directory on this machine (a disk, a mount):
+	// written directly, verified by reading it again, no Dial, no
+	// PreFlight.
+	Local bool
 }
 
 // Options tune Run.

@@ -39,6 +39,7 @@ type childDest struct {
 	User    string `json:"user"`
 	Key     string `json:"key"`      // the client's private key file
 	HostKey string `json:"host_key"` // authorized_keys form
+	Local   bool   `json:"local"`    // a local directory: no SSH
 }
 
 func init() {
@@ -69,6 +70,10 @@ func runChild(cs childSpec) error {
 	}
 	var dests []Destination
 	for _, d := range cs.Dests {
+		if d.Local {
+			dests = append(dests, Destination{Name: d.Name, Dir: d.Dir, Local: true})
+			continue
+		}
 		dial, err := keyDialer(d)
 		if err != nil {
 			return err

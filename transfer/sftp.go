@@ -62,6 +62,7 @@ type remoteTools struct {
 	ranges  bool   // dd cuts chunks for hashCmd: files are verified chunk by chunk
 	syncfs  bool   // sync -f: one command makes a file system's writes durable
 	stat    string // prints files' mtimes (unix seconds), one a line: "stat -c %Y" (GNU), "stat -f %m" (BSD), or ""
+	label   string // what reports call the check ("": from hashCmd)
 }
 
 func newSFTPDest(d Destination, o *Options) *sftpDest {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -20,8 +21,8 @@ import (
 func transferCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "transfer",
-		Usage:     "copy files and directories to one or more hosts over SSH: parallel, sha256-verified, resumable",
-		ArgsUsage: "SRC... [user@]HOST:DIR [[user@]HOST2:DIR ...]",
+		Usage:     "copy files and directories to hosts over SSH and to local directories: parallel, sha256-verified, resumable",
+		ArgsUsage: "SRC... DEST... (DEST: [user@]HOST:DIR, or a local directory: /mnt/x, ./x, file:///mnt/x)",
 		Description: `Each source (a file, or a directory sent as DIR/<its name>) goes to every
 destination. Every file is hashed (sha256) before it is sent (a file
 unchanged since an earlier run, by size, mtime and inode, keeps the digest
@@ -38,7 +39,14 @@ connection, sends only what is missing when run again. Files under the
 sources' directories at a destination that the sources do not have are
 listed (--delete-extra removes them, as rsync --delete does). One
 destination failing does not stop the others; the error and the --json
-report say which failed.`,
+report say which failed.
+
+A local destination (a disk, an external drive, an NFS or SMB mount) gets
+the same: NAME.partial written at its offsets and fsynced, verified by
+reading it again (past the page cache on a network file system), renamed,
+journaled and resumed alike. Destinations start at the first HOST:DIR or
+file:// argument and may mix kinds; with none, the last argument is the one
+destination (ferry transfer model/ /Volumes/T7/models).`,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "streams", Value: 4, Usage: "SSH connections per destination"},
 			&cli.IntFlag{Name: "sessions", Value: transfer.SessionsPerConn, Usage: "SFTP sessions (SSH channels) on each connection, each with a chunk buffer"},
@@ -70,22 +78,9 @@ report say which failed.`,
 var transferPreFlight = netcheckPreFlight
 
 func runTransfer(c *cli.Context) error {
-	args := c.Args().Slice()
-	var srcs, dsts []string
-	for i, a := range args {
-		if sshconn.LooksRemote(a) {
-			dsts = args[i:]
-			break
-		}
-		srcs = append(srcs, a)
-	}
-	for _, d := range dsts {
-		if !sshconn.LooksRemote(d) {
-			return usageErrorf("transfer: %q after a destination: sources come first, then [user@]HOST:DIR destinations", d)
-		}
-	}
+	srcs, dsts := splitTransferArgs(c.Args().Slice())
 	if len(srcs) == 0 || len(dsts) == 0 {
-		return usageErrorf("transfer: want SRC... [user@]HOST:DIR [HOST2:DIR ...]")
+		return usageErrorf("transfer: want SRC... DEST... (DEST: [user@]HOST:DIR, or a local directory)")
 	}
 	jobs, err := jobsOf(c)
 	if err != nil {
@@ -111,9 +106,11 @@ func runTransfer(c *cli.Context) error {
 			return err
 		}
 	}
-	dialer, err := sshconn.NewDialer(so)
-	if err != nil {
-		return err
+	var dialer *sshconn.Dialer
+	if slices.ContainsFunc(dsts, func(d string) bool { _, local := transfer.LocalDir(d); return !local }) {
+		if dialer, err = sshconn.NewDialer(so); err != nil {
+			return err
+		}
 	}
 	dests, err := transferDestinations(dialer, dsts)
 	if err != nil {
@@ -156,12 +153,40 @@ func runTransfer(c *cli.Context) error {
 	return err
 }
 
+// splitTransferArgs tells sources from destinations: the destinations
+// start at the first argument that names one for sure (HOST:DIR,
+// file://…), and local directories may follow it; where no argument does,
+// the last one is the destination, as cp takes it.
+func splitTransferArgs(args []string) (srcs, dsts []string) {
+	for i, a := range args {
+		if _, local := transfer.LocalDir(a); !local || strings.HasPrefix(a, "file://") {
+			return args[:i], args[i:]
+		}
+	}
+	if len(args) < 2 {
+		return args, nil
+	}
+	return args[:len(args)-1], args[len(args)-1:]
+}
+
 // transferDestinations parses the [user@]HOST:DIR arguments into
 // destinations that dial through d.
 func transferDestinations(d *sshconn.Dialer, args []string) ([]transfer.Destination, error) {
 	seen := map[string]bool{}
 	var out []transfer.Destination
 	for _, a := range args {
+		if dir, ok := transfer.LocalDir(a); ok {
+			abs, err := localDestDir(dir)
+			if err != nil {
+				return nil, err
+			}
+			if seen[abs] {
+				return nil, usageErrorf("transfer: destination %s given twice", a)
+			}
+			seen[abs] = true
+			out = append(out, transfer.Destination{Name: abs, Dir: abs, Local: true})
+			continue
+		}
 		t, err := sshconn.ParseTarget(a)
 		if err != nil {
 			return nil, err
@@ -174,6 +199,22 @@ func transferDestinations(d *sshconn.Dialer, args []string) ([]transfer.Destinat
 			Dial: func(ctx context.Context) (*ssh.Client, error) { return d.Dial(ctx, t) }})
 	}
 	return out, nil
+}
+
+// localDestDir makes a local destination's path absolute ("~" expanded:
+// a file:// URL or a quoted path reaches us unexpanded).
+func localDestDir(dir string) (string, error) {
+	if dir == "" {
+		return "", usageErrorf("transfer: empty destination path")
+	}
+	if dir == "~" || strings.HasPrefix(dir, "~/") {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(home, dir[1:])
+	}
+	return filepath.Abs(dir)
 }
 
 // transferStateDir is where the CLI keeps transfer journals.

@@ -432,3 +432,57 @@ func TestTransferDeleteExtra(t *testing.T) {
 		t.Error("the extra file is still there")
 	}
 }
+
+// Destinations of both kinds in one command: a host over SSH and local
+// directories after it, each source chunk read once; a local directory
+// alone as the last argument, as cp takes it; and a read-only local
+// directory failing alone, naming itself and the file.
+func TestTransferCLILocal(t *testing.T) {
+	s := startTransferSSHD(t)
+	src := filepath.Join(t.TempDir(), "model")
+	want := writeRandom(t, filepath.Join(src, "model.gguf"), 3<<20+5, 4)
+	writeRandom(t, filepath.Join(src, "config.json"), 300, 5)
+	remote, local, state := t.TempDir(), t.TempDir(), t.TempDir()
+	ro := filepath.Join(t.TempDir(), "ro")
+	os.Mkdir(ro, 0o755)
+	if os.Geteuid() == 0 {
+		if out, err := exec.Command("chattr", "+i", ro).CombinedOutput(); err != nil {
+			t.Skipf("chattr +i: %v: %s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("chattr", "-i", ro).Run() })
+	} else {
+		os.Chmod(ro, 0o555)
+	}
+	base := []string{"transfer", "--ssh-config", s.ConfigPath, "--state-dir", state, "--json", "--chunk-size", "1MiB"}
+	r := execFerry(t, nil, append(base, src, s.Alias+":"+remote, local, "file://"+ro)...)
+	if r.code == 0 {
+		t.Fatalf("exit 0 with a read-only destination; stderr: %s", r.stderr)
+	}
+	rep := transferReport(t, r)
+	if len(rep.Hosts) != 3 || !rep.Hosts[0].OK || !rep.Hosts[1].OK || rep.Hosts[2].OK {
+		t.Fatalf("report: %+v", rep)
+	}
+	if !strings.Contains(r.stderr, ro) || !strings.Contains(r.stderr, "model") {
+		t.Errorf("stderr %q does not name the read-only destination and the file", r.stderr)
+	}
+	if rep.Hosts[1].HashCommand != "re-read" {
+		t.Errorf("local destination verified by %q, want re-read", rep.Hosts[1].HashCommand)
+	}
+	for _, d := range []string{remote, local} {
+		got, err := os.ReadFile(filepath.Join(d, "model", "model.gguf"))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: file differs (%v)", d, err)
+		}
+	}
+	if ents, _ := os.ReadDir(ro); len(ents) != 0 {
+		t.Errorf("the read-only destination holds %d entries", len(ents))
+	}
+	// The local directory alone, last: nothing to send.
+	r = execFerry(t, nil, "transfer", "--state-dir", state, "--json", src, local)
+	if r.code != 0 {
+		t.Fatalf("local rerun: exit %d: %s", r.code, r.stderr)
+	}
+	if rep := transferReport(t, r); len(rep.Hosts) != 1 || rep.Hosts[0].Sent != 0 || rep.Hosts[0].Dir != local {
+		t.Errorf("local rerun: %+v", rep)
+	}
+}

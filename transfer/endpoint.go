@@ -1,0 +1,98 @@
+package transfer
+
+import (
+	"context"
+	"io/fs"
+	"strings"
+
+	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/internal/progress"
+)
+
+// endpoint is what the fan-out core asks of one destination. Paths are
+// relative to the destination directory; a file is written to REL.partial
+// and renamed to REL once verified. Two kinds implement it: sftpDest (a
+// directory on an SSH host: sftp.go, sftpops.go) and localDest (a
+// directory on this machine, a disk or a mount: local.go). Slots and
+// connection numbers are the core's way of spreading work; an endpoint
+// with no sessions ignores them.
+type endpoint interface {
+	// where names the destination directory in messages; remote names
+	// rel there.
+	where() string
+	remote(rel string) string
+
+	// watch closes what makes no progress until stop; closeAll ends
+	// every connection. counts are the requests and commands the run
+	// made (the report's round trips).
+	watch(ctx context.Context, stop <-chan struct{})
+	closeAll()
+	counts() (requests, commands int64)
+	slotOf(k int) int
+	metaSlot(k int) int
+
+	// list returns what the destination holds under roots (and whether
+	// its directory is missing); with probe, it learns the verifier too.
+	list(ctx context.Context, roots, dirs []string, probe bool) (map[string]entry, bool, error)
+	// probeTools says how written files are verified there.
+	probeTools(ctx context.Context) (*remoteTools, error)
+	mkdirs(ctx context.Context, dirs []string, m map[string]entry, top bool) error
+	space(ctx context.Context) (free int64, known bool, err error)
+
+	putSmall(ctx context.Context, slot int, rel string, data []byte, sync bool, prog progress.Reporter) error
+	createPartial(ctx context.Context, slot int, rel string, size int64) error
+	writeChunk(ctx context.Context, slot int, rel string, off int64, data []byte, prog progress.Reporter) error
+	closePartial(rel string)
+	rewriteChunk(ctx context.Context, slot int, rel string, off int64, data []byte) error
+
+	// hashFiles verifies many written files at once (durable first) and
+	// gives their mtimes where known; rangeHash hashes one chunk there.
+	hashFiles(ctx context.Context, conn int, t *remoteTools, rels []string, n int64) ([]digest.Digest, []int64, error)
+	rangeHash(ctx context.Context, conn int, t *remoteTools, rel string, cs int64, i int, retry bool) (digest.Digest, error)
+	// readBack and readBackChunk read what is there through the write
+	// path's own channel: the fallback, and the check of a verifier that
+	// disagrees.
+	readBack(ctx context.Context, slot int, p string, size, cs int64) (digest.Digest, []digest.Digest, error)
+	readBackChunk(ctx context.Context, slot int, rel string, size, cs int64, i int) (digest.Digest, error)
+
+	commit(ctx context.Context, slot int, rel string, perm fs.FileMode, modeSet, stat bool) (mtime int64, err error)
+	symlink(ctx context.Context, slot int, rel, target string, e entry) error
+	remove(ctx context.Context, slot int, rel string, dir bool) error
+	// flush makes what the run renamed durable (once, at its end).
+	flush(ctx context.Context) error
+}
+
+var (
+	_ endpoint = (*sftpDest)(nil)
+	_ endpoint = (*localDest)(nil)
+)
+
+func (s *sftpDest) where() string { return s.dir }
+
+// flush: an SFTP rename is as durable as the server makes it.
+func (s *sftpDest) flush(context.Context) error { return nil }
+
+func (s *sftpDest) counts() (int64, int64) { return s.requests.Load(), s.commands.Load() }
+
+// newEndpoint makes the endpoint of destination d.
+func newEndpoint(d Destination, o *Options) endpoint {
+	if d.Local {
+		return newLocalDest(d, o)
+	}
+	return newSFTPDest(d, o)
+}
+
+// LocalDir says whether a destination argument names a directory on this
+// machine, telling the two apart as rsync does: "file:///PATH", or a path
+// with no colon before its first slash ("/mnt/models/x", "./out", "out",
+// "~/m"); anything else is [user@]HOST:DIR. A local name with a colon in
+// its first element is written "./a:b". The path is returned as given
+// (file:// removed); the caller makes it absolute.
+func LocalDir(arg string) (string, bool) {
+	if rest, ok := strings.CutPrefix(arg, "file://"); ok {
+		return rest, true
+	}
+	colon := strings.IndexByte(arg, ':')
+	slash := strings.IndexByte(arg, '/')
+	return arg, colon < 0 || (slash >= 0 && slash < colon)
+}
