@@ -496,7 +496,11 @@ var copyPatterns = []string{
 const readme = "---\nlanguage: en\nlibrary_name: mlx\npipeline_tag: text-generation\ntags:\n- mlx\n---\n"
 
 func (p *QuantizePlan) planFiles(fixed map[string]any, block any) error {
-	edit := configEdit{dropSaveKeys: true, quant: block}
+	order, err := configOrder(filepath.Join(p.Src, "config.json"))
+	if err != nil {
+		return err
+	}
+	edit := configEdit{dropSaveKeys: true, quant: block, order: order}
 	if len(p.MTPDropped) > 0 {
 		edit.mtpDropped = p.ckpt.Config.MTPLayers()
 		if edit.mtpDropped == 0 {
@@ -521,7 +525,6 @@ func (p *QuantizePlan) planFiles(fixed map[string]any, block any) error {
 			edit.eos = g["eos_token_id"]
 		}
 	}
-	var err error
 	if p.config, err = mlxConfig(fixed, edit); err != nil {
 		return err
 	}

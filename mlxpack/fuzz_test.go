@@ -96,8 +96,8 @@ func FuzzReadShape(f *testing.F) {
 }
 
 // FuzzFixedConfig feeds arbitrary config.json bytes through what mlx
-// quantize makes of a config (FixedConfig, then mlxConfig with a
-// quantization block and an MTP record): it must never panic, the output
+// quantize makes of a config (its key order, FixedConfig, then mlxConfig
+// with a quantization block and an MTP record): it must never panic, the output
 // must be a JSON object that parses back, keep every key it did not mean
 // to change, and carry the block.
 func FuzzFixedConfig(f *testing.F) {
@@ -112,7 +112,11 @@ func FuzzFixedConfig(f *testing.F) {
 			return
 		}
 		fixed, _ := FixedConfig(cfg.Raw)
-		out, err := mlxConfig(fixed, configEdit{quant: map[string]any{"bits": 4, "group_size": 64, "mode": "affine"}, mtpDropped: 1, mtpTensors: 15, dropSaveKeys: true})
+		order, err := keyOrderOf(data)
+		if err != nil {
+			t.Fatalf("ParseConfig read it, keyOrderOf did not: %v", err)
+		}
+		out, err := mlxConfig(fixed, configEdit{quant: map[string]any{"bits": 4, "group_size": 64, "mode": "affine"}, mtpDropped: 1, mtpTensors: 15, dropSaveKeys: true, order: order})
 		if err != nil {
 			t.Fatalf("mlxConfig: %v", err)
 		}

@@ -1,12 +1,13 @@
 package mlxpack
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/modulepaths"
+	"github.com/ferry-llm/ferry/safetensors"
 )
 
 // configEdit is what changes between a source config.json and the one an
@@ -30,6 +31,9 @@ type configEdit struct {
 	// dropSaveKeys drops what mlx-lm's save_config drops
 	// (_name_or_path, vision_config).
 	dropSaveKeys bool
+	// order is the source config.json's key order: nested objects keep
+	// it, as mlx-lm's save_config (which sorts the top level only) does.
+	order *keyOrder
 }
 
 // MTPRecordKey is the config.json key where ferry records an MTP head it
@@ -114,8 +118,9 @@ func FixedConfig(raw map[string]any) (map[string]any, []string) {
 }
 
 // mlxConfig is the config.json of an MLX directory: src (already fixed)
-// plus the edit, keys sorted and indented by four spaces as mlx-lm's
-// save_config writes it.
+// plus the edit, as mlx-lm's save_config writes it (json.dump, indent 4):
+// top-level keys sorted, nested objects in the source's order with keys
+// added at their end.
 func mlxConfig(src map[string]any, e configEdit) ([]byte, error) {
 	out := cloneJSON(src).(map[string]any)
 	if e.dropSaveKeys {
@@ -160,14 +165,32 @@ func mlxConfig(src map[string]any, e configEdit) ([]byte, error) {
 		out["quantization"] = e.quant
 		out["quantization_config"] = e.quant
 	}
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "    ")
-	if err := enc.Encode(out); err != nil {
+	return pyJSON(out, e.order, true)
+}
+
+// maxConfigBytes bounds a config.json read for its key order (the limit
+// safetensors.ReadConfig already applied to the same file).
+const maxConfigBytes = 16 << 20
+
+// configOrder reads the key order of the config.json at path.
+func configOrder(path string) (*keyOrder, error) {
+	f, err := os.Open(path)
+	if err != nil {
 		return nil, err
 	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigBytes {
+		return nil, errf(path, "", safetensors.ErrInvalidConfig, "config over %d bytes", maxConfigBytes)
+	}
+	o, err := keyOrderOf(data)
+	if err != nil {
+		return nil, errf(path, "", safetensors.ErrInvalidConfig, "changed while it was read, or not JSON: %v", err)
+	}
+	return o, nil
 }
 
 func cloneJSON(v any) any {

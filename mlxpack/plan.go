@@ -198,7 +198,11 @@ func PlanRepack(src string, opts Options) (_ *Plan, err error) {
 		return nil, err
 	}
 	fixed, _ := FixedConfig(raw)
-	if p.config, err = mlxConfig(fixed, configEdit{quant: p.Quantization}); err != nil {
+	order, err := configOrder(cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	if p.config, err = mlxConfig(fixed, configEdit{quant: p.Quantization, order: order}); err != nil {
 		return nil, err
 	}
 	if p.Mode == ModeRewrite {

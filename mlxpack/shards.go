@@ -95,24 +95,27 @@ func splitShardsAs(specs []safetensors.TensorSpec, limit int64, shardName func(i
 	return out, nil
 }
 
-// indexJSON encodes model.safetensors.index.json (keys sorted at every
-// level). mlx-lm's save_model indents it by 4 and ends it without a
-// newline (mlxStyle); an index kept from a Hugging Face checkpoint is
-// written as json.dumps(indent=2) plus a newline.
+// indexJSON encodes model.safetensors.index.json. mlx-lm's save_model
+// writes it with json.dump(indent=4) (mlxStyle): metadata first, its keys
+// total_size then total_parameters as the dict is built, weight_map
+// sorted, no final newline. An index kept from a Hugging Face checkpoint
+// is written as json.dumps(indent=2, sort_keys=True) plus a newline.
 func indexJSON(metadata map[string]any, weightMap map[string]string, mlxStyle bool) ([]byte, error) {
-	indent := "  "
 	if mlxStyle {
-		indent = "    "
+		wm := make(map[string]any, len(weightMap))
+		for k, v := range weightMap {
+			wm[k] = v
+		}
+		order := &keyOrder{keys: []string{"metadata", "weight_map"},
+			sub: map[string]*keyOrder{"metadata": {keys: []string{"total_size", "total_parameters"}}}}
+		return pyJSON(map[string]any{"metadata": metadata, "weight_map": wm}, order, false)
 	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	enc.SetIndent("", indent)
+	enc.SetIndent("", "  ")
 	if err := enc.Encode(map[string]any{"metadata": metadata, "weight_map": weightMap}); err != nil {
 		return nil, err
-	}
-	if mlxStyle {
-		return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 	}
 	return b.Bytes(), nil
 }
