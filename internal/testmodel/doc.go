@@ -18,6 +18,12 @@
 //     Qwen3_5ForConditionalGeneration layout, or with the MTP tensors
 //     dropped while the config keeps mtp_num_hidden_layers
 //   - Qwen35MoEOptions Qwen3_5MoeForCausalLM (per-expert or fused experts)
+//   - with Vision set, either is the vision-language wrapper
+//     (Qwen3_5(Moe)ForConditionalGeneration: model.visual.* vision tower,
+//     vision_config, vision tokens, preprocessor_config.json); Qwen35VL and
+//     Qwen35MoEVL write a whole set, base/ and a DoRA adapter-dora/ on the
+//     language model (keys under model.language_model), the layout of
+//     ../shared/reference/qwen35vl
 //   - Qwen3NextOptions Qwen3NextForCausalLM (fused in_proj_qkvz / in_proj_ba)
 //   - DeepSeekV3Options DeepseekV3ForCausalLM with NextN layers model.layers.{N}
 //

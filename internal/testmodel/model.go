@@ -51,8 +51,15 @@ type Common struct {
 	// for a checkpoint with mixed dtypes.
 	DTypeOverrides map[string]tensor.DType
 	// NoTokenizer skips tokenizer.json and tokenizer_config.json. Without it
-	// VocabSize must be at least 259 (256 byte symbols + 3 special tokens).
+	// VocabSize must be at least 259 (256 byte symbols + 3 special tokens;
+	// 270 with a vision tower).
 	NoTokenizer bool
+
+	// extraTokens are special tokens after the three ChatML ones (the
+	// vision tokens), padRows embedding rows past the tokenizer's last
+	// token; both shift the ids of the three ChatML tokens down.
+	extraTokens []string
+	padRows     int
 }
 
 func (c Common) withDefaults(d Common) Common {
@@ -108,17 +115,22 @@ func (c Common) check() error {
 			return fmt.Errorf("testmodel: dtype override %q: %q not supported (BF16, F16, F32)", k, d)
 		}
 	}
-	if !c.NoTokenizer && c.VocabSize < minTokenizerVocab {
-		return fmt.Errorf("testmodel: vocab_size %d is too small for the byte-level tokenizer (need >= %d, or set NoTokenizer)", c.VocabSize, minTokenizerVocab)
+	if need := minTokenizerVocab + c.reserved(); !c.NoTokenizer && c.VocabSize < need {
+		return fmt.Errorf("testmodel: vocab_size %d is too small for the byte-level tokenizer (need >= %d, or set NoTokenizer)", c.VocabSize, need)
 	}
 	return nil
 }
 
 // Special token ids, as in the reference checkpoints: the last three ids of
 // the vocabulary are <|endoftext|> (bos and pad), <|im_start|>, <|im_end|>
-// (eos).
-func (c Common) bosID() int { return c.VocabSize - 3 }
-func (c Common) eosID() int { return c.VocabSize - 1 }
+// (eos); with a vision tower the five vision tokens and three padding rows
+// come after them (../shared/reference/qwen35vl: 509–511, 512–516, 520
+// rows).
+func (c Common) bosID() int { return c.VocabSize - 3 - c.reserved() }
+func (c Common) eosID() int { return c.VocabSize - 1 - c.reserved() }
+
+// reserved counts the ids after the three ChatML tokens.
+func (c Common) reserved() int { return len(c.extraTokens) + c.padRows }
 
 // Tensor is one tensor a generator wrote.
 type Tensor struct {
@@ -286,6 +298,10 @@ type builder struct {
 	numLayers  int
 	mtpLayers  int
 	layerTypes []string
+	// preprocessor, when set, is written as preprocessor_config.json;
+	// visionConfig is the vision tower's config (Vision).
+	preprocessor map[string]any
+	visionConfig map[string]any
 }
 
 func (b *builder) dtype(name string) tensor.DType {
@@ -392,6 +408,9 @@ func (b *builder) plan(dir string) (*Model, []safetensors.ShardFile, error) {
 		m.Files = append(m.Files, safetensors.IndexName)
 	}
 	m.Files = append(m.Files, "config.json", "generation_config.json")
+	if b.preprocessor != nil {
+		m.Files = append(m.Files, "preprocessor_config.json")
+	}
 	if !b.c.NoTokenizer {
 		m.Files = append(m.Files, "tokenizer.json", "tokenizer_config.json")
 	}
@@ -435,7 +454,12 @@ func (b *builder) write(m *Model, files []safetensors.ShardFile) (*Model, error)
 		return nil, err
 	}
 	if !b.c.NoTokenizer {
-		if err := writeTokenizer(dir, b.c.VocabSize); err != nil {
+		if err := writeTokenizer(dir, b.c); err != nil {
+			return nil, err
+		}
+	}
+	if b.preprocessor != nil {
+		if err := writeJSON(filepath.Join(dir, "preprocessor_config.json"), b.preprocessor); err != nil {
 			return nil, err
 		}
 	}

@@ -58,6 +58,9 @@ type Qwen35Options struct {
 	// text_config (model_type qwen3_5); lm_head.weight and mtp.* stay at the
 	// top level.
 	ConditionalGeneration bool
+	// Vision, when set, adds a vision tower (and implies
+	// ConditionalGeneration): see Vision, and Qwen35VL for a whole set.
+	Vision *Vision
 }
 
 // Qwen35MoEOptions configures a Qwen3_5MoeForCausalLM checkpoint
@@ -69,6 +72,9 @@ type Qwen35MoEOptions struct {
 	Hybrid
 	MoE
 	ConditionalGeneration bool
+	// Vision, when set, adds a vision tower (and implies
+	// ConditionalGeneration): see Vision, and Qwen35MoEVL for a whole set.
+	Vision *Vision
 }
 
 // Qwen3NextOptions configures a Qwen3NextForCausalLM checkpoint (model_type
@@ -127,7 +133,7 @@ func (o Qwen35Options) Write(dir string) (*Model, error) { return finish(dir)(o.
 func (o Qwen35Options) Layout() (*Model, error) { return finish("")(o.build()) }
 
 func (o Qwen35Options) build() (*builder, error) {
-	return buildHybrid(o.Common, o.Hybrid, nil, hybridQwen35, o.ConditionalGeneration)
+	return buildHybrid(o.Common, o.Hybrid, nil, hybridQwen35, o.ConditionalGeneration, o.Vision)
 }
 
 // Write generates the checkpoint into dir.
@@ -138,7 +144,7 @@ func (o Qwen35MoEOptions) Layout() (*Model, error) { return finish("")(o.build()
 
 func (o Qwen35MoEOptions) build() (*builder, error) {
 	moe := o.MoE
-	return buildHybrid(o.Common, o.Hybrid, &moe, hybridQwen35, o.ConditionalGeneration)
+	return buildHybrid(o.Common, o.Hybrid, &moe, hybridQwen35, o.ConditionalGeneration, o.Vision)
 }
 
 // Write generates the checkpoint into dir.
@@ -149,7 +155,7 @@ func (o Qwen3NextOptions) Layout() (*Model, error) { return finish("")(o.build()
 
 func (o Qwen3NextOptions) build() (*builder, error) {
 	moe := o.MoE
-	return buildHybrid(o.Common, o.Hybrid, &moe, hybridNext, false)
+	return buildHybrid(o.Common, o.Hybrid, &moe, hybridNext, false, nil)
 }
 
 type hybridKind int
@@ -213,8 +219,17 @@ func mropeSection(headDim int, prf float64) []int {
 	return []int{a, b, rest - b}
 }
 
-func buildHybrid(c Common, h Hybrid, moe *MoE, kind hybridKind, condGen bool) (*builder, error) {
+func buildHybrid(c Common, h Hybrid, moe *MoE, kind hybridKind, condGen bool, vision *Vision) (*builder, error) {
 	c = c.withDefaults(hybridDefaults)
+	var vis Vision
+	if vision != nil {
+		condGen = true
+		vis = vision.withDefaults()
+		if err := vis.check(); err != nil {
+			return nil, err
+		}
+		c.extraTokens, c.padRows = VisionTokens, visionPadRows
+	}
 	if err := c.check(); err != nil {
 		return nil, err
 	}
@@ -287,6 +302,9 @@ func buildHybrid(c Common, h Hybrid, moe *MoE, kind hybridKind, condGen bool) (*
 	fusedTrunk := moe != nil && moe.FusedExperts
 	fusedMTP := moe != nil && moe.FusedMTPExperts
 
+	if vision != nil {
+		b.addVision(vis, c.HiddenSize, moe != nil)
+	}
 	b.add(b.prefix+"embed_tokens.weight", matInit, V, H)
 	for l, t := range h.LayerTypes {
 		p := fmt.Sprintf("%slayers.%d.", b.prefix, l)
@@ -424,6 +442,19 @@ func buildHybrid(c Common, h Hybrid, moe *MoE, kind hybridKind, condGen bool) (*
 			"text_config":          text,
 			"tie_word_embeddings":  c.TieWordEmbeddings,
 			"transformers_version": transformersVersion,
+		}
+		if vision != nil {
+			// As transformers 5.17 saves Qwen3_5Config (the reference):
+			// dtype at the top level only, the token ids of the vision
+			// special tokens, which follow the ChatML ones.
+			b.config["dtype"] = text["dtype"]
+			delete(text, "dtype")
+			b.config["vision_config"] = b.visionConfig
+			first := c.bosID() + 3
+			b.config["vision_start_token_id"] = first
+			b.config["vision_end_token_id"] = first + 1
+			b.config["image_token_id"] = first + 3
+			b.config["video_token_id"] = first + 4
 		}
 	}
 	return b, nil

@@ -91,13 +91,16 @@ func tokenizerVocab(vocab int) (tokens []string, merges [][2]string, err error) 
 
 // writeTokenizer writes tokenizer.json (byte-level BPE with the Qwen2 split
 // regex and NFC normaliser, laid out like the reference's) and
-// tokenizer_config.json (Qwen2Tokenizer, ChatML template).
-func writeTokenizer(dir string, vocab int) error {
-	tokens, merges, err := tokenizerVocab(vocab)
+// tokenizer_config.json (Qwen2Tokenizer, ChatML template), for c's
+// vocabulary: BPE tokens, the three ChatML tokens, c's extra special
+// tokens, then c's padding rows (not in the tokenizer).
+func writeTokenizer(dir string, c Common) error {
+	tokens, merges, err := tokenizerVocab(c.VocabSize - c.reserved())
 	if err != nil {
 		return err
 	}
 	base := len(tokens)
+	specialTokens := append(append([]string(nil), specialTokens...), c.extraTokens...)
 	var b bytes.Buffer
 	str := func(s string) {
 		j, _ := json.Marshal(s)
@@ -155,7 +158,7 @@ func writeTokenizer(dir string, vocab int) error {
 		"add_bos_token":                false,
 		"add_prefix_space":             false,
 		"added_tokens_decoder":         added,
-		"additional_special_tokens":    []string{"<|im_start|>", "<|im_end|>"},
+		"additional_special_tokens":    specialTokens[1:],
 		"bos_token":                    nil,
 		"chat_template":                "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
 		"clean_up_tokenization_spaces": false,

@@ -25,7 +25,7 @@ func readJSONFile(t *testing.T, path string) map[string]any {
 // files are, as JSON values, the reference qwen35 tokenizer's.
 func TestTokenizerMatchesReference(t *testing.T) {
 	dir := t.TempDir()
-	if err := writeTokenizer(dir, 512); err != nil {
+	if err := writeTokenizer(dir, Common{VocabSize: 512}); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range [][2]string{
@@ -49,7 +49,7 @@ func TestTokenizerMatchesReference(t *testing.T) {
 func TestTokenizerValid(t *testing.T) {
 	for _, v := range []int{259, 300, 512, 1000, 4096} {
 		dir := t.TempDir()
-		if err := writeTokenizer(dir, v); err != nil {
+		if err := writeTokenizer(dir, Common{VocabSize: v}); err != nil {
 			t.Fatal(err)
 		}
 		tok := readJSONFile(t, filepath.Join(dir, "tokenizer.json"))
@@ -95,7 +95,7 @@ func TestTokenizerValid(t *testing.T) {
 			t.Errorf("vocab %d: tokenizer_config lacks id %d", v, v-1)
 		}
 	}
-	if err := writeTokenizer(t.TempDir(), 258); err == nil {
+	if err := writeTokenizer(t.TempDir(), Common{VocabSize: 258}); err == nil {
 		t.Error("vocab 258 accepted")
 	}
 }

@@ -3,7 +3,8 @@
 // family, for running reference tools (llama.cpp's convert_hf_to_gguf.py)
 // on exactly the inputs the golden tests regenerate, and on request the
 // compressed-tensors checkpoints the mlxpack tests repack (ct-*, for
-// loading ferry mlx repack outputs with the real mlx-lm):
+// loading ferry mlx repack outputs with the real mlx-lm), and the
+// vision-language sets qwen35-vl and qwen35moe-vl (base/ and adapter-dora/):
 //
 //	go run ./internal/testmodel/cmd/testmodel OUTDIR [FAMILY...]
 package main
@@ -15,6 +16,17 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
+
+// vlSets are the vision-language sets (base/ and adapter-dora/, seed 5,
+// experts fused as transformers 5 saves them), written only when named.
+var vlSets = map[string]func(dir string) (*testmodel.VLSet, error){
+	"qwen35-vl": func(dir string) (*testmodel.VLSet, error) {
+		return testmodel.Qwen35VL(dir, testmodel.Qwen35Options{Common: testmodel.Common{Seed: 5}})
+	},
+	"qwen35moe-vl": func(dir string) (*testmodel.VLSet, error) {
+		return testmodel.Qwen35MoEVL(dir, testmodel.Qwen35MoEOptions{Common: testmodel.Common{Seed: 5}, MoE: testmodel.MoE{FusedExperts: true}})
+	},
+}
 
 // compressed are the compressed-tensors checkpoints (seed 1), written
 // only when named.
@@ -34,6 +46,15 @@ func main() {
 		families = testmodel.ConverterFamilyNames()
 	}
 	for _, name := range families {
+		if vl, ok := vlSets[name]; ok {
+			dir := filepath.Join(os.Args[1], name)
+			if _, err := vl(dir); err != nil {
+				fmt.Fprintf(os.Stderr, "testmodel: %s: %v\n", name, err)
+				os.Exit(1)
+			}
+			fmt.Println(dir)
+			continue
+		}
 		if ct, ok := compressed[name]; ok {
 			dir := filepath.Join(os.Args[1], name)
 			if err := ct().Write(dir); err != nil {
@@ -45,7 +66,7 @@ func main() {
 		}
 		write, ok := testmodel.ConverterFamilies[name]
 		if !ok {
-			fmt.Fprintf(os.Stderr, "testmodel: unknown family %q (have %v and ct-deepseek_v3, ct-qwen3, ct-qwen3_moe)\n", name, testmodel.ConverterFamilyNames())
+			fmt.Fprintf(os.Stderr, "testmodel: unknown family %q (have %v, ct-deepseek_v3, ct-qwen3, ct-qwen3_moe, qwen35-vl and qwen35moe-vl)\n", name, testmodel.ConverterFamilyNames())
 			os.Exit(2)
 		}
 		dir := filepath.Join(os.Args[1], name)
