@@ -46,11 +46,13 @@ func TestPyString(t *testing.T) {
 }
 
 // TestPyJSONRoundTrip: every JSON file mlx-lm 0.32's own code wrote in the
-// golden sets (config.json, the index), read with its key order and written again by pyJSON, is the same
+// golden sets (config.json, the index; the dense and the MoE wrapper), read with its key order and written again by pyJSON, is the same
 // bytes (config.json with the top level sorted, as save_config writes it).
 func TestPyJSONRoundTrip(t *testing.T) {
 	files, _ := filepath.Glob("testdata/qwen35vl_mlx/*/*.json")
-	if len(files) < 4 {
+	more, _ := filepath.Glob("testdata/qwen35vl_mlx/moevl*/*/*.json")
+	files = append(files, more...)
+	if len(files) < 12 {
 		t.Fatalf("golden JSON files: %v", files)
 	}
 	for _, f := range files {

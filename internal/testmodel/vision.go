@@ -216,6 +216,16 @@ func Qwen35MoEVL(dir string, o Qwen35MoEOptions) (*VLSet, error) {
 	return writeVLAdapter(dir, m, o.Seed, VLMoEAdapterRegex)
 }
 
+// Qwen35MoEVLDevice are the options of the MoE set mlx-lm 0.32.0
+// converted and loaded on a device (mlxpack/testdata/qwen35vl_mlx): seed 5,
+// fused experts, expert and shared-expert widths 64 so every expert matrix
+// quantizes at group 64 (MLX's CPU backend runs float experts in float32
+// only), the other dimensions the defaults.
+var Qwen35MoEVLDevice = Qwen35MoEOptions{
+	Common: Common{Seed: 5},
+	MoE:    MoE{FusedExperts: true, MoEIntermediateSize: 64, SharedExpertIntermediateSize: 64},
+}
+
 func writeVLAdapter(dir string, m *Model, seed uint64, regex string) (*VLSet, error) {
 	ad := filepath.Join(dir, "adapter-dora")
 	a, err := AdapterOptions{Seed: seed + 1, R: 8, Alpha: 16, DoRA: true, TargetRegex: regex}.Write(ad, m)

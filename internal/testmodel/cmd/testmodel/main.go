@@ -17,14 +17,15 @@ import (
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
-// vlSets are the vision-language sets (base/ and adapter-dora/, seed 5,
-// experts fused as transformers 5 saves them), written only when named.
+// vlSets are the vision-language sets (base/ and adapter-dora/), written
+// only when named; qwen35moe-vl is the one mlx-lm 0.32 converted and loaded
+// in mlxpack/testdata/qwen35vl_mlx (Qwen35MoEVLDevice).
 var vlSets = map[string]func(dir string) (*testmodel.VLSet, error){
 	"qwen35-vl": func(dir string) (*testmodel.VLSet, error) {
 		return testmodel.Qwen35VL(dir, testmodel.Qwen35Options{Common: testmodel.Common{Seed: 5}})
 	},
 	"qwen35moe-vl": func(dir string) (*testmodel.VLSet, error) {
-		return testmodel.Qwen35MoEVL(dir, testmodel.Qwen35MoEOptions{Common: testmodel.Common{Seed: 5}, MoE: testmodel.MoE{FusedExperts: true}})
+		return testmodel.Qwen35MoEVL(dir, testmodel.Qwen35MoEVLDevice)
 	},
 }
 
