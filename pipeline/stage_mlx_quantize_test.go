@@ -14,10 +14,19 @@ import (
 
 // mlx_quantize in a pipeline writes what `ferry mlx quantize` writes (the
 // same files, by digest), and its view is that directory; with keep_mtp
-// the verify_mtp stage after it passes with require: true.
+// the verify_mtp stage after it passes with require: true. For the
+// text-only Qwen3.5 and for the vision-language wrapper
+// (Qwen3_5ForConditionalGeneration: nested text_config, model.visual.*
+// dropped as mlx-lm drops it, the head at the top level).
 func TestMLXQuantizeStage(t *testing.T) {
+	for _, src := range []string{"../testdata/models/qwen35-tiny/base", "../testdata/models/qwen35vl-tiny/base"} {
+		t.Run(filepath.Base(filepath.Dir(src)), func(t *testing.T) { mlxQuantizeStage(t, src) })
+	}
+}
+
+func mlxQuantizeStage(t *testing.T, src string) {
 	dir := t.TempDir()
-	base, _ := filepath.Abs("../testdata/models/qwen35-tiny/base")
+	base, _ := filepath.Abs(src)
 	opts := mlxpack.QuantizeOptions{Bits: 4, GroupSize: 64, KeepMTP: true}
 	plan, err := mlxpack.PlanQuantize(base, opts)
 	if err != nil {
