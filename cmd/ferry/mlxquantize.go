@@ -27,7 +27,9 @@ func mlxQuantizeCommand() *cli.Command {
 			"so mlx-lm 0.32 loads it (rope_theta, qwen3_5_text). The MTP head is dropped (mlx-lm discards it;\n" +
 			"config.json records the drop) unless --keep-mtp, which keeps it in mtp.safetensors: a file\n" +
 			"mlx-lm's loader (model*.safetensors) does not read, so every mlx-lm loads the trunk as without\n" +
-			"the head; the index and config.json say where it is.\n" +
+			"the head; the index and config.json say where it is. A vision-language Qwen3.5 checkpoint\n" +
+			"(Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration) converts as mlx-lm\n" +
+			"converts it: its language model, the vision tower (model.visual.*) dropped.\n" +
 			"DIR appears complete or not at all: it is built in DIR.partial; an interrupted run (Ctrl-C,\n" +
 			"kill) resumes from there when the same command runs again.\n" +
 			"Model types: " + strings.Join(mlxpack.SupportedFamilies(), ", ") + ".",
