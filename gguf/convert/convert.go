@@ -100,6 +100,11 @@ type Options struct {
 	Pre string
 	// Name overrides general.name (convert_hf_to_gguf.py --model-name).
 	Name string
+	// MMProj writes the vision tower as a multimodal projector
+	// (convert_hf_to_gguf.py --mmproj): architecture clip, no text weights
+	// and no tokenizer (qwen3vl_vision.go). NoMTP, MTPOnly and Pre do not
+	// apply to it.
+	MMProj bool
 	// Policy chooses each tensor's ggml type from its name, dims and the
 	// type OutType asks for; nil is DefaultPolicy. The plan refuses a
 	// choice ferry cannot encode or whose blocks do not divide the row.
@@ -163,7 +168,8 @@ func (t TensorPlan) String() string {
 // DefaultFileName is gguf-py's naming_convention, the name the converter
 // gives an output directory: <basename or name>[-<size>][-<finetune>]
 // [-<version>]-<TYPE>.gguf; with --mtp-only the size is left out and the
-// name gets an mtp- prefix.
+// name gets an mtp- prefix; for an mmproj (MmprojModel.prepare_metadata)
+// the size is left out and the prefix is mmproj-.
 func (p *Plan) DefaultFileName(mtpOnly bool) string {
 	get := func(k string) (string, bool) {
 		for _, kv := range p.KVs {
@@ -181,7 +187,7 @@ func (p *Plan) DefaultFileName(mtpOnly bool) string {
 	} else if n, ok := get("general.name"); ok {
 		name = strings.ReplaceAll(clean(n), "/", "-")
 	}
-	if s, ok := get("general.size_label"); ok && !mtpOnly {
+	if s, ok := get("general.size_label"); ok && !mtpOnly && !p.MMProj {
 		name += "-" + s
 	}
 	for _, k := range []string{"general.finetune", "general.version"} {
@@ -190,7 +196,10 @@ func (p *Plan) DefaultFileName(mtpOnly bool) string {
 		}
 	}
 	name += "-" + strings.ToUpper(string(p.OutType))
-	if mtpOnly {
+	switch {
+	case p.MMProj:
+		name = "mmproj-" + name
+	case mtpOnly:
 		name = "mtp-" + name
 	}
 	return name + ".gguf"

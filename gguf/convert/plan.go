@@ -41,6 +41,8 @@ type Plan struct {
 	InputBytes int64
 	// MTPLayers is nextn_predict_layers as written (0 when none).
 	MTPLayers int
+	// MMProj: the plan writes the vision tower (Options.MMProj).
+	MMProj bool
 	// Warnings are the choices the converter made on a guess (e.g. an
 	// unknown pre-tokenizer); the CLI prints them and --json lists them.
 	Warnings []string
@@ -181,6 +183,9 @@ func NewPlan(ckpt *safetensors.Checkpoint, opts Options) (*Plan, error) {
 	if ckpt.Config == nil {
 		return nil, errf(filepath.Join(ckpt.Dir, "config.json"), "", -1, ErrConfig, "no config.json in the checkpoint")
 	}
+	if opts.MMProj {
+		return newMMProjPlan(ckpt, opts)
+	}
 	arch := ckpt.Config.Architecture()
 	newFam, ok := registry[arch]
 	if !ok {
@@ -248,40 +253,33 @@ func (m *model) setup() error {
 		}
 	}
 
-	// Inventory: shard files in sorted order, tensors by name within each
-	// (ModelBase.index_tensors with gguf-py's SafetensorsLocal).
-	shards := append([]*safetensors.Shard(nil), m.ckpt.Shards...)
-	sort.Slice(shards, func(i, j int) bool { return shards[i].Name < shards[j].Name })
+	// Inventory: the converter's index order, its name filters.
 	seen := map[string]string{}
-	for _, sh := range shards {
-		infos := append([]safetensors.TensorInfo(nil), sh.Tensors...)
-		sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
-		for _, ti := range infos {
-			if strings.HasPrefix(ti.Name, "mtp.") || strings.HasPrefix(ti.Name, "model.mtp.") {
-				m.mtpTensors++
-			}
-			name, keep := filterName(ti.Name)
-			if !keep {
-				continue
-			}
-			if f, ok := m.fam.(nameFilter); ok {
-				if name, keep = f.filter(m, name); !keep {
-					continue
-				}
-			}
-			if prev, dup := seen[name]; dup {
-				return errf(sh.Path, ti.Name, sh.DataOffset()+ti.Begin, ErrUnknownTensor, "maps to %q like %q", name, prev)
-			}
-			seen[name] = ti.Name
-			if !ti.DType.Convertible() {
-				return errf(sh.Path, ti.Name, sh.DataOffset()+ti.Begin, ErrUnknownTensor, "dtype %s (only F16, BF16, F32, F64 checkpoints convert; quantized checkpoints are not supported)", ti.DType)
-			}
-			src := &source{HFName: ti.Name, Loc: safetensors.Location{Shard: sh, Info: ti}, DType: ti.DType}
-			m.inventory = append(m.inventory, &invEntry{name: name, src: src, shp: ti.Shape})
-			if m.firstMatrix == "" && len(ti.Shape) >= 2 {
-				m.firstMatrix = ti.DType
+	err := indexOrder(m.ckpt, func(sh *safetensors.Shard, ti safetensors.TensorInfo) error {
+		if strings.HasPrefix(ti.Name, "mtp.") || strings.HasPrefix(ti.Name, "model.mtp.") {
+			m.mtpTensors++
+		}
+		name, keep := filterName(ti.Name)
+		if !keep {
+			return nil
+		}
+		if f, ok := m.fam.(nameFilter); ok {
+			if name, keep = f.filter(m, name); !keep {
+				return nil
 			}
 		}
+		e, err := newInvEntry(seen, sh, ti, name)
+		if err != nil {
+			return err
+		}
+		m.inventory = append(m.inventory, e)
+		if m.firstMatrix == "" && len(ti.Shape) >= 2 {
+			m.firstMatrix = ti.DType
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	m.outType = m.opts.OutType
 	if m.outType == OutAuto {
@@ -291,6 +289,39 @@ func (m *model) setup() error {
 		}
 	}
 	return m.fam.init(m)
+}
+
+// indexOrder visits the checkpoint's tensors in the order the converter
+// indexes them (ModelBase.index_tensors with gguf-py's SafetensorsLocal):
+// shard files by name, tensors by name within each.
+func indexOrder(ck *safetensors.Checkpoint, visit func(sh *safetensors.Shard, ti safetensors.TensorInfo) error) error {
+	shards := append([]*safetensors.Shard(nil), ck.Shards...)
+	sort.Slice(shards, func(i, j int) bool { return shards[i].Name < shards[j].Name })
+	for _, sh := range shards {
+		infos := append([]safetensors.TensorInfo(nil), sh.Tensors...)
+		sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
+		for _, ti := range infos {
+			if err := visit(sh, ti); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// newInvEntry is checkpoint tensor ti of shard sh under its filtered name:
+// refused when another tensor already took that name (seen maps filtered
+// names to checkpoint names) or when its dtype does not convert.
+func newInvEntry(seen map[string]string, sh *safetensors.Shard, ti safetensors.TensorInfo, name string) (*invEntry, error) {
+	if prev, dup := seen[name]; dup {
+		return nil, errf(sh.Path, ti.Name, sh.DataOffset()+ti.Begin, ErrUnknownTensor, "maps to %q like %q", name, prev)
+	}
+	seen[name] = ti.Name
+	if !ti.DType.Convertible() {
+		return nil, errf(sh.Path, ti.Name, sh.DataOffset()+ti.Begin, ErrUnknownTensor, "dtype %s (only F16, BF16, F32, F64 checkpoints convert; quantized checkpoints are not supported)", ti.DType)
+	}
+	src := &source{HFName: ti.Name, Loc: safetensors.Location{Shard: sh, Info: ti}, DType: ti.DType}
+	return &invEntry{name: name, src: src, shp: ti.Shape}, nil
 }
 
 // nameFilter is implemented by families that rename or drop tensors at
