@@ -398,30 +398,39 @@ func (m *model) plan() (*Plan, error) {
 			return nil, err
 		}
 	}
-	for _, l := range p.Tensors {
-		for _, s := range l.vt.srcs {
-			p.InputBytes += s.Loc.Info.Size()
-		}
-	}
 	var kv kvList
 	if err := m.metadata(&kv, p.Tensors); err != nil {
 		return nil, err
 	}
 	p.KVs = kv.list
-	p.Warnings = m.warnings
 	if n, ok := kv.get(p.Arch + ".nextn_predict_layers"); ok {
 		p.MTPLayers = int(n.Value.(uint32))
 	}
+	if err := m.seal(p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// seal completes a plan whose tensors and KVs are decided: the checkpoint
+// bytes it reads, the warnings, the file layout.
+func (m *model) seal(p *Plan) error {
+	for _, l := range p.Tensors {
+		for _, s := range l.vt.srcs {
+			p.InputBytes += s.Loc.Info.Size()
+		}
+	}
+	p.Warnings = m.warnings
 	specs := make([]gguf.TensorSpec, len(p.Tensors))
 	for i, t := range p.Tensors {
 		specs[i] = gguf.TensorSpec{Name: t.Name, Dims: t.Dims, Type: t.Type}
 	}
 	layout, err := gguf.PlanLayout(p.KVs, specs, 0)
 	if err != nil {
-		return nil, errf(m.dir, "", -1, ErrConfig, "%v", err)
+		return errf(m.dir, "", -1, ErrConfig, "%v", err)
 	}
 	p.Layout = layout
-	return p, nil
+	return nil
 }
 
 // checker is implemented by families that check required tensors and

@@ -252,23 +252,23 @@ func visionFilter(name string) (string, bool) {
 // Qwen2-VL / Qwen3-VL / Qwen3.5 vision block has: HF name after
 // visual.blocks.{bid}. → GGUF name after v.blk.{bid}.
 var visionBlockNames = map[string]string{
-	"attn.qkv":        "attn_qkv",
-	"attn.q":          "attn_q",
-	"attn.k":          "attn_k",
-	"attn.v":          "attn_v",
-	"attn.proj":       "attn_out",
-	"norm1":           "ln1",
-	"norm2":           "ln2",
-	"mlp.fc1":         "ffn_up",
-	"mlp.up_proj":     "ffn_up",
-	"mlp.linear_fc1":  "ffn_up",
-	"mlp.gate_proj":   "ffn_gate",
-	"mlp.fc2":         "ffn_down",
-	"mlp.down_proj":   "ffn_down",
-	"mlp.linear_fc2":  "ffn_down",
-	"attn.q_norm":     "attn_q_norm",
-	"attn.k_norm":     "attn_k_norm",
-	"attn.sinks":      "attn_sinks",
+	"attn.qkv":       "attn_qkv",
+	"attn.q":         "attn_q",
+	"attn.k":         "attn_k",
+	"attn.v":         "attn_v",
+	"attn.proj":      "attn_out",
+	"norm1":          "ln1",
+	"norm2":          "ln2",
+	"mlp.fc1":        "ffn_up",
+	"mlp.up_proj":    "ffn_up",
+	"mlp.linear_fc1": "ffn_up",
+	"mlp.gate_proj":  "ffn_gate",
+	"mlp.fc2":        "ffn_down",
+	"mlp.down_proj":  "ffn_down",
+	"mlp.linear_fc2": "ffn_down",
+	"attn.q_norm":    "attn_q_norm",
+	"attn.k_norm":    "attn_k_norm",
+	"attn.sinks":     "attn_sinks",
 }
 
 // mapName is TensorNameMap.get_name for the MMPROJ map with try_suffixes
@@ -424,11 +424,6 @@ func (v *vision) plan() (*Plan, error) {
 			p.Tensors = append(p.Tensors, tp)
 		}
 	}
-	for _, l := range p.Tensors {
-		for _, s := range l.vt.srcs {
-			p.InputBytes += s.Loc.Info.Size()
-		}
-	}
 	var kv kvList
 	kv.add(gguf.Str("general.architecture", mmprojArch))
 	kv.add(gguf.Str("general.type", "mmproj"))
@@ -440,16 +435,9 @@ func (v *vision) plan() (*Plan, error) {
 	}
 	kv.add(gguf.U32("general.quantization_version", 2)) // GGML_QNT_VERSION
 	p.KVs = kv.list
-	p.Warnings = m.warnings
-	specs := make([]gguf.TensorSpec, len(p.Tensors))
-	for i, t := range p.Tensors {
-		specs[i] = gguf.TensorSpec{Name: t.Name, Dims: t.Dims, Type: t.Type}
+	if err := m.seal(p); err != nil {
+		return nil, err
 	}
-	layout, err := gguf.PlanLayout(p.KVs, specs, 0)
-	if err != nil {
-		return nil, errf(m.dir, "", -1, ErrConfig, "%v", err)
-	}
-	p.Layout = layout
 	return p, nil
 }
 
