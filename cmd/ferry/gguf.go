@@ -38,11 +38,16 @@ func ggufConvertCommand() *cli.Command {
 			"An interrupted run (Ctrl-C, kill) resumes: FILE.journal lists the tensors already durable in\n" +
 			"FILE.partial, and the same command run again writes only the others (other inputs or options\n" +
 			"start over). Both are removed once FILE is complete.\n" +
-			"Supported architectures: " + strings.Join(convert.Supported(), ", ") + ".",
+			"--mmproj writes the vision tower instead, as convert_hf_to_gguf.py --mmproj does: a clip GGUF\n" +
+			"(general.type mmproj, projector qwen3vl_merger) for llama.cpp's --mmproj and LM Studio, next to the\n" +
+			"text GGUF; its image mean and std come from preprocessor_config.json.\n" +
+			"Supported architectures: " + strings.Join(convert.Supported(), ", ") + "; with --mmproj: " +
+			strings.Join(convert.MMProjSupported(), ", ") + ".",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Aliases: []string{"o"}, Usage: "output `FILE` (an existing directory gets <Name>-<size>-<TYPE>.gguf)"},
 			&cli.StringFlag{Name: "outtype", Value: "f16", Usage: "f16, bf16, f32, q8_0 or auto"},
 			&cli.BoolFlag{Name: "no-mtp", Usage: "drop the MTP/NextN head (mtp.* tensors)"},
+			&cli.BoolFlag{Name: "mmproj", Usage: "write the vision tower as a multimodal projector (an mmproj- file: architecture clip, no text weights)"},
 			&cli.BoolFlag{Name: "mtp-only", Usage: "write only the MTP head plus token_embd, output_norm and output (an mtp- file)"},
 			&cli.StringFlag{Name: "pre", Usage: "tokenizer.ggml.pre `NAME` (default: named from tokenizer.json's pre-tokenizer — qwen2, qwen35, llama-bpe or gpt-2 — or, with a warning, the family's: qwen2 for Qwen2/3 and Qwen3-Next, qwen35 for Qwen3.5/3.6, llama-bpe for Llama)"},
 			&cli.StringFlag{Name: "model-name", Usage: "general.name (default from the directory name)"},
@@ -67,7 +72,9 @@ type ggufConvertResult struct {
 	Bytes        int64  `json:"bytes"`
 	InputBytes   int64  `json:"input_bytes"`
 	MTPLayers    int    `json:"nextn_predict_layers"`
-	Resumed      int    `json:"resumed_tensors,omitempty"`
+	// MMProj: the file is the vision tower (--mmproj), architecture clip.
+	MMProj  bool `json:"mmproj,omitempty"`
+	Resumed int  `json:"resumed_tensors,omitempty"`
 	// NonFinite lists the tensors holding NaN or ±Inf in the checkpoint
 	// (converted as they are), with their counts.
 	NonFinite []nonFiniteCount `json:"nonfinite,omitempty"`
@@ -105,7 +112,7 @@ func runGGUFConvert(c *cli.Context) error {
 	defer ck.Close()
 	plan, err := convert.NewPlan(ck, convert.Options{
 		OutType: outType, NoMTP: c.Bool("no-mtp"), MTPOnly: c.Bool("mtp-only"),
-		Pre: c.String("pre"), Name: c.String("model-name"),
+		Pre: c.String("pre"), Name: c.String("model-name"), MMProj: c.Bool("mmproj"),
 	})
 	if err != nil {
 		return err
@@ -117,7 +124,7 @@ func runGGUFConvert(c *cli.Context) error {
 	}
 	res := ggufConvertResult{Out: out, Architecture: plan.Arch, HFArch: plan.HFArch, OutType: string(plan.OutType),
 		Tensors: len(plan.Tensors), Bytes: plan.Layout.Size, InputBytes: plan.InputBytes, MTPLayers: plan.MTPLayers,
-		Warnings: plan.Warnings}
+		MMProj: plan.MMProj, Warnings: plan.Warnings}
 	for _, w := range plan.Warnings {
 		fmt.Fprintf(stderr(c), "gguf convert: warning: %s\n", w)
 	}
@@ -161,15 +168,19 @@ func printConvert(c *cli.Context, res ggufConvertResult) error {
 		return printJSON(c, res)
 	}
 	w := c.App.Writer
+	head := fmt.Sprintf("nextn_predict_layers %d", res.MTPLayers)
+	if res.MMProj {
+		head = "mmproj: the vision tower, no MTP head"
+	}
 	if res.DryRun {
 		for _, l := range res.Plan {
 			fmt.Fprintln(w, l)
 		}
-		fmt.Fprintf(w, "plan: %s (%s) → %s, %d tensors, %d bytes, nextn_predict_layers %d (nothing written)\n",
-			res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, res.MTPLayers)
+		fmt.Fprintf(w, "plan: %s (%s) → %s, %d tensors, %d bytes, %s (nothing written)\n",
+			res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, head)
 		return nil
 	}
-	fmt.Fprintf(w, "%s: %s (%s) %s, %d tensors, %d bytes, nextn_predict_layers %d, %.1fs%s\n",
-		res.Out, res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, res.MTPLayers, res.Seconds, noSyncNote(res.NoSync))
+	fmt.Fprintf(w, "%s: %s (%s) %s, %d tensors, %d bytes, %s, %.1fs%s\n",
+		res.Out, res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, head, res.Seconds, noSyncNote(res.NoSync))
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/internal/ggufcheck"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -315,5 +316,73 @@ func TestMMProjVisionDefaults(t *testing.T) {
 		if kv.Key == "clip.vision.image_size" && kv.Value != uint32(768) { // √2304 × 16
 			t.Errorf("image_size %v", kv.Value)
 		}
+	}
+}
+
+// TestMMProjGenerated: testmodel's vision towers (Qwen3.5 dense and MoE
+// layouts) convert to an mmproj with every tensor of the tower, and the
+// text conversion of the same checkpoint drops the tower silently, as the
+// converter's TextModel.filter_tensors does.
+func TestMMProjGenerated(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts interface {
+			Write(string) (*testmodel.Model, error)
+		}
+	}{
+		{"qwen35", testmodel.Qwen35Options{ConditionalGeneration: true, Vision: &testmodel.Vision{Depth: 3}}},
+		{"qwen35moe", testmodel.Qwen35MoEOptions{ConditionalGeneration: true, Vision: &testmodel.Vision{Depth: 3}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), c.name)
+			mod, err := c.opts.Write(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ck, p, err := planMMProj(t, dir, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !HasVisionTower(ck) {
+				t.Error("HasVisionTower false")
+			}
+			visual := 0
+			for _, n := range mod.Names() {
+				if strings.HasPrefix(n, "model.visual.") {
+					visual++
+				}
+			}
+			// 12 per block + patch (2) + pos (1) + merger (6); the
+			// patch kernel becomes two tensors.
+			if visual != 12*3+9 || len(p.Tensors) != visual+1 {
+				t.Errorf("%d visual tensors, %d planned", visual, len(p.Tensors))
+			}
+			out := filepath.Join(t.TempDir(), "m.gguf")
+			if err := Write(context.Background(), p, out, WriteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			f := openGGUF(t, out)
+			if kv, _ := f.KV("clip.vision.block_count"); kv.Value != uint32(3) {
+				t.Errorf("block_count %v", kv.Value)
+			}
+			text, err := NewPlan(ck, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tp := range text.Tensors {
+				if strings.HasPrefix(tp.Name, "v.") || strings.HasPrefix(tp.Name, "mm.") || strings.Contains(strings.Join(tp.Sources, ","), "visual") {
+					t.Errorf("text GGUF holds %s", tp.Name)
+				}
+			}
+		})
+	}
+	// A checkpoint without a tower has none.
+	ck, err := safetensors.OpenDir(qwen35Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if HasVisionTower(ck) {
+		t.Error("the text-only example has a vision tower?")
 	}
 }

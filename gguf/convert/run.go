@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/hashing"
@@ -34,6 +35,9 @@ type RunOptions struct {
 	// (gguf.Options.NoSync); the journal then resumes only in the same
 	// boot (gguf.OpenTensorJournal).
 	NoSync bool
+	// JournalEvery is how often durable tensors are recorded
+	// (gguf.TensorJournal.Every; 0: a second). Kill tests make it short.
+	JournalEvery time.Duration
 }
 
 // RunResult says what Run did, and after a failure what is left to resume
@@ -62,6 +66,9 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 	j, err := gguf.OpenTensorJournal(jpath, out, Stamp(ck, p), o.NoSync)
 	if err != nil {
 		return nil, err
+	}
+	if o.JournalEvery > 0 {
+		j.Every = o.JournalEvery
 	}
 	res := &RunResult{Size: p.Layout.Size}
 	var digest func([]byte)
