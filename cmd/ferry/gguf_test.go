@@ -459,3 +459,68 @@ func noSpaceLeavesNothing(t *testing.T, dir string, args ...string) {
 		t.Errorf("the failed run left %s", e.Name())
 	}
 }
+
+// vlBase is the vision-language checkpoint of gguf/convert's golden test
+// (the reference base's vision tensors; its PROVENANCE.md).
+const (
+	vlBase      = "../../gguf/convert/testdata/qwen35vl/base"
+	vlMMProjSHA = "1ae17f7fb2f614b7a2cea8736b593356e2ef96560fc6dd0d710a3352d2bbcd72"
+)
+
+// `ferry gguf convert --mmproj`: the reference converter's file, named as
+// it names it in a directory, said to be the vision tower in text and
+// --json; a text-only checkpoint and a missing preprocessor_config.json
+// are refused (exit 2) with what to do, nothing written.
+func TestGGUFConvertMMProjCLI(t *testing.T) {
+	dir := t.TempDir()
+	r := execFerry(t, nil, "gguf", "convert", "--mmproj", "--json", "--out", dir, vlBase)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var res ggufConvertResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	out := filepath.Join(dir, "mmproj-Base-F16.gguf")
+	if !res.MMProj || res.Architecture != "clip" || res.Tensors != 34 || res.Out != out || res.Bytes != 617472 {
+		t.Errorf("result %+v", res)
+	}
+	if d := fileDigest(t, out).Hex(); d != vlMMProjSHA {
+		t.Errorf("%s: %s, the converter's is %s", out, d, vlMMProjSHA)
+	}
+	r = execFerry(t, nil, "gguf", "convert", "--mmproj", "--out", filepath.Join(dir, "again.gguf"), vlBase)
+	if r.code != 0 || !strings.Contains(r.stdout, "(clip) f16, 34 tensors") || !strings.Contains(r.stdout, "mmproj: the vision tower") {
+		t.Errorf("text: exit %d: %s%s", r.code, r.stdout, r.stderr)
+	}
+
+	noPre := filepath.Join(t.TempDir(), "base")
+	if err := os.CopyFS(noPre, os.DirFS(vlBase)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(noPre, "preprocessor_config.json")); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	for _, tt := range []struct {
+		name, dir string
+		msg       []string
+	}{
+		{"text-only", bundledBase, []string{bundledBase + " has no vision tower", "Qwen3_5ForCausalLM"}},
+		{"no preprocessor_config.json", noPre, []string{"preprocessor_config.json", "KeyError: 'image_mean'"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := execFerry(t, nil, "gguf", "convert", "--mmproj", "--out", filepath.Join(empty, "m.gguf"), tt.dir)
+			if r.code != 2 {
+				t.Errorf("exit %d, want 2: %s", r.code, r.stderr)
+			}
+			for _, m := range tt.msg {
+				if !strings.Contains(r.stderr, m) {
+					t.Errorf("stderr %q should say %q", r.stderr, m)
+				}
+			}
+			if ents, _ := os.ReadDir(empty); len(ents) != 0 {
+				t.Errorf("wrote %v", ents)
+			}
+		})
+	}
+}
