@@ -2,7 +2,13 @@ package quant
 
 import "fmt"
 
-// ModelFromKV reads a Model from a GGUF's KVs as llama.cpp's loader does.
+// ArchCLIP is the general.architecture of a multimodal projector (mmproj):
+// llama.cpp's LLM_ARCH_CLIP, "only used by llama-quantize", whose loader
+// reads no hyperparameters.
+const ArchCLIP = "clip"
+
+// ModelFromKV reads a Model from a GGUF's KVs as llama.cpp's loader does
+// (for a CLIP file: nothing but the architecture, every count 0).
 // lookup returns a key's value as package gguf holds it: a Go scalar
 // (string, uint32, …), or for an ARRAY its typed slice ([]uint32, []int32,
 // …), and false when the key is absent. As in llama.cpp, block_count and
@@ -27,6 +33,11 @@ func ModelFromKV(lookup func(key string) (any, bool)) (Model, error) {
 			return 0, fmt.Errorf("%s: %T, want a UINT32", key, v)
 		}
 		return n, nil
+	}
+	if m.Arch == ArchCLIP {
+		// llama_model_base::load_hparams stops after general.name for a
+		// CLIP file: every count stays 0.
+		return m, nil
 	}
 	var err error
 	if m.NLayerAll, err = u32(m.Arch+".block_count", true); err != nil {
