@@ -46,6 +46,9 @@ func ggufReport(path string) (*Report, []hashing.Section, func(), error) {
 	}
 	s.ParameterRule = verify.RuleElements
 	s.MTP = verify.FindGGUFHead(f)
+	if mm, ok := f.MMProj(); ok {
+		s.MMProj = &mm
+	}
 	return rep, sections, func() { f.Close() }, nil
 }
 

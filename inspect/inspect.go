@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/internal/progress"
 	"github.com/ferry-llm/ferry/safetensors"
@@ -49,6 +50,9 @@ type Summary struct {
 	Shards        int              `json:"shards"`
 	ShardFiles    []string         `json:"shard_files"`
 	MTP           verify.Head      `json:"mtp"` // found by verify, which decides where a head is
+	// MMProj is set for a multimodal projector GGUF (general.type mmproj,
+	// architecture clip): its vision tower, as its clip.* keys describe it.
+	MMProj *gguf.MMProj `json:"mmproj,omitempty"`
 }
 
 // KV is one GGUF metadata pair as inspect shows it.

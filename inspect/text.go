@@ -49,7 +49,12 @@ func (rep *Report) writeTables(w io.Writer) error {
 		fmt.Fprintf(tw, "bytes %s\t%d\n", d, s.BytesPerDType[d])
 	}
 	fmt.Fprintf(tw, "shards\t%d\n", s.Shards)
-	fmt.Fprintf(tw, "mtp\t%s\n", describeMTP(s.MTP))
+	if s.MMProj != nil {
+		fmt.Fprintf(tw, "kind\t%s\n", s.MMProj.Describe())
+		fmt.Fprintf(tw, "mtp\tnot applicable (an mmproj is loaded beside a text GGUF and has no MTP head)\n")
+	} else {
+		fmt.Fprintf(tw, "mtp\t%s\n", describeMTP(s.MTP))
+	}
 	tw.Flush()
 	b.WriteByte('\n')
 

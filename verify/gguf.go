@@ -26,12 +26,28 @@ func GGUF(r io.ReaderAt, size int64, path string, opts Options) (*Report, error)
 	if err != nil {
 		return nil, err
 	}
+	if mm, ok := f.MMProj(); ok {
+		return mmprojReport(path, f.Architecture(), mm), nil
+	}
 	rep := &Report{Path: path, Format: FormatGGUF, Convention: ConvGGUF, TemplateLayer: -1}
 	g := &ggufAnalysis{rep: rep, f: f, opts: opts}
 	if err := g.run(); err != nil {
 		return nil, err
 	}
 	return rep, nil
+}
+
+// mmprojReport is the verdict on a multimodal projector: not applicable.
+// An mmproj holds a vision tower and its projector, loaded beside a text
+// GGUF (llama.cpp --mmproj); it has no blocks, no nextn_predict_layers and
+// cannot carry an MTP head, so there is nothing to check and nothing
+// missing.
+func mmprojReport(path, arch string, mm gguf.MMProj) *Report {
+	return &Report{
+		Path: path, Format: FormatGGUF, Arch: arch, TemplateLayer: -1, FoundLayers: []int{},
+		Verdict: NotApplicable, MMProj: &mm,
+		Message: "not applicable: " + mm.Describe() + ". A multimodal projector is loaded beside a text GGUF and has no MTP head; the text GGUF is the file to check",
+	}
 }
 
 type ggufAnalysis struct {

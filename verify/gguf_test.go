@@ -602,3 +602,28 @@ func TestGGUFFamilies(t *testing.T) {
 		})
 	}
 }
+
+// An mmproj (the reference's --mmproj output) is not a model that could
+// carry a head: verdict not_applicable, which passes, with Require too,
+// and says so; nothing is read past the header, with Deep too.
+func TestMMProjNotApplicable(t *testing.T) {
+	const path = "../gguf/convert/testdata/qwen35vl/mmproj-base-F16.gguf"
+	for _, opts := range []Options{{}, {Require: true, Deep: true}} {
+		r, err := Check(path, path, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Verdict != NotApplicable || !r.Pass || r.Reason != "" || r.BytesRead != 0 {
+			t.Errorf("%+v: verdict %s, pass %v, reason %q, read %d", opts, r.Verdict, r.Pass, r.Reason, r.BytesRead)
+		}
+		if !strings.HasPrefix(r.Message, "not applicable: mmproj (vision tower): qwen3vl_merger projector, 2 blocks of 64") {
+			t.Errorf("message %q", r.Message)
+		}
+		if r.MMProj == nil || r.MMProj.ProjectionDim != 256 || r.Arch != "clip" {
+			t.Errorf("mmproj %+v, arch %q", r.MMProj, r.Arch)
+		}
+		if s := Summarize(opts, []Result{r}); !s.Pass {
+			t.Error("a run over an mmproj alone fails")
+		}
+	}
+}

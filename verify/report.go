@@ -11,6 +11,7 @@ package verify
 import (
 	"errors"
 
+	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
@@ -34,6 +35,10 @@ const (
 	// Inconsistent: head tensors are present but the promised count,
 	// block_count, shapes, dtypes or (with Deep) values disagree.
 	Inconsistent Verdict = "inconsistent"
+	// NotApplicable: the artifact is not a model that could carry a head
+	// (an mmproj: the vision tower a text GGUF is loaded with). It passes,
+	// with Require too: the text model beside it is what must have one.
+	NotApplicable Verdict = "not_applicable"
 )
 
 // Format names the kind of artifact checked.
@@ -128,6 +133,9 @@ type Report struct {
 	Problems []string `json:"problems,omitempty"`
 	Tensors  []Tensor `json:"tensors,omitempty"`
 	Verdict  Verdict  `json:"verdict"`
+	// MMProj describes the file when it is a multimodal projector
+	// (verdict not_applicable).
+	MMProj *gguf.MMProj `json:"mmproj,omitempty"`
 	// Message explains the verdict in a sentence a user can act on.
 	Message  string   `json:"message"`
 	Warnings []string `json:"warnings,omitempty"`
@@ -138,11 +146,11 @@ type Report struct {
 	BytesRead int64 `json:"deep_bytes_read,omitempty"`
 }
 
-// Pass reports whether the verdict lets the artifact be served: ok, or
-// absent unless require is set.
+// Pass reports whether the verdict lets the artifact be served: ok, not
+// applicable (an mmproj), or absent unless require is set.
 func (r *Report) Pass(require bool) bool {
 	switch r.Verdict {
-	case OK:
+	case OK, NotApplicable:
 		return true
 	case Absent:
 		return !require

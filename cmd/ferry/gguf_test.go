@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
+	"github.com/ferry-llm/ferry/verify"
 )
 
 func TestGGUFConvertCLI(t *testing.T) {
@@ -491,6 +492,23 @@ func TestGGUFConvertMMProjCLI(t *testing.T) {
 	r = execFerry(t, nil, "gguf", "convert", "--mmproj", "--out", filepath.Join(dir, "again.gguf"), vlBase)
 	if r.code != 0 || !strings.Contains(r.stdout, "(clip) f16, 34 tensors") || !strings.Contains(r.stdout, "mmproj: the vision tower") {
 		t.Errorf("text: exit %d: %s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// verify mtp recognises it: not applicable, exit 0 with --require;
+	// inspect shows it as an mmproj.
+	r = execFerry(t, nil, "verify", "mtp", "--require", out)
+	if r.code != 0 || !strings.Contains(r.stdout, "not_applicable") || !strings.Contains(r.stdout, "not applicable: mmproj (vision tower)") {
+		t.Errorf("verify mtp: exit %d: %s%s", r.code, r.stdout, r.stderr)
+	}
+	r = execFerry(t, nil, "verify", "mtp", "--require", "--json", out)
+	var sum verify.Summary
+	if err := json.Unmarshal([]byte(r.stdout), &sum); r.code != 0 || err != nil || !sum.Pass || len(sum.Results) != 1 || sum.Results[0].Verdict != verify.NotApplicable {
+		t.Errorf("verify mtp --json: exit %d, %v: %s", r.code, err, r.stdout)
+	}
+	r = execFerry(t, nil, "inspect", "--json", out)
+	var rep inspect.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); r.code != 0 || err != nil || rep.Summary.MMProj == nil || rep.Summary.MMProj.Projector != "qwen3vl_merger" {
+		t.Errorf("inspect --json: exit %d, %v: %s", r.code, err, r.stdout)
 	}
 
 	noPre := filepath.Join(t.TempDir(), "base")

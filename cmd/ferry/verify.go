@@ -39,7 +39,8 @@ func verifyMTPCommand() *cli.Command {
 		Description: "Compares what the config or GGUF metadata promises (mtp_num_hidden_layers, num_nextn_predict_layers,\n" +
 			"<arch>.nextn_predict_layers) with the head tensors in the weight index: present, shapes consistent with\n" +
 			"the trunk, dtypes consistent. Reads headers and the index only, unless --deep.\n\n" +
-			"Verdicts: ok, absent (exit 0; absent exits 3 with --require), dropped, partial, inconsistent (exit 3).\n\n" +
+			"Verdicts: ok, absent (exit 0; absent exits 3 with --require), dropped, partial, inconsistent (exit 3);\n" +
+			"not_applicable for an mmproj (a vision tower loaded beside a text GGUF: it has no head; exit 0, --require too).\n\n" +
 			"--deep reads the head's bytes: F32/F16/BF16/F8 values all finite and not all zero; GGUF Q8_0 block\n" +
 			"scales finite and some value nonzero; Q4_0/Q4_1/Q5_0/Q5_1 and K-quant (Q2_K…Q6_K) fp16 d/dmin finite and\n" +
 			"not all zero; packed or integer data (MLX U32 weights, other GGUF types) only not all zero bytes.",
@@ -93,7 +94,7 @@ func writeMTPTable(out io.Writer, results []verify.Result, opts verify.Options) 
 			continue
 		}
 		head := string(r.Convention)
-		if head == "" || r.Verdict == verify.Absent {
+		if head == "" || r.Verdict == verify.Absent || r.Verdict == verify.NotApplicable {
 			head = "-"
 		}
 		verdict := string(r.Verdict)
@@ -108,8 +109,12 @@ func writeMTPTable(out io.Writer, results []verify.Result, opts verify.Options) 
 			fmt.Fprintf(out, "\n%s: error: %s\n", r.Path, r.Error)
 			continue
 		}
-		detail := !r.Pass || len(r.Warnings) > 0 || opts.Deep
+		detail := !r.Pass || len(r.Warnings) > 0 || opts.Deep || r.Verdict == verify.NotApplicable
 		if !detail {
+			continue
+		}
+		if r.Verdict == verify.NotApplicable { // the message starts with "not applicable: "
+			fmt.Fprintf(out, "\n%s: %s\n", r.Path, r.Message)
 			continue
 		}
 		fmt.Fprintf(out, "\n%s: %s: %s\n", r.Path, r.Verdict, r.Message)
