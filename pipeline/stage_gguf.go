@@ -14,7 +14,11 @@ import (
 // ggufStage converts a safetensors checkpoint stage to one GGUF file with
 // gguf/convert (convert_hf_to_gguf.py semantics).
 //
-//	gguf: { from: merged, outtype: f16, model_name: Jarvis2-27B, no_mtp: false, mtp_only: false, pre: qwen2 }
+//	gguf: { from: merged, outtype: f16, model_name: Jarvis2-27B, no_mtp: false, mtp_only: false, pre: qwen2, mmproj: auto }
+//
+// mmproj (auto, true, false: mmproj.go) also writes the vision tower of a
+// vision-language checkpoint as mmproj-<model_name>-<TYPE>.gguf, a second
+// output, in the stage's outtype as the converter's --mmproj --outtype.
 //
 // outtype is f16 (default), bf16, f32, q8_0 or auto. Like
 // convert_hf_to_gguf.py, general.name and friends come from the model
@@ -33,6 +37,7 @@ type ggufStage struct {
 	NoMTP     bool   `json:"no_mtp,omitempty"`
 	MTPOnly   bool   `json:"mtp_only,omitempty"`
 	Pre       string `json:"pre,omitempty"`
+	MMProj    string `json:"mmproj,omitempty"` // "", auto or true (mmproj.go)
 }
 
 var _ Stage = (*ggufStage)(nil)
@@ -72,6 +77,12 @@ func newGGUF(p *Params) (Stage, error) {
 	if s.Pre, err = p.String("pre", false); err != nil {
 		return nil, err
 	}
+	if s.MMProj, err = parseMMProj(p); err != nil {
+		return nil, err
+	}
+	if s.MMProj != mmprojOff && s.MTPOnly {
+		return nil, p.Errorf("mmproj", "an mtp_only stage writes the MTP head alone; its mmproj belongs to a full conversion")
+	}
 	return s, nil
 }
 
@@ -100,7 +111,18 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	name := plan.DefaultFileName(s.MTPOnly)
 	out := filepath.Join(work, name)
-	env.Progress.SetTotal(plan.InputBytes)
+	mck, mplan, err := mmprojPlan(src, s.MMProj, convert.OutType(s.OutType))
+	if err != nil {
+		return nil, err
+	}
+	if mck != nil {
+		defer mck.Close()
+	}
+	total := plan.InputBytes
+	if mplan != nil {
+		total += mplan.InputBytes
+	}
+	env.Progress.SetTotal(total)
 
 	// The journal lives beside the output in the work dir, which the
 	// runner keeps across killed runs and removes after the commit.
@@ -116,7 +138,15 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Outputs: []manifest.Output{{Path: name, Digest: d, Size: n}}}, nil
+	outs := []manifest.Output{{Path: name, Digest: d, Size: n}}
+	if mplan != nil {
+		o, err := writeMMProj(ctx, env, work, mck, mplan)
+		if err != nil {
+			return nil, err
+		}
+		outs = append(outs, o)
+	}
+	return &Result{Outputs: outs}, nil
 }
 
 // Plan makes the conversion plan from the input's headers, config and
@@ -133,10 +163,17 @@ func (s *ggufStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
 		return nil, err
 	}
 	defer ck.Close()
+	mck, mplan, err := mmprojPlan(in.Dir, s.MMProj, convert.OutType(s.OutType))
+	if err != nil {
+		return nil, err
+	}
+	if mck != nil {
+		mck.Close()
+	}
 	// convert.Write holds about ChunkElems (1Mi) elements per worker at
 	// 8 bytes each (16 from F64), plus the writer's and hasher's buffers.
 	return &StagePlan{
-		Summary: fmt.Sprintf("%s → %s (%s), %d tensors, %s", plan.HFArch, plan.Arch, plan.OutType, len(plan.Tensors), FormatBytes(plan.Layout.Size)),
+		Summary: fmt.Sprintf("%s → %s (%s), %d tensors, %s%s", plan.HFArch, plan.Arch, plan.OutType, len(plan.Tensors), FormatBytes(plan.Layout.Size), mmprojSummary(s.MMProj, mplan)),
 		Memory:  int64(max(env.Jobs, 1))*(1<<20)*16 + 64<<20,
 	}, nil
 }

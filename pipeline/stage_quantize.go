@@ -5,16 +5,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/gguf/imatrix"
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/gguf/quantize"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/safetensors"
 )
 
 // quantizeStage quantizes the GGUF file of a stage (a gguf stage's
@@ -43,6 +46,13 @@ import (
 // K-quants need not wait for it:
 //
 //	quantize: { from: merged, model_name: Jarvis2-27B, types: [Q6_K, Q4_K_M] }
+//
+// mmproj (auto, true, false; mmproj.go), for a checkpoint input, also
+// writes its vision tower as the gguf stage with that model_name does
+// (mmproj-<model_name>-F16.gguf, the same bytes), beside the quants: the
+// folder llama.cpp and LM Studio look for it in. A from stage holding a
+// text GGUF and an mmproj (a gguf stage with mmproj) quantizes the text
+// GGUF.
 //
 // report: true adds the
 // quality report of the outputs, measured while quantizing, as
@@ -93,6 +103,8 @@ type quantizeStage struct {
 	// ModelName is model_name, for a checkpoint input: the name the gguf
 	// stage's model_name is (the directory name the converter reads).
 	ModelName string `json:"model_name,omitempty"`
+	// MMProj is mmproj: "", auto or true (mmproj.go).
+	MMProj string `json:"mmproj,omitempty"`
 
 	imatrixPath string             // the file, for a path
 	opts        []quantize.Options // one per type
@@ -165,6 +177,9 @@ func newQuantize(p *Params) (Stage, error) {
 		if *b.dst, err = p.Bool(b.key, false); err != nil {
 			return nil, err
 		}
+	}
+	if s.MMProj, err = parseMMProj(p); err != nil {
+		return nil, err
 	}
 	base.LeaveOutput, base.Pure, base.AllowRequantize = s.LeaveOutput, s.Pure, s.AllowRequantize
 	seen := map[quant.FileType]bool{}
@@ -355,6 +370,14 @@ func (s *quantizeStage) input(env *Env, work string) (path, stem string, done fu
 		}
 		checkpoint = exists(filepath.Join(in.Dir, "config.json"))
 	}
+	// A gguf stage with mmproj holds the text GGUF and its mmproj: the
+	// text GGUF is the one to quantize.
+	if text := slices.DeleteFunc(slices.Clone(found), func(n string) bool { return strings.HasPrefix(n, "mmproj-") }); len(found) > 1 && len(text) == 1 {
+		found = text
+	}
+	if s.MMProj != mmprojOff && len(found) > 0 {
+		return "", "", done, fmt.Errorf("quantize: mmproj writes a checkpoint's vision tower; stage %s holds a GGUF file (%s): give the gguf stage that makes it mmproj instead", s.From, strings.Join(found, ", "))
+	}
 	switch {
 	case len(found) == 1 && s.ModelName != "":
 		return "", "", done, fmt.Errorf("quantize: model_name %q names the model a checkpoint is converted as; stage %s holds a GGUF file (%s), whose name it keeps", s.ModelName, s.From, found[0])
@@ -387,15 +410,50 @@ func (s *quantizeStage) input(env *Env, work string) (path, stem string, done fu
 	return "", "", done, fmt.Errorf("quantize: stage %s holds %d .gguf files (%s); want exactly one, or a checkpoint (config.json and its shards)", s.From, len(found), strings.Join(found, ", "))
 }
 
-// plans opens the input and plans every type: the outputs, named in dir.
-func (s *quantizeStage) plans(env *Env, dir string) (src *quantize.Source, outs []quantize.Output, stem string, err error) {
+// quantizePlans is what plans makes: the source, an output per type
+// named after stem, and the checkpoint's mmproj to write (mck and mplan
+// nil when there is none).
+type quantizePlans struct {
+	src   *quantize.Source
+	outs  []quantize.Output
+	stem  string
+	mck   *safetensors.Checkpoint
+	mplan *convert.Plan
+}
+
+func (q *quantizePlans) Close() {
+	q.src.Close()
+	if q.mck != nil {
+		q.mck.Close()
+	}
+}
+
+// plans opens the input and plans every type, and the mmproj: the
+// outputs, named in dir.
+func (s *quantizeStage) plans(env *Env, dir string) (*quantizePlans, error) {
 	in, stem, done, err := s.input(env, dir)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, err
 	}
 	// A preview's link goes once the headers are read: Plan reads no
 	// tensor data.
 	defer done()
+	q := &quantizePlans{}
+	if q.mck, q.mplan, err = mmprojPlan(in, s.MMProj, convert.OutF16); err != nil {
+		return nil, err
+	}
+	q.src, q.outs, q.stem, err = s.typePlans(env, in, stem, dir)
+	if err != nil {
+		if q.mck != nil {
+			q.mck.Close()
+		}
+		return nil, err
+	}
+	return q, nil
+}
+
+// typePlans plans every type of the input at in.
+func (s *quantizeStage) typePlans(env *Env, in, stem, dir string) (src *quantize.Source, outs []quantize.Output, _ string, err error) {
 	m, mname, err := s.matrix(env)
 	if err != nil {
 		return nil, nil, "", err
@@ -425,11 +483,12 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	src, outs, stem, err := s.plans(env, work)
+	q, err := s.plans(env, work)
 	if err != nil {
 		return nil, err
 	}
-	defer src.Close()
+	defer q.Close()
+	src, outs, stem := q.src, q.outs, q.stem
 	pq, svg := stem+"-report.parquet", stem+"-report.svg"
 	// An output finished by a killed run (renamed into place, its journal
 	// removed) is kept, unless the report needs its errors.
@@ -449,7 +508,11 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if free, ok, err := fsutil.FreeSpace(work); err == nil && ok && free < need {
 		return nil, fmt.Errorf("quantize: %w: the outputs need %d bytes, %s has %d free", quantize.ErrNoSpace, need, work, free)
 	}
-	env.Progress.SetTotal(outs[0].Plan.InputBytes)
+	total := outs[0].Plan.InputBytes
+	if q.mplan != nil {
+		total += q.mplan.InputBytes
+	}
+	env.Progress.SetTotal(total)
 	if len(todo) == 0 {
 		env.Progress.Add(outs[0].Plan.InputBytes)
 	} else {
@@ -484,6 +547,13 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 			}
 		}
 	}
+	if q.mplan != nil {
+		o, err := writeMMProj(ctx, env, work, q.mck, q.mplan)
+		if err != nil {
+			return nil, err
+		}
+		res.Outputs = append(res.Outputs, o)
+	}
 	return res, nil
 }
 
@@ -509,17 +579,21 @@ func writeReport(outs []quantize.Output, rrs []*quantize.RunResult, pq, svg stri
 // (without allow_requantize) or promises NextN layers it lacks is refused
 // here, before any stage of the run starts.
 func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
-	src, outs, _, err := s.plans(env, "")
+	q, err := s.plans(env, "")
 	if err != nil {
 		return nil, err
 	}
-	defer src.Close()
+	defer q.Close()
+	src, outs := q.src, q.outs
 	var parts []string
 	for _, o := range outs {
 		parts = append(parts, fmt.Sprintf("%s %s", filepath.Base(o.Path), FormatBytes(o.Plan.Layout.Size)))
 	}
 	if s.Report {
 		parts = append(parts, "report")
+	}
+	if q.mplan != nil || s.MMProj == mmprojAuto {
+		parts[len(parts)-1] += mmprojSummary(s.MMProj, q.mplan)
 	}
 	// quantize.RunMulti holds about ChunkElems (1Mi) values per worker:
 	// the input rows (≤ 4 bytes a value), their float32s and the blocks of
