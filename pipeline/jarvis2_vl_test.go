@@ -1,0 +1,74 @@
+package pipeline_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferry-llm/ferry/internal/sshdtest"
+	"github.com/ferry-llm/ferry/internal/testmodel"
+)
+
+// pipelines/jarvis2.yaml on a vision-language base (a generated
+// Qwen3_5ForConditionalGeneration with a vision tower, and a DoRA adapter
+// on its language model): the merge keeps the tower, the f16 and quants
+// stages write mmproj-<NAME>-F16.gguf beside their GGUFs (one blob), the
+// gate passes with the mmproj among its inputs, and both hosts receive it
+// next to the quants, with the store's digest. (make demo-full runs the
+// same file on the text-only example, where mmproj: auto writes nothing.)
+func TestJarvis2VisionLanguage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the whole jarvis2 flow with two sshd servers; not in -short")
+	}
+	models := t.TempDir()
+	base := filepath.Join(models, "base")
+	bm, err := (testmodel.Qwen35Options{ConditionalGeneration: true, Vision: &testmodel.Vision{}, Common: testmodel.Common{Seed: 21}}).Write(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adapter := filepath.Join(models, "adapter")
+	if _, err := (testmodel.AdapterOptions{Seed: 22, DoRA: true,
+		TargetRegex: `model\.language_model\.layers\.\d+\.(self_attn\.(q_proj|v_proj)|mlp\.(gate_proj|up_proj|down_proj))`}).Write(adapter, bm); err != nil {
+		t.Fatal(err)
+	}
+	a := sshdtest.Start(t, sshdtest.Alias("vl-a"))
+	b := sshdtest.Start(t, sshdtest.Alias("vl-b"))
+	home := t.TempDir()
+	write(t, filepath.Join(home, ".ssh/config"), a.HostBlock("vl-a")+b.HostBlock("vl-b"))
+	src, err := os.ReadFile("../pipelines/jarvis2.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "jarvis2.yaml")
+	write(t, file, string(src))
+	remote := filepath.Join(t.TempDir(), "remote")
+	j := &jarvis2Run{t: t, file: file, remote: remote,
+		env: []string{"HOME=" + home, "SSH_AUTH_SOCK="},
+		vars: []string{
+			"--var", "BASE=" + base, "--var", "ADAPTER=" + adapter, "--var", "NAME=Jarvis2-vl",
+			"--var", "IMATRIX=", "--var", "QUANTS=Q8_0,Q4_K_M",
+			"--var", "TARGETS=vl-a:" + remote + "/a/jarvis2,vl-b:" + remote + "/b/jarvis2",
+		}}
+	if r := ferryEnv(t, j.env, j.args("pipeline", "run")...); r.code != 0 {
+		t.Fatalf("run: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	outs := j.outputs()
+	const mm = "mmproj-Jarvis2-Vl-F16.gguf" // general.name: the converter title-cases the lower-case word
+	digest := outs["f16/"+mm]
+	if digest == "" || outs["quants/"+mm] != digest {
+		t.Fatalf("f16 and quants should hold one %s: %v", mm, outs)
+	}
+	for k := range outs {
+		if strings.HasPrefix(k, "mlx4/") && strings.Contains(k, "visual") {
+			t.Errorf("%s", k)
+		}
+	}
+	files := j.remoteFiles()
+	for _, h := range []string{"a", "b"} {
+		p := filepath.Join(h, "jarvis2", "quants", mm)
+		if got := files[p]; "sha256:"+got != digest {
+			t.Errorf("host %s: %s has sha256 %q, the store's %s", h, p, got, digest)
+		}
+	}
+}
