@@ -144,11 +144,14 @@ demo: build
 # 127.0.0.1 for the purpose; a second run must skip every stage, and the
 # outputs are checked locally and on both destinations (pipelines/demo-full.sh).
 # Then the same flow killed with SIGKILL at random points of every stage
-# and run again each time (TestKillAnywhere, about a minute on 2 cores).
+# and run again each time (TestKillAnywhere, about a minute on 2 cores), and
+# the same file on a generated vision-language base, whose vision tower
+# ships as an mmproj next to the quants (TestJarvis2VisionLanguage, 25 s).
 .PHONY: demo-full
 demo-full: build
 	FERRY=$(BIN) GO=$(GO) pipelines/demo-full.sh
 	FERRY_KILL_ANYWHERE=1 $(GO) test $(TESTFLAGS) -count=1 -timeout 15m -run '^TestKillAnywhere$$' -v ./pipeline
+	FERRY_JARVIS2_VL=1 $(GO) test $(TESTFLAGS) -count=1 -timeout 5m -run '^TestJarvis2VisionLanguage$$' ./pipeline
 
 clean:
 	rm -rf bin

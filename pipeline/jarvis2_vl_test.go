@@ -15,11 +15,12 @@ import (
 // on its language model): the merge keeps the tower, the f16 and quants
 // stages write mmproj-<NAME>-F16.gguf beside their GGUFs (one blob), the
 // gate passes with the mmproj among its inputs, and both hosts receive it
-// next to the quants, with the store's digest. (make demo-full runs the
-// same file on the text-only example, where mmproj: auto writes nothing.)
+// next to the quants, with the store's digest. make demo-full runs it
+// (FERRY_JARVIS2_VL=1), after the same file on the text-only example, where
+// mmproj: auto writes nothing.
 func TestJarvis2VisionLanguage(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the whole jarvis2 flow with two sshd servers; not in -short")
+	if os.Getenv("FERRY_JARVIS2_VL") == "" {
+		t.Skip("FERRY_JARVIS2_VL not set: the whole jarvis2 flow on a vision-language base with two sshd servers, run by make demo-full")
 	}
 	models := t.TempDir()
 	base := filepath.Join(models, "base")
