@@ -22,17 +22,11 @@ func TestJarvis2VisionLanguage(t *testing.T) {
 	if os.Getenv("FERRY_JARVIS2_VL") == "" {
 		t.Skip("FERRY_JARVIS2_VL not set: the whole jarvis2 flow on a vision-language base with two sshd servers, run by make demo-full")
 	}
-	models := t.TempDir()
-	base := filepath.Join(models, "base")
-	bm, err := (testmodel.Qwen35Options{ConditionalGeneration: true, Vision: &testmodel.Vision{}, Common: testmodel.Common{Seed: 21}}).Write(base)
+	set, err := testmodel.Qwen35VL(t.TempDir(), testmodel.Qwen35Options{Common: testmodel.Common{Seed: 21}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	adapter := filepath.Join(models, "adapter")
-	if _, err := (testmodel.AdapterOptions{Seed: 22, DoRA: true,
-		TargetRegex: `model\.language_model\.layers\.\d+\.(self_attn\.(q_proj|v_proj)|mlp\.(gate_proj|up_proj|down_proj))`}).Write(adapter, bm); err != nil {
-		t.Fatal(err)
-	}
+	base, adapter := set.Base.Dir, set.AdapterDir
 	a := sshdtest.Start(t, sshdtest.Alias("vl-a"))
 	b := sshdtest.Start(t, sshdtest.Alias("vl-b"))
 	home := t.TempDir()
