@@ -373,22 +373,8 @@ func isDecimal(s string) bool {
 
 func (m *model) plan() (*Plan, error) {
 	p := &Plan{Dir: m.dir, HFArch: m.hfArch, Arch: m.fam.arch(), OutType: m.outType, FileType: m.outType.fileType()}
-	for _, e := range m.inventory {
-		if strings.HasSuffix(e.name, ".attention.masked_bias") || strings.HasSuffix(e.name, ".attention.bias") || strings.HasSuffix(e.name, ".rotary_emb.inv_freq") {
-			continue
-		}
-		vt := newSourceTensor(e.name, e.src, e.shp)
-		outs, err := m.fam.modify(m, vt, blockID(e.name))
-		if err != nil {
-			return nil, m.tensorErr(e.src, err)
-		}
-		for _, o := range outs {
-			tp, err := m.outputTensor(o)
-			if err != nil {
-				return nil, m.tensorErr(e.src, err)
-			}
-			p.Tensors = append(p.Tensors, tp)
-		}
+	if err := m.mapInventory(p, func(vt *vtensor, bid int) ([]*vtensor, error) { return m.fam.modify(m, vt, bid) }); err != nil {
+		return nil, err
 	}
 	if err := m.fam.finish(m); err != nil {
 		return nil, err
@@ -410,6 +396,29 @@ func (m *model) plan() (*Plan, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// mapInventory runs every inventory tensor but those the converter drops
+// (ModelBase.prepare_tensors: attention masks and rotary inv_freq) through
+// modify and appends the planned outputs to p.
+func (m *model) mapInventory(p *Plan, modify func(vt *vtensor, bid int) ([]*vtensor, error)) error {
+	for _, e := range m.inventory {
+		if strings.HasSuffix(e.name, ".attention.masked_bias") || strings.HasSuffix(e.name, ".attention.bias") || strings.HasSuffix(e.name, ".rotary_emb.inv_freq") {
+			continue
+		}
+		outs, err := modify(newSourceTensor(e.name, e.src, e.shp), blockID(e.name))
+		if err != nil {
+			return m.tensorErr(e.src, err)
+		}
+		for _, o := range outs {
+			tp, err := m.outputTensor(o)
+			if err != nil {
+				return m.tensorErr(e.src, err)
+			}
+			p.Tensors = append(p.Tensors, tp)
+		}
+	}
+	return nil
 }
 
 // seal completes a plan whose tensors and KVs are decided: the checkpoint

@@ -408,21 +408,8 @@ func MMProjPolicy(t quant.Tensor, want quant.Type) quant.Type {
 func (v *vision) plan() (*Plan, error) {
 	m := v.m
 	p := &Plan{Dir: m.dir, HFArch: m.hfArch, Arch: mmprojArch, OutType: m.outType, FileType: m.outType.fileType(), MMProj: true}
-	for _, e := range m.inventory {
-		if strings.HasSuffix(e.name, ".attention.masked_bias") || strings.HasSuffix(e.name, ".attention.bias") || strings.HasSuffix(e.name, ".rotary_emb.inv_freq") {
-			continue
-		}
-		outs, err := v.modify(newSourceTensor(e.name, e.src, e.shp))
-		if err != nil {
-			return nil, m.tensorErr(e.src, err)
-		}
-		for _, o := range outs {
-			tp, err := m.outputTensor(o)
-			if err != nil {
-				return nil, m.tensorErr(e.src, err)
-			}
-			p.Tensors = append(p.Tensors, tp)
-		}
+	if err := m.mapInventory(p, func(vt *vtensor, _ int) ([]*vtensor, error) { return v.modify(vt) }); err != nil {
+		return nil, err
 	}
 	var kv kvList
 	kv.add(gguf.Str("general.architecture", mmprojArch))
