@@ -20,7 +20,7 @@ var update = flag.Bool("update", false, "regenerate testdata/convert/*.json from
 // The tiny reference checkpoints, as the repository already holds them
 // (verbatim copies of ../shared/reference/{qwen3,qwen35}/base).
 const (
-	qwen3Base  = "../gguf/convert/testdata/qwen3/base"
+	qwen3Base  = "../merge/testdata/reference/qwen3/base"
 	qwen35Base = "../testdata/models/qwen35-tiny/base"
 )
 

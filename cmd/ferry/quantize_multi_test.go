@@ -11,7 +11,7 @@ import (
 
 // qwen3Base is the reference Qwen3 checkpoint convert_hf_to_gguf.py read
 // to make qwen3F16 (../shared/reference/qwen3/base, copied verbatim).
-const qwen3Base = "../../gguf/convert/testdata/qwen3/base"
+const qwen3Base = "../../merge/testdata/reference/qwen3/base"
 
 // `ferry quantize --type Q6_K,Q4_K_M,Q2_K --out-dir D CHECKPOINT` writes
 // llama-quantize's three files (made from convert_hf_to_gguf.py's F16

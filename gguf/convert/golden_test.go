@@ -135,7 +135,8 @@ func compareGolden(t *testing.T, got, want *goldenFile, diffs intended, byName b
 }
 
 const qwen35Dir = "../../testdata/models/qwen35-tiny/base"
-const qwen3Dir = "testdata/qwen3/base"
+// qwen3Dir is the reference qwen3 base, one copy in merge's testdata.
+const qwen3Dir = "../../merge/testdata/reference/qwen3/base"
 
 func TestGoldenQwen3F16(t *testing.T) {
 	want := loadGolden(t, "qwen3-base-F16")

@@ -78,7 +78,7 @@ func mustJSON(s string) string {
 // family) split with Qwen2's regex after NFC: qwen2, with no warning.
 func TestDetectPreBundled(t *testing.T) {
 	paths := []string{
-		filepath.Join("testdata", "qwen3", "base", "tokenizer.json"),
+		filepath.Join(qwen3Dir, "tokenizer.json"),
 		filepath.Join(qwen35Dir, "tokenizer.json"),
 	}
 	var fams []string

@@ -18,7 +18,7 @@ import (
 // for Qwen3.5 with its transformed tensors (row reorders, +1, -exp) and
 // MTP block.
 func TestReaderAtIsWrite(t *testing.T) {
-	for _, dir := range []string{"testdata/qwen3/base", qwen35Dir} {
+	for _, dir := range []string{qwen3Dir, qwen35Dir} {
 		t.Run(filepath.Base(filepath.Dir(dir)), func(t *testing.T) {
 			p := planDir(t, dir)
 			out := filepath.Join(t.TempDir(), "out.gguf")

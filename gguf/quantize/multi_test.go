@@ -13,7 +13,7 @@ import (
 // convert_hf_to_gguf.py read to make the F16 inputs of the goldens
 // (../shared/reference/MODEL/base, copied verbatim).
 var checkpoints = map[string]string{
-	"qwen3":  "../convert/testdata/qwen3/base",
+	"qwen3":  "../../merge/testdata/reference/qwen3/base",
 	"qwen35": "../../testdata/models/qwen35-tiny/base",
 }
 
