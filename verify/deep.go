@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/tensor"
@@ -51,43 +52,37 @@ var floatLayouts = map[tensor.DType]layout{
 	tensor.F8_E5M2: {1, []field{{0, '5'}}, [2]int{}, "every value finite, not all zero"},
 }
 
-// ggmlChecks are the GGUF types --deep decodes, with what it says it
-// checked. Block sizes and where each block's scales sit come from
-// gguf/quant (ggml-common.h).
-var ggmlChecks = map[quant.Type]string{
-	quant.F32:  "every value finite, not all zero",
-	quant.F64:  "every value finite, not all zero",
-	quant.F16:  "every value finite, not all zero",
-	quant.BF16: "every value finite, not all zero",
-	quant.Q8_0: "every block's scale d finite; some value nonzero",
-	quant.Q4_0: "every block's d finite, not all zero",
-	quant.Q4_1: "every block's d and m finite, not all zero",
-	quant.Q5_0: "every block's d finite, not all zero",
-	quant.Q5_1: "every block's d and m finite, not all zero",
-	quant.Q2_K: "every super-block's d and dmin finite, not all zero",
-	quant.Q3_K: "every super-block's d finite, not all zero",
-	quant.Q4_K: "every super-block's d and dmin finite, not all zero",
-	quant.Q5_K: "every super-block's d and dmin finite, not all zero",
-	quant.Q6_K: "every super-block's d finite, not all zero",
-}
-
 var floatKinds = map[quant.FloatKind]byte{quant.Half: 'h', quant.BFloat16: 'b', quant.Float32: 'f', quant.Float64: 'd'}
 
 // ggmlLayout is how --deep scans a GGUF type, or false when it does not
-// decode it.
+// decode it. It decodes the plain float types and the block types ferry
+// can decode; the block size and where each block's floats sit come from
+// gguf/quant's type table (ggml-common.h).
 func ggmlLayout(t quant.Type) (layout, bool) {
-	desc, ok := ggmlChecks[t]
-	if !ok || len(t.Floats()) == 0 {
+	fs := t.Floats()
+	if len(fs) == 0 || (t.Quantized() && !t.CanDecode()) {
 		return layout{}, false
 	}
-	l := layout{unit: int(t.TypeSize()), desc: desc}
-	for _, f := range t.Floats() {
+	l := layout{unit: int(t.TypeSize())}
+	names := make([]string, len(fs))
+	for i, f := range fs {
 		l.fields = append(l.fields, field{f.Offset, floatKinds[f.Kind]})
+		names[i] = f.Name
 	}
-	if t == quant.Q8_0 {
+	switch {
+	case !t.Quantized():
+		l.desc = "every value finite, not all zero"
+	case t == quant.Q8_0:
 		// Symmetric int8 quants after the 2-byte d: a zero quant is a
 		// zero value whatever d is.
 		l.payload = [2]int{2, l.unit}
+		l.desc = "every block's scale d finite; some value nonzero"
+	default:
+		block := "block"
+		if t.BlockSize() == quant.QK_K {
+			block = "super-block"
+		}
+		l.desc = fmt.Sprintf("every %s's %s finite, not all zero", block, strings.Join(names, " and "))
 	}
 	return l, true
 }

@@ -127,31 +127,37 @@ func TestScanSmallTensorBuffer(t *testing.T) {
 
 // TestGGMLLayouts pins the scan layout --deep builds from gguf/quant's
 // block traits to ggml-common.h's structs (llamacpp.md §1.7): unit =
-// bytes per block, the f16/f32 fields at their offsets, and for Q8_0 the
-// quants that must not all be zero.
+// bytes per block, the f16/f32 fields at their offsets, for Q8_0 the
+// quants that must not all be zero, and what --deep says it checked.
 func TestGGMLLayouts(t *testing.T) {
+	const (
+		plain = "every value finite, not all zero"
+		dOnly = "every block's d finite, not all zero"
+		dm    = "every block's d and m finite, not all zero"
+		kD    = "every super-block's d finite, not all zero"
+		kDmin = "every super-block's d and dmin finite, not all zero"
+	)
 	for typ, want := range map[quant.Type]layout{
-		quant.F32:  {4, []field{{0, 'f'}}, [2]int{}, ""},
-		quant.F64:  {8, []field{{0, 'd'}}, [2]int{}, ""},
-		quant.F16:  {2, []field{{0, 'h'}}, [2]int{}, ""},
-		quant.BF16: {2, []field{{0, 'b'}}, [2]int{}, ""},
-		quant.Q8_0: {34, []field{{0, 'h'}}, [2]int{2, 34}, ""},
-		quant.Q4_0: {18, []field{{0, 'h'}}, [2]int{}, ""},
-		quant.Q4_1: {20, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, ""},
-		quant.Q5_0: {22, []field{{0, 'h'}}, [2]int{}, ""},
-		quant.Q5_1: {24, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, ""},
-		quant.Q2_K: {84, []field{{80, 'h'}, {82, 'h'}}, [2]int{}, ""},
-		quant.Q3_K: {110, []field{{108, 'h'}}, [2]int{}, ""},
-		quant.Q4_K: {144, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, ""},
-		quant.Q5_K: {176, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, ""},
-		quant.Q6_K: {210, []field{{208, 'h'}}, [2]int{}, ""},
+		quant.F32:  {4, []field{{0, 'f'}}, [2]int{}, plain},
+		quant.F64:  {8, []field{{0, 'd'}}, [2]int{}, plain},
+		quant.F16:  {2, []field{{0, 'h'}}, [2]int{}, plain},
+		quant.BF16: {2, []field{{0, 'b'}}, [2]int{}, plain},
+		quant.Q8_0: {34, []field{{0, 'h'}}, [2]int{2, 34}, "every block's scale d finite; some value nonzero"},
+		quant.Q4_0: {18, []field{{0, 'h'}}, [2]int{}, dOnly},
+		quant.Q4_1: {20, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, dm},
+		quant.Q5_0: {22, []field{{0, 'h'}}, [2]int{}, dOnly},
+		quant.Q5_1: {24, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, dm},
+		quant.Q2_K: {84, []field{{80, 'h'}, {82, 'h'}}, [2]int{}, kDmin},
+		quant.Q3_K: {110, []field{{108, 'h'}}, [2]int{}, kD},
+		quant.Q4_K: {144, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, kDmin},
+		quant.Q5_K: {176, []field{{0, 'h'}, {2, 'h'}}, [2]int{}, kDmin},
+		quant.Q6_K: {210, []field{{208, 'h'}}, [2]int{}, kD},
 	} {
 		got, ok := ggmlLayout(typ)
 		if !ok {
 			t.Errorf("%s: not decoded", typ)
 			continue
 		}
-		got.desc = ""
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: layout %+v, want %+v", typ, got, want)
 		}
@@ -160,6 +166,19 @@ func TestGGMLLayouts(t *testing.T) {
 	for _, typ := range []quant.Type{quant.Q8_1, quant.Q8_K, quant.IQ4_XS, quant.I32, quant.MXFP4} {
 		if _, ok := ggmlLayout(typ); ok {
 			t.Errorf("%s: decoded", typ)
+		}
+	}
+}
+
+// TestFloatType: the types a norm may be stored in are the plain float
+// types, as gguf/quant's table says.
+func TestFloatType(t *testing.T) {
+	for typ, want := range map[quant.Type]bool{
+		quant.F32: true, quant.F16: true, quant.BF16: true, quant.F64: true,
+		quant.I32: false, quant.I8: false, quant.Q8_0: false, quant.Q4_K: false, quant.Type(99): false,
+	} {
+		if got := floatType(typ); got != want {
+			t.Errorf("floatType(%s) = %v, want %v", typ, got, want)
 		}
 	}
 }

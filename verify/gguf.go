@@ -264,14 +264,9 @@ func dims64(d []uint64) []int64 {
 	return out
 }
 
-// floatType reports the ggml types a norm may be stored in.
-func floatType(t quant.Type) bool {
-	switch t {
-	case quant.F32, quant.F16, quant.BF16, quant.F64:
-		return true
-	}
-	return false
-}
+// floatType reports the ggml types a norm may be stored in: the plain
+// float types (F32, F16, BF16, F64), whose one element a block is a float.
+func floatType(t quant.Type) bool { return !t.Quantized() && len(t.Floats()) > 0 }
 
 func (g *ggufAnalysis) checkBlocks(heads []int, trunk int) {
 	rep := g.rep

@@ -12,45 +12,31 @@ import (
 // ErrNoDecoder is returned for a type ferry cannot decode.
 var ErrNoDecoder = errors.New("no decoder")
 
-// decoders turn whole blocks of type t back into float32 values, as
-// ggml's dequantize_row_* (ggml-quants.c) and ggml_fp16_to_fp32_row /
-// ggml_bf16_to_fp32_row (ggml.c) at llama.cpp 34af94c do. Products are
-// rounded to float32 before a minimum is subtracted (no FMA on arm64), so
-// the values are ggml's bit for bit; only the payload of a NaN made from
-// two NaNs or an invalid operation (Inf·0) may differ, as it does between
-// x86-64 and arm64 builds of ggml.
-var decoders = map[Type]func(dst []float32, src []byte){
-	F32:  tensor.BytesToF32,
-	F16:  decodeF16,
-	BF16: tensor.BF16ToF32,
-	Q4_0: q4_0.decode,
-	Q4_1: q4_1.decode,
-	Q5_0: q5_0.decode,
-	Q5_1: q5_1.decode,
-	Q8_0: decodeQ8_0,
-	Q2_K: decodeQ2_K,
-	Q3_K: decodeQ3_K,
-	Q4_K: decodeQ4_K,
-	Q5_K: decodeQ5_K,
-	Q6_K: decodeQ6_K,
-}
+// The decoders in this file (each a row's Decode in the type table) turn
+// whole blocks back into float32 values, as ggml's dequantize_row_*
+// (ggml-quants.c) and ggml_fp16_to_fp32_row / ggml_bf16_to_fp32_row (ggml.c) at llama.cpp
+// 34af94c do. Products are rounded to float32 before a minimum is
+// subtracted (no FMA on arm64), so the values are ggml's bit for bit; only
+// the payload of a NaN made from two NaNs or an invalid operation (Inf·0)
+// may differ, as it does between x86-64 and arm64 builds of ggml.
 
-// CanDecode reports whether Decode handles t.
-func (t Type) CanDecode() bool { _, ok := decoders[t]; return ok }
+// CanDecode reports whether Decode handles t: whether its row has a
+// decoder.
+func (t Type) CanDecode() bool { return t.row().Decode != nil }
 
 // Decode writes the values of src, blocks of type t, into dst. dst's
 // length must be a whole number of t's blocks; src must hold
 // len(dst)/BlockSize blocks of TypeSize bytes.
 func Decode(t Type, dst []float32, src []byte) error {
-	dec, ok := decoders[t]
-	if !ok {
+	r := t.row()
+	if r.Decode == nil {
 		return fmt.Errorf("%w for %s", ErrNoDecoder, t)
 	}
-	need, err := blockBytes(t, len(dst), len(src))
+	need, err := r.blockBytes(len(dst), len(src))
 	if err != nil {
 		return err
 	}
-	dec(dst, src[:need])
+	r.Decode(dst, src[:need])
 	return nil
 }
 

@@ -12,51 +12,34 @@ import (
 // ErrNoEncoder is returned for a type ferry cannot yet encode into.
 var ErrNoEncoder = errors.New("no encoder")
 
-// encoders write whole blocks of float32 values as ggml type t. A new
-// quantized type is one function here and its bit-exactness test.
-var encoders = map[Type]func(dst []byte, src []float32){
-	F32:  tensor.F32ToBytes,
-	F16:  tensor.F32ToF16,
-	BF16: tensor.F32ToBF16,
-	Q8_0: quantizeQ8_0,
-	Q4_0: q4_0.encode,
-	Q4_1: q4_1.encode,
-	Q5_0: q5_0.encode,
-	Q5_1: q5_1.encode,
-	Q2_K: quantizeQ2_K,
-	Q3_K: quantizeQ3_K,
-	Q4_K: quantizeQ4_K,
-	Q5_K: quantizeQ5_K,
-	Q6_K: quantizeQ6_K,
-}
-
-// CanEncode reports whether Encode handles t.
-func (t Type) CanEncode() bool { _, ok := encoders[t]; return ok }
+// CanEncode reports whether Encode handles t: whether its row has an
+// encoder.
+func (t Type) CanEncode() bool { return t.row().Encode != nil }
 
 // Encode writes src, a whole number of t's blocks, into dst as type t.
 // dst must hold len(src)/BlockSize blocks of TypeSize bytes.
 func Encode(t Type, dst []byte, src []float32) error {
-	enc, ok := encoders[t]
-	if !ok {
+	r := t.row()
+	if r.Encode == nil {
 		return fmt.Errorf("%w for %s", ErrNoEncoder, t)
 	}
-	if _, err := blockBytes(t, len(src), len(dst)); err != nil {
+	if _, err := r.blockBytes(len(src), len(dst)); err != nil {
 		return err
 	}
-	enc(dst, src)
+	r.Encode(dst, src)
 	return nil
 }
 
-// blockBytes is the size of n values of t, checking that they are whole
+// blockBytes is the size of n values of r's type, checking that they are whole
 // blocks and that a buffer of have bytes holds them.
-func blockBytes(t Type, n, have int) (int, error) {
-	bs := t.BlockSize()
+func (r *Traits) blockBytes(n, have int) (int, error) {
+	bs := r.BlockSize
 	if int64(n)%bs != 0 {
-		return 0, fmt.Errorf("%s: %d values are not a whole number of %d-value blocks", t, n, bs)
+		return 0, fmt.Errorf("%s: %d values are not a whole number of %d-value blocks", r.Name, n, bs)
 	}
-	need := int64(n) / bs * t.TypeSize()
+	need := int64(n) / bs * r.TypeSize
 	if int64(have) < need {
-		return 0, fmt.Errorf("%s: %d values need %d bytes, have %d", t, n, need, have)
+		return 0, fmt.Errorf("%s: %d values need %d bytes, have %d", r.Name, n, need, have)
 	}
 	return int(need), nil
 }

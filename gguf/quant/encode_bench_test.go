@@ -67,3 +67,30 @@ func BenchmarkDecode(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkOneBlock measures Encode and Decode of a single block, where
+// what a call costs besides the block (finding the type's row, checking
+// the sizes) weighs most: F32's block is one value, so its time is nearly
+// all call. ns per call.
+func BenchmarkOneBlock(b *testing.B) {
+	src := layerWeights(rand.New(rand.NewPCG(1, 2)))
+	for _, typ := range []quant.Type{quant.F32, quant.Q8_0, quant.Q4_K} {
+		x := src[:typ.BlockSize()]
+		enc := make([]byte, typ.TypeSize())
+		out := make([]float32, len(x))
+		b.Run("Encode/"+typ.String(), func(b *testing.B) {
+			for b.Loop() {
+				if err := quant.Encode(typ, enc, x); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("Decode/"+typ.String(), func(b *testing.B) {
+			for b.Loop() {
+				if err := quant.Decode(typ, out, enc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

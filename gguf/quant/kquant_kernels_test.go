@@ -214,7 +214,7 @@ func TestKernelsMatch(t *testing.T) {
 		}
 	}
 	for _, ty := range []Type{Q2_K, Q3_K, Q4_K, Q5_K, Q6_K} {
-		enc := encoders[ty]
+		enc := ty.row().Encode
 		a := make([]byte, 64*ty.TypeSize())
 		b := make([]byte, len(a))
 		enc(a, src)

@@ -355,7 +355,7 @@ func (st *mixState) typeOf(s Source, def Type) (Type, error) {
 		return *st.o.OutputType, nil
 	}
 	t := def
-	if !def.quantized() { // F32, F16, BF16: every quantizable tensor gets it
+	if !def.Quantized() { // F32, F16, BF16: every quantizable tensor gets it
 		return t, nil
 	}
 	manual := false
@@ -375,36 +375,16 @@ func (st *mixState) typeOf(s Source, def Type) (Type, error) {
 	return fallback(s, t)
 }
 
-// quantized is ggml_is_quantized: a block type, not a plain float or
-// integer one.
-func (t Type) quantized() bool {
-	switch t {
-	case F32, F16, BF16, F64, I8, I16, I32, I64:
-		return false
-	}
-	return t.Known()
-}
-
-// fallback is tensor_type_fallback (llamacpp.md §3.6).
+// fallback is tensor_type_fallback (llamacpp.md §3.6): the Fallback of
+// t's row, F16 when that does not divide the row either.
 func fallback(s Source, t Type) (Type, error) {
 	ncols := s.ne(0)
 	bs := uint64(t.BlockSize())
 	if bs == 0 || ncols%bs == 0 {
 		return t, nil
 	}
-	var r Type
-	switch t {
-	case Q2_0, Q2_K, Q3_K, TQ1_0, TQ2_0:
-		r = Q4_0
-	case Q4_K:
-		r = Q5_0
-	case Q5_K:
-		r = Q5_1
-	case Q6_K:
-		r = Q8_0
-	case IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS:
-		r = IQ4_NL
-	default:
+	r := t.row().Fallback
+	if r == F32 {
 		return 0, fmt.Errorf("row of %d is not a whole number of %s blocks, and no tensor type fallback is defined for type %s", ncols, t, t)
 	}
 	if ncols%uint64(r.BlockSize()) != 0 {

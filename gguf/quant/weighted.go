@@ -38,20 +38,6 @@ import (
 // Every encoder here keeps its scratch on the stack and is a pure function
 // of (dst, src, weights), safe to run concurrently on disjoint rows.
 
-// weightedEncoders quantize one row, src, with its importance weights qw
-// (len(src) values) into dst.
-var weightedEncoders = map[Type]func(dst []byte, src, qw []float32){
-	Q4_0: q4_0.encodeWeighted,
-	Q4_1: q4_1.encodeWeighted,
-	Q5_0: q5_0.encodeWeighted,
-	Q5_1: q5_1.encodeWeighted,
-	Q2_K: weightedQ2_K,
-	Q3_K: weightedQ3_K,
-	Q4_K: weightedQ4_K,
-	Q5_K: weightedQ5_K,
-	Q6_K: weightedQ6_K,
-}
-
 // EncodeWeighted writes src, whole rows of rowLen values, into dst as type
 // t, quantizing every row with the importance weights (rowLen values, one
 // per column) as llama-quantize does with an importance matrix. For a
@@ -64,28 +50,29 @@ var weightedEncoders = map[Type]func(dst []byte, src, qw []float32){
 // weights. Q8_0, F16, BF16 and F32 ignore the weights, as ggml does.
 // rowLen must be a whole number of t's blocks and divide len(src).
 func EncodeWeighted(t Type, dst []byte, src []float32, rowLen int, weights []float32) error {
-	if _, ok := encoders[t]; !ok {
+	r := t.row()
+	if r.Encode == nil {
 		return fmt.Errorf("%w for %s", ErrNoEncoder, t)
 	}
 	if rowLen <= 0 || len(src)%rowLen != 0 {
 		return fmt.Errorf("%s: %d values are not whole rows of %d", t, len(src), rowLen)
 	}
-	rowBytes, err := blockBytes(t, rowLen, math.MaxInt)
+	rowBytes, err := r.blockBytes(rowLen, math.MaxInt)
 	if err != nil {
 		return err
 	}
-	if _, err := blockBytes(t, len(src), len(dst)); err != nil {
+	if _, err := r.blockBytes(len(src), len(dst)); err != nil {
 		return err
 	}
 	if weights != nil && len(weights) != rowLen {
 		return fmt.Errorf("%s: %d importance weights for rows of %d", t, len(weights), rowLen)
 	}
-	enc, ok := weightedEncoders[t]
-	if weights == nil || !ok {
-		return Encode(t, dst, src)
+	if weights == nil || r.EncodeWeighted == nil {
+		r.Encode(dst, src)
+		return nil
 	}
-	for r := 0; r*rowLen < len(src); r++ {
-		enc(dst[r*rowBytes:(r+1)*rowBytes], src[r*rowLen:(r+1)*rowLen], weights)
+	for i := 0; i*rowLen < len(src); i++ {
+		r.EncodeWeighted(dst[i*rowBytes:(i+1)*rowBytes], src[i*rowLen:(i+1)*rowLen], weights)
 	}
 	return nil
 }

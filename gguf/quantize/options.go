@@ -46,7 +46,19 @@ func NewTensorType(pattern, typ string) (quant.TensorType, error) {
 func ParseTensorTypeName(s string) (quant.Type, error) {
 	t, ok := quant.ParseType(s)
 	if !ok || !t.CanEncode() {
-		return 0, fmt.Errorf("%w: %q is not a ggml type ferry can write (q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, q5_1, q5_0, q4_1, q4_0, f16, bf16, f32)", ErrOption, s)
+		return 0, fmt.Errorf("%w: %q is not a ggml type ferry can write (%s)", ErrOption, s, writable())
 	}
 	return t, nil
+}
+
+// writable lists the ggml types ferry can write, lower-cased as
+// llama-quantize's users spell them, in type-code order.
+func writable() string {
+	var names []string
+	for _, t := range quant.Types() {
+		if t.CanEncode() {
+			names = append(names, strings.ToLower(t.String()))
+		}
+	}
+	return strings.Join(names, ", ")
 }

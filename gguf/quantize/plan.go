@@ -157,25 +157,12 @@ func checkFileType(f quant.FileType) error {
 	return nil
 }
 
-// decodable reports whether a tensor of type t can be read as float32:
-// the float types directly, the quantized ones through quant.Decode.
-func decodable(t quant.Type) bool {
-	switch t {
-	case quant.F32, quant.F16, quant.BF16:
-		return true
-	}
-	return quantized(t)
-}
-
-// quantized reports whether t is a block-quantized type (not a float or
-// integer type).
-func quantized(t quant.Type) bool {
-	switch t {
-	case quant.F32, quant.F16, quant.BF16, quant.F64, quant.I8, quant.I16, quant.I32, quant.I64:
-		return false
-	}
-	return t.Known()
-}
+// decodable reports whether a tensor of type t can be read as float32: a
+// type with a decoder in the type table, or any block-quantized type, so
+// that a quantized input is refused as a requantization first, as
+// llama-quantize refuses it (with --allow-requantize, one ferry has no
+// decoder for fails in quant.Decode).
+func decodable(t quant.Type) bool { return t.CanDecode() || t.Quantized() }
 
 // NewPlan plans the quantization of the opened GGUF file f. Everything that
 // can be known from the header is checked here, before anything is
@@ -260,7 +247,7 @@ func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 			if !decodable(in.Type) {
 				return nil, inputerr.New(f.Path, in.Name, off, ErrInputType, "%s cannot be converted to %s", in.Type, tp.Type)
 			}
-			if quantized(in.Type) && !o.AllowRequantize {
+			if in.Type.Quantized() && !o.AllowRequantize {
 				return nil, inputerr.New(f.Path, in.Name, off, ErrRequantize, "%s, planned as %s", in.Type, tp.Type)
 			}
 			if !tp.Type.CanEncode() {
