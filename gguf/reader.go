@@ -165,6 +165,12 @@ type File struct {
 	DataOffset int64 // absolute offset of the data section
 	HeaderRead int64 // bytes of the file the parser read (the header)
 
+	// Parts are the files of a split (nil for one file): File is then
+	// the whole model as one file made of them would be (KVs without the
+	// split.* keys, tensors in order at that file's offsets), read from
+	// the parts (OpenSplit).
+	Parts []Part
+
 	r       io.ReaderAt
 	closer  io.Closer
 	kvIndex map[string]int
@@ -212,9 +218,20 @@ func (f *File) Close() error {
 	return nil
 }
 
-// Open opens the GGUF file at path and parses its header. The caller
-// closes the returned File.
+// Open opens the GGUF file at path and parses its header; the first part
+// of a split opens the whole split (OpenSplit). The caller closes the
+// returned File.
 func Open(path string) (*File, error) {
+	f, err := OpenFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return OpenSplit(f)
+}
+
+// OpenFile opens the one GGUF file at path and parses its header, a part
+// of a split as it is. The caller closes the returned File.
+func OpenFile(path string) (*File, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err

@@ -28,8 +28,8 @@ type TensorJournal struct {
 	mu       sync.Mutex
 	path     string
 	log      *journal.Log
-	partial  string
-	noSync   bool // see OpenTensorJournal
+	partials []string // the partial files, the first part's first
+	noSync   bool     // see OpenTensorJournal
 	durableM map[string]bool
 	pending  []string
 	last     time.Time
@@ -52,6 +52,14 @@ type TensorJournal struct {
 // starts over, and a journal of a synced run is not resumed by an
 // unsynced one or the other way round.
 func OpenTensorJournal(path, out, stamp string, noSync bool) (*TensorJournal, error) {
+	return OpenTensorJournalFiles(path, []string{out}, stamp, noSync)
+}
+
+// OpenTensorJournalFiles is OpenTensorJournal for a write of several
+// files, the parts of a split (Layout.Files): it fsyncs all of them
+// before it records tensors, and their partial files are gone only when
+// none is left.
+func OpenTensorJournalFiles(path string, outs []string, stamp string, noSync bool) (*TensorJournal, error) {
 	if noSync {
 		stamp += "\x00no-sync\x00" + fsutil.BootID()
 	}
@@ -59,8 +67,11 @@ func OpenTensorJournal(path, out, stamp string, noSync bool) (*TensorJournal, er
 	if err != nil {
 		return nil, err
 	}
-	j := &TensorJournal{Every: time.Second, path: path, log: log, partial: PartialPath(out), durableM: map[string]bool{}, last: time.Now(), noSync: noSync}
-	if _, err := os.Stat(j.partial); errors.Is(err, fs.ErrNotExist) {
+	j := &TensorJournal{Every: time.Second, path: path, log: log, durableM: map[string]bool{}, last: time.Now(), noSync: noSync}
+	for _, out := range outs {
+		j.partials = append(j.partials, PartialPath(out))
+	}
+	if !j.partialLeft() {
 		// Units of a partial file that is gone mean nothing.
 		if len(entries) > 0 {
 			if err := log.Reset(stamp); err != nil {
@@ -144,16 +155,28 @@ func (j *TensorJournal) record(units []string) error {
 	if j.noSync {
 		return j.log.AppendNoSync(es...)
 	}
-	pf, err := os.Open(j.partial)
-	if err != nil {
-		return err
-	}
-	err = pf.Sync()
-	pf.Close()
-	if err != nil {
-		return err
+	for _, p := range j.partials {
+		pf, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		err = pf.Sync()
+		pf.Close()
+		if err != nil {
+			return err
+		}
 	}
 	return j.log.Append(es...)
+}
+
+// partialLeft reports whether any of the partial files is there.
+func (j *TensorJournal) partialLeft() bool {
+	for _, p := range j.partials {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			return true
+		}
+	}
+	return false
 }
 
 // Durable is how many tensors the journal holds as durable.
@@ -182,6 +205,7 @@ func (j *TensorJournal) Remove() error {
 // the ones recorded before).
 type Leftover struct {
 	Partial    string
+	Partials   []string // every part's partial file, for a split (Partial is the first)
 	Journal    string
 	Durable    int
 	JournalErr error
@@ -195,10 +219,13 @@ type Leftover struct {
 func (j *TensorJournal) Abandon() Leftover {
 	lo := Leftover{JournalErr: j.Flush()}
 	j.Close()
-	if _, err := os.Stat(j.partial); errors.Is(err, fs.ErrNotExist) {
+	if !j.partialLeft() {
 		j.log.Remove()
 		return Leftover{}
 	}
-	lo.Partial, lo.Journal, lo.Durable = j.partial, j.path, j.Durable()
+	lo.Partial, lo.Journal, lo.Durable = j.partials[0], j.path, j.Durable()
+	if len(j.partials) > 1 {
+		lo.Partials = j.partials
+	}
 	return lo
 }

@@ -32,6 +32,9 @@ type Layout struct {
 	Alignment  uint64
 	DataOffset int64 // == len(Header)
 	Size       int64 // total file size, the last tensor padded too
+	// Split, when set (WithSplit), cuts the file into parts: the fields
+	// above still describe the whole file, and a Writer writes the parts.
+	Split *Split
 }
 
 // TensorOffset is the absolute file offset of tensor i.
@@ -257,29 +260,48 @@ func encodeArray(b *bytes.Buffer, a Array) error {
 }
 
 // Writer writes the tensor bodies of a planned layout into a file that
-// appears under its final name only when Close succeeds. Tensor bodies may
-// be written concurrently, each at its own offset.
+// appears under its final name only when Close succeeds, or, for a layout
+// with a Split, into its parts. Tensor bodies may be written concurrently,
+// each at its own offset.
 //
-// Resume: the file is written as path + ".partial". With Options.Resume, an
-// existing partial file of the same size whose header is byte-identical to
-// the layout's is reused; the caller then calls Skip for tensors it knows
-// to be complete (from its journal, or by hashing Section(i)) and writes
-// the rest.
+// Resume: each file is written as its path + ".partial". With
+// Options.Resume, existing partial files of the planned sizes whose
+// headers are byte-identical to the layout's are reused (all of them, or
+// none); the caller then calls Skip for tensors it knows to be complete
+// (from its journal, or by hashing Section(i)) and writes the rest.
+//
+// A split is committed as a whole: every part is fsynced, then the parts
+// are renamed into place last to first, so the first part, the one a
+// reader opens, appears last; a run killed between the renames leaves the
+// first part partial, and a resume takes the renamed parts back.
 type Writer struct {
 	path   string
 	layout *Layout
-	f      *os.File
-	tmp    string
+	files  []*wfile
+	loc    []tensorLoc // where each tensor goes
 
 	mu      sync.Mutex
-	wmu     sync.Mutex        // serializes WriteAt's pwrite
-	fl      *fsutil.Writeback // background writeback requests (Linux)
+	wmu     sync.Mutex // serializes WriteAt's pwrite
 	written []bool
 	err     error // sticky
 	done    bool
 	resumed bool
 	noSync  bool
-	syncs   atomic.Int32 // fsyncs made (file and directory), for tests
+	syncs   atomic.Int32 // fsyncs made (files and directory), for tests
+}
+
+// wfile is one file a Writer writes: the whole file or one part.
+type wfile struct {
+	path, tmp string
+	layout    *Layout
+	f         *os.File
+	fl        *fsutil.Writeback // background writeback requests (Linux)
+	base      int64             // where the file starts in the files' concatenation
+}
+
+type tensorLoc struct {
+	file int
+	off  int64 // absolute offset in the file
 }
 
 // Options tune Create.
@@ -295,37 +317,92 @@ type Options struct {
 // PartialPath is where a Writer for path writes until Close.
 func PartialPath(path string) string { return path + fsutil.PartialSuffix }
 
-// Create starts writing layout to path.
+// Create starts writing layout to path (to the parts named after path when
+// the layout has a Split: Layout.Files).
 func Create(path string, layout *Layout, opt Options) (*Writer, error) {
-	w := &Writer{path: path, layout: layout, tmp: PartialPath(path), written: make([]bool, len(layout.Tensors)), noSync: opt.NoSync}
+	w := &Writer{path: path, layout: layout, written: make([]bool, len(layout.Tensors)), noSync: opt.NoSync}
+	var base int64
+	for k, p := range layout.Files(path) {
+		fl := layout.FileLayouts()[k]
+		w.files = append(w.files, &wfile{path: p, tmp: PartialPath(p), layout: fl, base: base})
+		base += fl.Size
+	}
+	w.loc = make([]tensorLoc, len(layout.Tensors))
+	for i := range w.loc {
+		w.loc[i].file, w.loc[i].off = layout.Locate(i)
+	}
 	if opt.Resume {
-		if f, ok := reusable(w.tmp, layout); ok {
-			w.f = f
-			w.startWriteback()
+		w.takeBackParts()
+		if w.reusable() {
+			for _, f := range w.files {
+				f.startWriteback(w.noSync)
+			}
 			w.resumed = true
 			return w, nil
 		}
 	}
-	f, err := os.OpenFile(w.tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	w.f = f
-	w.startWriteback()
-	if _, err := f.WriteAt(layout.Header, 0); err != nil {
-		w.Abort()
-		return nil, err
-	}
-	if err := reserve(f.Fd(), layout.Size); err != nil {
-		w.Abort()
-		return nil, fmt.Errorf("%s: reserving %d bytes: %w", w.tmp, layout.Size, err)
-	}
-	// Extending the file zero-fills every padding gap.
-	if err := f.Truncate(layout.Size); err != nil {
-		w.Abort()
-		return nil, err
+	for _, f := range w.files {
+		if err := w.create(f); err != nil {
+			w.Abort()
+			return nil, err
+		}
 	}
 	return w, nil
+}
+
+// create makes f's partial file: the header, the file's blocks reserved,
+// zeros everywhere else.
+func (w *Writer) create(f *wfile) error {
+	fh, err := os.OpenFile(f.tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	f.f = fh
+	f.startWriteback(w.noSync)
+	if _, err := fh.WriteAt(f.layout.Header, 0); err != nil {
+		return err
+	}
+	if err := reserve(fh.Fd(), f.layout.Size); err != nil {
+		return fmt.Errorf("%s: reserving %d bytes: %w", f.tmp, f.layout.Size, err)
+	}
+	// Extending the file zero-fills every padding gap.
+	return fh.Truncate(f.layout.Size)
+}
+
+// takeBackParts undoes the renames of a split commit that was cut short:
+// while the first part is still partial, the later parts already renamed
+// into place are not a finished split, and become partial again.
+func (w *Writer) takeBackParts() {
+	if len(w.files) < 2 {
+		return
+	}
+	if _, err := os.Stat(w.files[0].tmp); err != nil {
+		return
+	}
+	for _, f := range w.files[1:] {
+		if _, err := os.Stat(f.tmp); err == nil {
+			continue
+		}
+		if st, err := os.Stat(f.path); err == nil && st.Mode().IsRegular() && st.Size() == f.layout.Size {
+			os.Rename(f.path, f.tmp)
+		}
+	}
+}
+
+// reusable opens every partial file if all of them match the plan.
+func (w *Writer) reusable() bool {
+	for k, f := range w.files {
+		fh, ok := reusable(f.tmp, f.layout)
+		if !ok {
+			for _, g := range w.files[:k] {
+				g.f.Close()
+				g.f = nil
+			}
+			return false
+		}
+		f.f = fh
+	}
+	return true
 }
 
 func reusable(tmp string, layout *Layout) (*os.File, bool) {
@@ -346,11 +423,56 @@ func reusable(tmp string, layout *Layout) (*os.File, bool) {
 	return f, true
 }
 
-// ReadAt reads back bytes of the partial file (at any absolute offset).
-func (w *Writer) ReadAt(b []byte, off int64) (int, error) { return w.f.ReadAt(b, off) }
+// ReadAt reads back bytes of the partial files, at offsets into their
+// concatenation in order (for one file, its own offsets).
+func (w *Writer) ReadAt(b []byte, off int64) (int, error) {
+	n := 0
+	for _, f := range w.files {
+		if n == len(b) {
+			break
+		}
+		pos := off + int64(n)
+		if pos >= f.base+f.layout.Size {
+			continue
+		}
+		m, err := f.f.ReadAt(b[n:min(len(b), n+int(f.base+f.layout.Size-pos))], pos-f.base)
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	if n < len(b) {
+		return n, io.EOF
+	}
+	return n, nil
+}
 
-// Path is the final name the file gets at Close.
-func (w *Writer) Path() string { return w.path }
+// FileBounds are where each file ends in the concatenation ReadAt reads.
+func (w *Writer) FileBounds() []int64 {
+	ends := make([]int64, len(w.files))
+	for k, f := range w.files {
+		ends[k] = f.base + f.layout.Size
+	}
+	return ends
+}
+
+// TensorStart is where tensor i starts in the concatenation ReadAt reads.
+func (w *Writer) TensorStart(i int) int64 {
+	l := w.loc[i]
+	return w.files[l.file].base + l.off
+}
+
+// Path is the final name of the file (of the first part, for a split).
+func (w *Writer) Path() string { return w.files[0].path }
+
+// Paths are the final names of every file written, in order.
+func (w *Writer) Paths() []string {
+	ps := make([]string, len(w.files))
+	for k, f := range w.files {
+		ps[k] = f.path
+	}
+	return ps
+}
 
 // Resumed reports whether Create reused an earlier partial file.
 func (w *Writer) Resumed() bool { return w.resumed }
@@ -361,7 +483,8 @@ func (w *Writer) Layout() *Layout { return w.layout }
 // Section reads back tensor i's bytes in the partial file (to verify a
 // tensor before Skip on resume).
 func (w *Writer) Section(i int) *io.SectionReader {
-	return io.NewSectionReader(w.f, w.layout.TensorOffset(i), w.layout.Tensors[i].Size())
+	l := w.loc[i]
+	return io.NewSectionReader(w.files[l.file].f, l.off, w.layout.Tensors[i].Size())
 }
 
 // Skip marks tensor i as already present (resume).
@@ -374,7 +497,8 @@ func (w *Writer) Skip(i int) {
 // TensorWriter returns a writer for tensor i's body, positioned at its
 // offset. Exactly Size() bytes must be written, then Finish(i) called.
 func (w *Writer) TensorWriter(i int) io.Writer {
-	return io.NewOffsetWriter(w.f, w.layout.TensorOffset(i))
+	l := w.loc[i]
+	return io.NewOffsetWriter(w.files[l.file].f, l.off)
 }
 
 // WriteAt writes part of tensor i's body: b at byte off within the
@@ -389,17 +513,18 @@ func (w *Writer) WriteAt(i int, b []byte, off int64) error {
 		return err
 	}
 	t := w.layout.Tensors[i]
+	l := w.loc[i]
+	f := w.files[l.file]
 	if off < 0 || off+int64(len(b)) > t.Size() {
-		return w.fail(fmt.Errorf("%s: tensor %q: %w: bytes %d..%d of %d", w.path, t.Name, ErrWriteSize, off, off+int64(len(b)), t.Size()))
+		return w.fail(fmt.Errorf("%s: tensor %q: %w: bytes %d..%d of %d", f.path, t.Name, ErrWriteSize, off, off+int64(len(b)), t.Size()))
 	}
-	at := w.layout.TensorOffset(i) + off
 	w.wmu.Lock()
-	_, err := w.f.WriteAt(b, at)
+	_, err := f.f.WriteAt(b, l.off+off)
 	w.wmu.Unlock()
 	if err != nil {
-		return w.fail(fmt.Errorf("%s: tensor %q: %w", w.path, t.Name, err))
+		return w.fail(fmt.Errorf("%s: tensor %q: %w", f.path, t.Name, err))
 	}
-	w.fl.Wrote(int64(len(b)))
+	f.fl.Wrote(int64(len(b)))
 	return nil
 }
 
@@ -410,17 +535,18 @@ func (w *Writer) WriteTensor(i int, r io.Reader) error {
 		return err
 	}
 	t := w.layout.Tensors[i]
+	path := w.files[w.loc[i].file].path
 	size := t.Size()
 	n, err := io.Copy(w.TensorWriter(i), io.LimitReader(r, size))
 	if err != nil {
-		return w.fail(fmt.Errorf("%s: tensor %q: %w", w.path, t.Name, err))
+		return w.fail(fmt.Errorf("%s: tensor %q: %w", path, t.Name, err))
 	}
 	if n != size {
-		return w.fail(fmt.Errorf("%s: tensor %q: %w: %d of %d", w.path, t.Name, ErrWriteSize, n, size))
+		return w.fail(fmt.Errorf("%s: tensor %q: %w: %d of %d", path, t.Name, ErrWriteSize, n, size))
 	}
 	var one [1]byte
 	if m, _ := r.Read(one[:]); m != 0 {
-		return w.fail(fmt.Errorf("%s: tensor %q: %w: more than %d", w.path, t.Name, ErrWriteSize, size))
+		return w.fail(fmt.Errorf("%s: tensor %q: %w: more than %d", path, t.Name, ErrWriteSize, size))
 	}
 	return w.Finish(i)
 }
@@ -431,11 +557,13 @@ func (w *Writer) WriteTensorBytes(i int, b []byte) error {
 		return err
 	}
 	t := w.layout.Tensors[i]
+	l := w.loc[i]
+	f := w.files[l.file]
 	if int64(len(b)) != t.Size() {
-		return w.fail(fmt.Errorf("%s: tensor %q: %w: %d of %d", w.path, t.Name, ErrWriteSize, len(b), t.Size()))
+		return w.fail(fmt.Errorf("%s: tensor %q: %w: %d of %d", f.path, t.Name, ErrWriteSize, len(b), t.Size()))
 	}
-	if _, err := w.f.WriteAt(b, w.layout.TensorOffset(i)); err != nil {
-		return w.fail(fmt.Errorf("%s: tensor %q: %w", w.path, t.Name, err))
+	if _, err := f.f.WriteAt(b, l.off); err != nil {
+		return w.fail(fmt.Errorf("%s: tensor %q: %w", f.path, t.Name, err))
 	}
 	return w.Finish(i)
 }
@@ -468,28 +596,52 @@ func (w *Writer) fail(err error) error {
 
 // startWriteback starts the early writeback of a file that is fsynced at
 // the end; one that is not is left to the kernel, as cp leaves its files.
-func (w *Writer) startWriteback() {
-	if !w.noSync {
-		w.fl = fsutil.NewWriteback(w.f)
+func (f *wfile) startWriteback(noSync bool) {
+	if !noSync {
+		f.fl = fsutil.NewWriteback(f.f)
 	}
 }
 
-// sync fsyncs the partial file unless the writer skips fsync.
+// sync fsyncs the partial files unless the writer skips fsync.
 func (w *Writer) sync() error {
 	if w.noSync {
 		return nil
 	}
-	w.syncs.Add(1)
-	return w.f.Sync()
+	for _, f := range w.files {
+		if f.f == nil {
+			continue
+		}
+		w.syncs.Add(1)
+		if err := f.f.Sync(); err != nil {
+			return fmt.Errorf("%s: fsync: %w", f.tmp, err)
+		}
+	}
+	return nil
 }
 
-// Sync fsyncs the partial file (a resume point); with Options.NoSync it
+// Sync fsyncs the partial files (a resume point); with Options.NoSync it
 // does nothing.
 func (w *Writer) Sync() error { return w.sync() }
 
-// Close checks every tensor was written, fsyncs, and renames the file into
-// place. On error the partial file is kept for a resume unless the error is
-// sticky from a failed write, in which case call Abort.
+// closeFiles stops the writebacks and closes the files.
+func (w *Writer) closeFiles() error {
+	var err error
+	for _, f := range w.files {
+		f.fl.Stop()
+		if f.f != nil {
+			if cerr := f.f.Close(); err == nil {
+				err = cerr
+			}
+			f.f = nil
+		}
+	}
+	return err
+}
+
+// Close checks every tensor was written, fsyncs, and renames the files
+// into place (a split's parts last to first). On error the partial files
+// are kept for a resume unless the error is sticky from a failed write,
+// in which case call Abort.
 func (w *Writer) Close() error {
 	w.mu.Lock()
 	if w.done {
@@ -503,21 +655,25 @@ func (w *Writer) Close() error {
 	for i, ok := range w.written {
 		if !ok {
 			w.mu.Unlock()
-			return fmt.Errorf("%s: tensor %q was never written", w.path, w.layout.Tensors[i].Name)
+			return fmt.Errorf("%s: tensor %q was never written", w.files[w.loc[i].file].path, w.layout.Tensors[i].Name)
 		}
 	}
 	w.done = true
 	w.mu.Unlock()
-	w.fl.Stop()
+	for _, f := range w.files {
+		f.fl.Stop()
+	}
 	if err := w.sync(); err != nil {
-		w.f.Close()
-		return fmt.Errorf("%s: fsync: %w", w.tmp, err)
-	}
-	if err := w.f.Close(); err != nil {
+		w.closeFiles()
 		return err
 	}
-	if err := os.Rename(w.tmp, w.path); err != nil {
+	if err := w.closeFiles(); err != nil {
 		return err
+	}
+	for k := len(w.files) - 1; k >= 0; k-- {
+		if err := os.Rename(w.files[k].tmp, w.files[k].path); err != nil {
+			return err
+		}
 	}
 	if w.noSync {
 		return nil
@@ -526,7 +682,7 @@ func (w *Writer) Close() error {
 	return fsutil.SyncDir(filepath.Dir(w.path))
 }
 
-// Abort closes and removes the partial file.
+// Abort closes and removes the partial files.
 func (w *Writer) Abort() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -534,12 +690,13 @@ func (w *Writer) Abort() {
 		return
 	}
 	w.done = true
-	w.fl.Stop()
-	w.f.Close()
-	os.Remove(w.tmp)
+	w.closeFiles()
+	for _, f := range w.files {
+		os.Remove(f.tmp)
+	}
 }
 
-// Detach closes the partial file and keeps it for a later resume.
+// Detach closes the partial files and keeps them for a later resume.
 func (w *Writer) Detach() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -547,9 +704,11 @@ func (w *Writer) Detach() error {
 		return nil
 	}
 	w.done = true
-	w.fl.Stop()
+	for _, f := range w.files {
+		f.fl.Stop()
+	}
 	err := w.sync()
-	if cerr := w.f.Close(); err == nil {
+	if cerr := w.closeFiles(); err == nil {
 		err = cerr
 	}
 	return err
