@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
 	"github.com/ferry-llm/ferry/internal/inputerr"
 )
@@ -109,6 +110,10 @@ type Options struct {
 	// type OutType asks for; nil is DefaultPolicy. The plan refuses a
 	// choice ferry cannot encode or whose blocks do not divide the row.
 	Policy quant.Policy
+	// Split writes the file as the parts llama-gguf-split --split would
+	// cut it into (--split-max-size, --split-max-tensors): Plan.Layout
+	// then has a Split, and Run writes the parts directly.
+	Split gguf.SplitOptions
 }
 
 // Supported lists the Hugging Face architectures the converter handles.

@@ -184,7 +184,14 @@ func NewPlan(ckpt *safetensors.Checkpoint, opts Options) (*Plan, error) {
 		return nil, errf(filepath.Join(ckpt.Dir, "config.json"), "", -1, ErrConfig, "no config.json in the checkpoint")
 	}
 	if opts.MMProj {
-		return newMMProjPlan(ckpt, opts)
+		p, err := newMMProjPlan(ckpt, opts)
+		if err != nil {
+			return nil, err
+		}
+		if p.Layout, err = p.Layout.WithSplit(p.KVs, opts.Split); err != nil {
+			return nil, fmt.Errorf("%s: %w", ckpt.Dir, err)
+		}
+		return p, nil
 	}
 	arch := ckpt.Config.Architecture()
 	newFam, ok := registry[arch]
@@ -195,7 +202,14 @@ func NewPlan(ckpt *safetensors.Checkpoint, opts Options) (*Plan, error) {
 	if err := m.setup(); err != nil {
 		return nil, err
 	}
-	return m.plan()
+	p, err := m.plan()
+	if err != nil {
+		return nil, err
+	}
+	if p.Layout, err = p.Layout.WithSplit(p.KVs, opts.Split); err != nil {
+		return nil, fmt.Errorf("%s: %w", ckpt.Dir, err)
+	}
+	return p, nil
 }
 
 // setup reads the common hparams and builds the inventory.

@@ -44,9 +44,20 @@ type RunOptions struct {
 // (gguf.Leftover).
 type RunResult struct {
 	Resumed int            // tensors kept from an interrupted run
-	Digest  hashing.Digest // sha256 of the finished file (RunOptions.Digest)
-	Size    int64
+	Digest  hashing.Digest // sha256 of the finished file (RunOptions.Digest; one file only)
+	Size    int64          // bytes written (the parts' together, for a split)
+	// Files are the files written (Plan.Layout.Files: the file, or every
+	// part of a split), each with its size and, with RunOptions.Digest,
+	// its sha256.
+	Files []File
 	gguf.Leftover
+}
+
+// File is one file a run wrote.
+type File struct {
+	Path   string
+	Size   int64
+	Digest hashing.Digest
 }
 
 // Run owns a conversion's whole write lifecycle; `ferry gguf convert` and
@@ -63,17 +74,28 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 	if jpath == "" {
 		jpath = out + ".journal"
 	}
-	j, err := gguf.OpenTensorJournal(jpath, out, Stamp(ck, p), o.NoSync)
+	files := p.Layout.Files(out)
+	j, err := gguf.OpenTensorJournalFiles(jpath, files, Stamp(ck, p), o.NoSync)
 	if err != nil {
 		return nil, err
 	}
 	if o.JournalEvery > 0 {
 		j.Every = o.JournalEvery
 	}
-	res := &RunResult{Size: p.Layout.Size}
-	var digest func([]byte)
+	res := &RunResult{Size: p.Layout.OutputSize()}
+	for k, fl := range p.Layout.FileLayouts() {
+		res.Files = append(res.Files, File{Path: files[k], Size: fl.Size})
+	}
+	var digests func([][]byte)
 	if o.Digest {
-		digest = func(s []byte) { copy(res.Digest[:], s) }
+		digests = func(sums [][]byte) {
+			for k, s := range sums {
+				copy(res.Files[k].Digest[:], s)
+			}
+			if len(sums) == 1 {
+				res.Digest = res.Files[0].Digest
+			}
+		}
 	}
 	err = Write(ctx, p, out, WriteOptions{
 		Jobs: o.Jobs, NoSync: o.NoSync, Progress: o.Progress, Resume: true,
@@ -90,8 +112,8 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 				o.TensorDone(i, name)
 			}
 		},
-		Digest:    digest,
-		NonFinite: o.NonFinite,
+		FileDigests: digests,
+		NonFinite:   o.NonFinite,
 	})
 	if err != nil {
 		res.Leftover = j.Abandon()
@@ -109,6 +131,12 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 func Stamp(ck *safetensors.Checkpoint, p *Plan) string {
 	h := sha256.New()
 	h.Write(p.Layout.Header)
+	if p.Layout.Split != nil {
+		for _, hd := range p.Layout.StampHeaders() {
+			fmt.Fprintf(h, "\x00part\x00%d\x00", len(hd))
+			h.Write(hd)
+		}
+	}
 	for _, s := range ck.Shards {
 		var mt int64
 		if st, err := os.Stat(s.Path); err == nil {

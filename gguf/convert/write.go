@@ -43,6 +43,10 @@ type WriteOptions struct {
 	// workers through the page cache in file order, so the file is not read
 	// again afterwards (a resumed run reads back the tensors it skipped).
 	Digest func(sum []byte)
+	// FileDigests, when set, receives the sha256 of every file written
+	// (Layout.Files: the file, or each part of a split), in order, hashed
+	// the same way. Digest is called only for a layout of one file.
+	FileDigests func(sums [][]byte)
 	// TensorDone is called, from worker goroutines (so it must be safe for
 	// concurrent use), after tensor i's bytes are written (not yet fsynced;
 	// the file is fsynced before it is renamed into place).
@@ -87,7 +91,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 	}
 
 	var hf *hashFollower
-	if wo.Digest != nil {
+	if wo.Digest != nil || wo.FileDigests != nil {
 		if hf, err = newHashFollower(w, p, units); err != nil {
 			w.Detach()
 			return err
@@ -133,36 +137,59 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		return err
 	}
 	if hf != nil {
-		wo.Digest(hf.h.Sum(nil))
+		sums := hf.sums()
+		if wo.Digest != nil && len(sums) == 1 {
+			wo.Digest(sums[0])
+		}
+		if wo.FileDigests != nil {
+			wo.FileDigests(sums)
+		}
 	}
 	return nil
 }
 
-// hashFollower hashes the file being written in file order, reading each
-// range back from the page cache once every unit before it is written:
-// units are planned in file order, and everything between them (header,
-// padding, tensors a resumed run skipped) is already in the file.
+// hashFollower hashes the files being written in file order, reading
+// each range back from the page cache once every unit before it is
+// written: units are planned in file order, and everything between them
+// (header, padding, tensors a resumed run skipped) is already in the
+// file. The parts of a split are hashed one after the other, each with
+// its own hash: positions are offsets into their concatenation
+// (gguf.Writer.ReadAt).
 type hashFollower struct {
 	w      *gguf.Writer
-	h      hash.Hash
-	start  []int64 // file offset where unit k begins
+	hs     []hash.Hash // one per file
+	ends   []int64     // where each file ends
+	start  []int64     // where unit k begins
 	done   []atomic.Bool
 	notify chan struct{}
 	size   int64
 }
 
 func newHashFollower(w *gguf.Writer, p *Plan, units []unit) (*hashFollower, error) {
-	hf := &hashFollower{w: w, h: sha256.New(), start: make([]int64, len(units)), done: make([]atomic.Bool, len(units)),
-		notify: make(chan struct{}, 1), size: p.Layout.Size}
+	ends := w.FileBounds()
+	hf := &hashFollower{w: w, ends: ends, start: make([]int64, len(units)), done: make([]atomic.Bool, len(units)),
+		notify: make(chan struct{}, 1), size: ends[len(ends)-1]}
+	for range ends {
+		hf.hs = append(hf.hs, sha256.New())
+	}
 	for k, u := range units {
 		off, _ := unitSpan(p, u)
-		hf.start[k] = p.Layout.TensorOffset(u.T) + off
+		hf.start[k] = w.TensorStart(u.T) + off
 		if k > 0 && hf.start[k] < hf.start[k-1] {
 			return nil, fmt.Errorf("%s: internal plan error: unit %d of tensor %q starts at %d, before the unit ahead of it (%d)",
 				w.Path(), k, p.Tensors[u.T].Name, hf.start[k], hf.start[k-1])
 		}
 	}
 	return hf, nil
+}
+
+// sums are the files' digests, once run has returned.
+func (hf *hashFollower) sums() [][]byte {
+	out := make([][]byte, len(hf.hs))
+	for k, h := range hf.hs {
+		out[k] = h.Sum(nil)
+	}
+	return out
 }
 
 // written notes that unit k's bytes are in the file.
@@ -180,7 +207,7 @@ func (hf *hashFollower) written(k int) {
 func (hf *hashFollower) run(ctx context.Context) error {
 	buf := make([]byte, 1<<20)
 	var hashed int64
-	next := 0
+	file, next := 0, 0
 	for hashed < hf.size {
 		for next < len(hf.done) && hf.done[next].Load() {
 			next++
@@ -201,11 +228,14 @@ func (hf *hashFollower) run(ctx context.Context) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			n := min(int64(len(buf)), safe-hashed)
-			if _, err := hf.w.ReadAt(buf[:n], hashed); err != nil {
-				return fmt.Errorf("%s: hashing bytes %d..%d: %w", hf.w.Path(), hashed, hashed+n, err)
+			for hashed >= hf.ends[file] {
+				file++
 			}
-			hf.h.Write(buf[:n])
+			n := min(int64(len(buf)), safe-hashed, hf.ends[file]-hashed)
+			if _, err := hf.w.ReadAt(buf[:n], hashed); err != nil {
+				return fmt.Errorf("%s: hashing bytes %d..%d: %w", hf.w.Paths()[file], hashed, hashed+n, err)
+			}
+			hf.hs[file].Write(buf[:n])
 			hashed += n
 		}
 	}
