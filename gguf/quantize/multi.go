@@ -50,7 +50,7 @@ func RunMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions) ([
 		if jpath == "" {
 			jpath = out.Path + ".journal"
 		}
-		j, err := gguf.OpenTensorJournal(jpath, out.Path, Stamp(f, out.Plan), o.NoSync)
+		j, err := gguf.OpenTensorJournalFiles(jpath, out.Plan.Layout.Files(out.Path), Stamp(f, out.Plan), o.NoSync)
 		if err != nil {
 			for _, j := range js[:k] {
 				j.Close()
@@ -61,7 +61,7 @@ func RunMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions) ([
 			j.Every = o.JournalEvery
 		}
 		js[k] = j
-		res[k] = &RunResult{Size: out.Plan.Layout.Size}
+		res[k] = &RunResult{Size: out.Plan.Layout.OutputSize(), Files: out.Plan.Layout.Files(out.Path)}
 	}
 	if err := writeMulti(ctx, f, outs, o, js, res); err != nil {
 		for k, j := range js {
@@ -117,7 +117,7 @@ func checkSpaceAll(outs []Output) error {
 		if _, ok := need[d]; !ok {
 			dirs = append(dirs, d)
 		}
-		need[d] += spaceNeeded(out.Path, out.Plan.Layout.Size)
+		need[d] += spaceNeeded(out.Path, out.Plan.Layout)
 	}
 	for _, d := range dirs {
 		free, ok, err := fsutil.FreeSpace(d)

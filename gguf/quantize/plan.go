@@ -86,6 +86,10 @@ type Options struct {
 	// ImatrixFile is the matrix's name as given on the command line,
 	// written as quantize.imatrix.file (default: Imatrix.Path()).
 	ImatrixFile string
+	// Split writes the output as the parts llama-gguf-split --split would
+	// cut it into (--split-max-size, --split-max-tensors): Plan.Layout
+	// then has a Split, and Run writes the parts directly.
+	Split gguf.SplitOptions
 }
 
 // hasImatrix reports whether a matrix with entries is given.
@@ -286,6 +290,9 @@ func NewPlan(f *gguf.File, o Options) (*Plan, error) {
 	p.Layout = layout
 	for i := range p.Tensors {
 		p.Tensors[i].Bytes = layout.Tensors[i].Size()
+	}
+	if p.Layout, err = layout.WithSplit(p.KVs, o.Split); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

@@ -27,7 +27,7 @@ func NewOutputReport(out Output, res *RunResult) (OutputReport, error) {
 	if len(res.Errors) != len(out.Plan.Tensors) {
 		return OutputReport{}, fmt.Errorf("%s: internal error: errors of %d tensors, the plan has %d", out.Path, len(res.Errors), len(out.Plan.Tensors))
 	}
-	return OutputReport{Path: out.Path, FileType: out.Plan.FileType, Size: out.Plan.Layout.Size, Tensors: res.Errors}, nil
+	return OutputReport{Path: out.Path, FileType: out.Plan.FileType, Size: out.Plan.Layout.OutputSize(), Tensors: res.Errors}, nil
 }
 
 // Summary totals an output's tensors.

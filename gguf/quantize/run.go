@@ -55,8 +55,11 @@ type RunOptions struct {
 // RunResult says what Run did, and after a failure what is left to resume
 // (gguf.Leftover).
 type RunResult struct {
-	Resumed int // tensors kept from an interrupted run
-	Size    int64
+	Resumed int   // tensors kept from an interrupted run
+	Size    int64 // bytes written (the parts' together, for a split)
+	// Files are the files written: the output, or every part of its
+	// split (Plan.Layout.Files).
+	Files []string
 	// Errors is every tensor's error, in plan order (RunOptions.Errors).
 	Errors []TensorError
 	gguf.Leftover
@@ -90,8 +93,22 @@ func Run(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions) (
 func Stamp(f *gguf.File, p *Plan) string {
 	h := sha256.New()
 	h.Write(p.Layout.Header)
+	if p.Layout.Split != nil {
+		for _, hd := range p.Layout.StampHeaders() {
+			fmt.Fprintf(h, "\x00part\x00%d\x00", len(hd))
+			h.Write(hd)
+		}
+	}
 	if p.inputStamp != "" { // a checkpoint read through gguf/convert
 		fmt.Fprintf(h, "\x00%s", p.inputStamp)
+	} else if f.IsSplit() {
+		for _, pt := range f.Parts { // every part of a split input
+			var mt int64
+			if st, err := os.Stat(pt.Path); err == nil {
+				mt = st.ModTime().UnixNano()
+			}
+			fmt.Fprintf(h, "\x00%s\x00%d\x00%d", pt.Path, pt.Size, mt)
+		}
 	} else {
 		var mt int64
 		if st, err := os.Stat(f.Path); err == nil {
@@ -115,13 +132,19 @@ func Stamp(f *gguf.File, p *Plan) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// spaceNeeded is the free space out still needs: none when the partial
-// file of an interrupted run, of the planned size, is already there.
-func spaceNeeded(out string, size int64) int64 {
-	if st, err := os.Stat(gguf.PartialPath(out)); err == nil && st.Size() == size {
-		return 0 // a resume reuses it
+// spaceNeeded is the free space out, planned as l, still needs: none for
+// a file (or part) whose partial file of an interrupted run, of the
+// planned size, is already there.
+func spaceNeeded(out string, l *gguf.Layout) int64 {
+	var n int64
+	for k, path := range l.Files(out) {
+		size := l.FileLayouts()[k].Size
+		if st, err := os.Stat(gguf.PartialPath(path)); err == nil && st.Size() == size {
+			continue // a resume reuses it
+		}
+		n += size
 	}
-	return size
+	return n
 }
 
 // buffers are one worker's scratch space, reused across units.
@@ -148,7 +171,8 @@ func readRows(f *gguf.File, t *TensorPlan, u gguf.Unit, b *buffers) error {
 	at := f.DataOffset + int64(t.In.Offset) + u.R0*int64(inRow)
 	b.raw = grow(b.raw, (u.R1-u.R0)*int64(inRow))
 	if _, err := f.ReaderAt().ReadAt(b.raw, at); err != nil {
-		return fmt.Errorf("%s: tensor %q at offset %d: %w", f.Path, t.Name, at, err)
+		path, off := f.Locate(t.In) // a split's part
+		return fmt.Errorf("%s: tensor %q at offset %d: %w", path, t.Name, off+u.R0*int64(inRow), err)
 	}
 	return nil
 }
@@ -165,7 +189,8 @@ func encodeRows(f *gguf.File, t *TensorPlan, u gguf.Unit, dst []byte, src []floa
 		cols := ne0(t.In.Dims)
 		inRow, _ := t.InType.RowSize(cols)
 		row := u.R0 + int64(nf.Block)*t.Type.BlockSize()/int64(cols)
-		return inputerr.New(f.Path, t.Name, f.DataOffset+int64(t.In.Offset)+row*int64(inRow), ErrNonFinite,
+		path, off := f.Locate(t.In)
+		return inputerr.New(path, t.Name, off+row*int64(inRow), ErrNonFinite,
 			"row %d quantizes to a non-finite %s %s (a NaN or an infinity in the input)", row, t.Type, nf.Field)
 	}
 	return nil
