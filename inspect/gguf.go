@@ -16,6 +16,9 @@ import (
 
 // ggufReport reads only the header: the KV table with value types and the
 // tensor table (ggml type, ggml dims ne0 first, bytes, absolute offset).
+// The first part of a split reports the whole model (gguf.Open): every
+// part is a shard, each tensor names its part and its offset there, and
+// the KVs are the model's, without the split.* keys.
 func ggufReport(path string) (*Report, []hashing.Section, func(), error) {
 	f, err := gguf.Open(path)
 	if err != nil {
@@ -24,7 +27,10 @@ func ggufReport(path string) (*Report, []hashing.Section, func(), error) {
 	rep := &Report{GGUF: &GGUF{Version: f.Version, Align: f.Alignment, DataOff: f.DataOffset}}
 	s := &rep.Summary
 	s.Path, s.Format, s.Architecture = path, "gguf", f.Architecture()
-	s.Tensors, s.Shards, s.ShardFiles = len(f.Tensors), 1, []string{filepath.Base(path)}
+	s.Tensors, s.Shards = len(f.Tensors), len(f.Files())
+	for _, p := range f.Files() { // a split's parts, the first first
+		s.ShardFiles = append(s.ShardFiles, filepath.Base(p))
+	}
 	s.BytesPerDType = map[string]int64{}
 	for _, kv := range f.KVs {
 		rep.Metadata = append(rep.Metadata, kvRow(kv))
@@ -35,9 +41,10 @@ func ggufReport(path string) (*Report, []hashing.Section, func(), error) {
 		for j, d := range t.Dims {
 			shape[j] = int64(d)
 		}
+		file, off := f.Locate(t) // a split's part, and the offset there
 		rep.Tensors = append(rep.Tensors, Row{
 			Name: t.Name, DType: t.Type.String(), Shape: shape, Bytes: t.Size(),
-			Shard: filepath.Base(path), Offset: f.DataOffset + int64(t.Offset),
+			Shard: filepath.Base(file), Offset: off,
 		})
 		sections[i] = f.Section(t)
 		s.Parameters += int64(t.NumElements())

@@ -12,8 +12,9 @@ import (
 	"github.com/ferry-llm/ferry/gguf/quant"
 )
 
-// GGUF checks the MTP head of the GGUF file behind r (size bytes long).
-// Without Deep it reads only the header and tensor table (gguf.Parse), so
+// GGUF checks the MTP head of the GGUF file behind r (size bytes long);
+// the first part of a split is checked with all its parts (gguf.OpenSplit,
+// which opens them beside path). Without Deep it reads only the header and tensor table (gguf.Parse), so
 // its cost does not depend on the file's size.
 //
 // llama.cpp's layout (llamacpp.md §5): <arch>.block_count counts trunk and
@@ -26,6 +27,12 @@ func GGUF(r io.ReaderAt, size int64, path string, opts Options) (*Report, error)
 	if err != nil {
 		return nil, err
 	}
+	// The first part of a split is the whole model: its other parts are
+	// read too (the head may be in any of them).
+	if f, err = gguf.OpenSplit(f); err != nil {
+		return nil, err
+	}
+	defer f.Close()
 	if mm, ok := f.MMProj(); ok {
 		return mmprojReport(path, f.Architecture(), mm), nil
 	}
@@ -373,11 +380,11 @@ func (g *ggufAnalysis) deep() error {
 		} else if floatType(t.Type) {
 			what = "value"
 		}
-		off := g.f.DataOffset + int64(t.Offset)
+		path, off := g.f.Locate(t) // a split's part
 		res, err := scan(g.f.Section(t), t.Size(), l)
 		rep.BytesRead += res.bytes
 		if err != nil {
-			return &Error{Path: g.f.Path, Tensor: t.Name, Offset: off, Err: err}
+			return &Error{Path: path, Tensor: t.Name, Offset: off, Err: err}
 		}
 		text, problem := res.text(what, l.unit, off)
 		rt.Deep += text

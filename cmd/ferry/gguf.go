@@ -41,6 +41,9 @@ func ggufConvertCommand() *cli.Command {
 			"--mmproj writes the vision tower instead, as convert_hf_to_gguf.py --mmproj does: a clip GGUF\n" +
 			"(general.type mmproj, projector qwen3vl_merger) for llama.cpp's --mmproj and LM Studio, next to the\n" +
 			"text GGUF; its image mean and std come from preprocessor_config.json.\n" +
+			"With --split-max-size or --split-max-tensors the parts FILE-00001-of-0000N.gguf … (FILE without\n" +
+			".gguf) are written directly, each as PART.partial, and renamed into place together once all are\n" +
+			"whole, the first part last: it is the one readers open, and it appears only with every other.\n" +
 			"Supported architectures: " + strings.Join(convert.Supported(), ", ") + "; with --mmproj: " +
 			strings.Join(convert.MMProjSupported(), ", ") + ".",
 		Flags: []cli.Flag{
@@ -57,6 +60,7 @@ func ggufConvertCommand() *cli.Command {
 			followLinksFlag(),
 			jsonFlag("print the result (or the plan with --dry-run) as JSON"),
 			lockWaitFlag("the output"),
+			splitFlags()[0], splitFlags()[1],
 		},
 		Action: runGGUFConvert,
 	}
@@ -75,6 +79,8 @@ type ggufConvertResult struct {
 	// MMProj: the file is the vision tower (--mmproj), architecture clip.
 	MMProj  bool `json:"mmproj,omitempty"`
 	Resumed int  `json:"resumed_tensors,omitempty"`
+	// Files are the parts written, first to last, for a split output.
+	Files []string `json:"files,omitempty"`
 	// NonFinite lists the tensors holding NaN or ±Inf in the checkpoint
 	// (converted as they are), with their counts.
 	NonFinite []nonFiniteCount `json:"nonfinite,omitempty"`
@@ -104,6 +110,10 @@ func runGGUFConvert(c *cli.Context) error {
 	if c.Bool("no-mtp") && c.Bool("mtp-only") {
 		return usageErrorf("gguf convert: --no-mtp and --mtp-only exclude each other")
 	}
+	split, err := splitOptionsOf(c)
+	if err != nil {
+		return err
+	}
 	dir := c.Args().First()
 	ck, err := safetensors.OpenDirOptions(dir, safetensors.DirOptions{FollowExternalLinks: c.Bool("follow-links")})
 	if err != nil {
@@ -112,7 +122,7 @@ func runGGUFConvert(c *cli.Context) error {
 	defer ck.Close()
 	plan, err := convert.NewPlan(ck, convert.Options{
 		OutType: outType, NoMTP: c.Bool("no-mtp"), MTPOnly: c.Bool("mtp-only"),
-		Pre: c.String("pre"), Name: c.String("model-name"), MMProj: c.Bool("mmproj"),
+		Pre: c.String("pre"), Name: c.String("model-name"), MMProj: c.Bool("mmproj"), Split: split,
 	})
 	if err != nil {
 		return err
@@ -123,8 +133,11 @@ func runGGUFConvert(c *cli.Context) error {
 		}
 	}
 	res := ggufConvertResult{Out: out, Architecture: plan.Arch, HFArch: plan.HFArch, OutType: string(plan.OutType),
-		Tensors: len(plan.Tensors), Bytes: plan.Layout.Size, InputBytes: plan.InputBytes, MTPLayers: plan.MTPLayers,
+		Tensors: len(plan.Tensors), Bytes: plan.Layout.OutputSize(), InputBytes: plan.InputBytes, MTPLayers: plan.MTPLayers,
 		MMProj: plan.MMProj, Warnings: plan.Warnings}
+	if plan.Layout.Split != nil && out != "" {
+		res.Files = plan.Layout.Files(out)
+	}
 	for _, w := range plan.Warnings {
 		fmt.Fprintf(stderr(c), "gguf convert: warning: %s\n", w)
 	}
@@ -178,9 +191,11 @@ func printConvert(c *cli.Context, res ggufConvertResult) error {
 		}
 		fmt.Fprintf(w, "plan: %s (%s) → %s, %d tensors, %d bytes, %s (nothing written)\n",
 			res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, head)
+		printSplitFiles(w, res.Files)
 		return nil
 	}
 	fmt.Fprintf(w, "%s: %s (%s) %s, %d tensors, %d bytes, %s, %.1fs%s\n",
 		res.Out, res.HFArch, res.Architecture, res.OutType, res.Tensors, res.Bytes, head, res.Seconds, noSyncNote(res.NoSync))
+	printSplitFiles(w, res.Files)
 	return nil
 }

@@ -41,6 +41,10 @@ func quantizeCommand() *cli.Command {
 			"run (Ctrl-C, kill) resumes: OUT.gguf.journal lists the tensors already durable, and the same command\n" +
 			"run again writes only the others (another input, type, option or matrix starts over). Both are\n" +
 			"removed once OUT.gguf is complete.\n\n" +
+			"--split-max-size N(M|G) or --split-max-tensors N writes OUT-00001-of-0000N.gguf … directly: the parts\n" +
+			"llama-gguf-split --split makes of the unsplit OUT.gguf, byte for byte, each as PART.partial until all\n" +
+			"are whole, the first part renamed into place last. IN may be the first part of a split\n" +
+			"(IN-00001-of-0000N.gguf): every part is read, and a missing or foreign part is an error naming it.\n\n" +
 			"IN may also be a Hugging Face checkpoint directory (a base or a merge output): it is converted on the\n" +
 			"fly as `ferry gguf convert --outtype f16` would (families, MTP, tokenizer, --no-mtp), never written, and\n" +
 			"the output is llama-quantize's from convert_hf_to_gguf.py's F16 file, byte for byte.\n\n" +
@@ -61,6 +65,7 @@ func quantizeCommand() *cli.Command {
 			&cli.StringFlag{Name: "report-svg", Usage: "write a chart of the error per layer, one line per output type, to `FILE.svg`"},
 			&cli.BoolFlag{Name: "no-mtp", Usage: "with a checkpoint IN: drop the mtp.* tensors, as gguf convert --no-mtp"},
 			followLinksFlag(),
+			splitFlags()[0], splitFlags()[1],
 		),
 		Action: runQuantize,
 	}
@@ -99,7 +104,9 @@ type quantizeResult struct {
 	DryRun       bool             `json:"dry_run,omitempty"`
 	Imatrix      *quantizeImatrix `json:"imatrix,omitempty"`
 	Overrides    []string         `json:"overrides,omitempty"`
-	TensorList   []quantizeTensor `json:"tensor_list"`
+	// Files are the parts written, first to last, for a split output.
+	Files      []string         `json:"files,omitempty"`
+	TensorList []quantizeTensor `json:"tensor_list"`
 	// Quality is the output's error summary, measured while quantizing
 	// (--type/--out-dir, --report, --report-svg).
 	Quality *quantizeQuality `json:"quality,omitempty"`
@@ -139,6 +146,9 @@ func quantizeArgs(c *cli.Context) (in string, outs []quantizeOut, jobs int, err 
 	}
 	o, err := quantizeOptions(c)
 	if err != nil {
+		return "", nil, 0, err
+	}
+	if o.Split, err = splitOptionsOf(c); err != nil {
 		return "", nil, 0, err
 	}
 	if !multi {
@@ -230,7 +240,10 @@ func runQuantize(c *cli.Context) error {
 		inputBytes = plan.InputBytes
 		res := quantizeResult{Input: in, Out: q.path, Type: plan.FileType.String(), FileType: uint32(plan.FileType),
 			Architecture: plan.Arch, MTPLayers: plan.MTPLayers, Tensors: len(plan.Tensors),
-			InputBytes: plan.InputBytes, Bytes: plan.Layout.Size, Imatrix: imatrixUse(plan), Overrides: overrideLines(plan)}
+			InputBytes: plan.InputBytes, Bytes: plan.Layout.OutputSize(), Imatrix: imatrixUse(plan), Overrides: overrideLines(plan)}
+		if plan.Layout.Split != nil {
+			res.Files = plan.Layout.Files(q.path)
+		}
 		for _, t := range plan.Tensors {
 			if !t.Copy() {
 				res.Quantized++
@@ -366,11 +379,13 @@ func printQuantize(c *cli.Context, res quantizeResult) error {
 		}
 		fmt.Fprintf(w, "plan: %s → %s (%s), %d tensors (%d quantized), %d bytes, nextn_predict_layers %d (nothing written)\n",
 			res.Input, res.Type, res.Architecture, res.Tensors, res.Quantized, res.Bytes, res.MTPLayers)
+		printSplitFiles(w, res.Files)
 		printQuantizeChoices(w, res)
 		return nil
 	}
 	fmt.Fprintf(w, "%s: %s (%s), %d tensors (%d quantized), %d bytes from %d, nextn_predict_layers %d, %.1fs%s\n",
 		res.Out, res.Type, res.Architecture, res.Tensors, res.Quantized, res.Bytes, res.InputBytes, res.MTPLayers, res.Seconds, noSyncNote(res.NoSync))
+	printSplitFiles(w, res.Files)
 	printQuantizeChoices(w, res)
 	return nil
 }

@@ -91,12 +91,16 @@ func (s *Source) Close() error {
 }
 
 // Stem is the name the source's outputs are named after: a GGUF file's
-// name without .gguf and a trailing -F16, -BF16 or -F32 (in either case),
-// or a checkpoint directory's name.
+// name without .gguf (and a split's -00001-of-0000N) and a trailing -F16,
+// -BF16 or -F32 (in either case), or a checkpoint directory's name.
 func (s *Source) Stem() string { return Stem(s.Path) }
 
-// Stem is Source.Stem for the path of a source.
+// Stem is Source.Stem for the path of a source. A split's part is named
+// after its prefix (base-F16-00001-of-00003.gguf → base).
 func Stem(path string) string {
+	if prefix, _, _, ok := gguf.ParseSplitName(filepath.Clean(path)); ok {
+		path = prefix + ".gguf"
+	}
 	base := filepath.Base(filepath.Clean(path))
 	if strings.HasSuffix(strings.ToLower(base), ".gguf") {
 		base = base[:len(base)-len(".gguf")]
