@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/safetensors"
@@ -20,7 +21,11 @@ import (
 // vision-language checkpoint as mmproj-<model_name>-<TYPE>.gguf, a second
 // output, in the stage's outtype as the converter's --mmproj --outtype.
 //
-// outtype is f16 (default), bf16, f32, q8_0 or auto. Like
+// outtype is f16 (default), bf16, f32, q8_0 or auto. split_max_size:
+// 50G (N(M|G), M = 1000000 bytes, G = 1000000000, as llama-gguf-split
+// counts) or split_max_tensors: N writes the file as the parts
+// llama-gguf-split --split makes of it (NAME-00001-of-0000N.gguf …), each
+// an output, byte for byte; Hugging Face takes files up to 50 GB. Like
 // convert_hf_to_gguf.py, general.name and friends come from the model
 // directory's name; the stage converts from a directory named model_name
 // (default: the from stage's name), so the output does not depend on where
@@ -38,6 +43,13 @@ type ggufStage struct {
 	MTPOnly   bool   `json:"mtp_only,omitempty"`
 	Pre       string `json:"pre,omitempty"`
 	MMProj    string `json:"mmproj,omitempty"` // "", auto or true (mmproj.go)
+	// SplitMaxSize and SplitMaxTensors are split_max_size and
+	// split_max_tensors (splitParams): the text GGUF is written as its
+	// llama-gguf-split parts, every one an output (the mmproj whole).
+	SplitMaxSize    string `json:"split_max_size,omitempty"`
+	SplitMaxTensors int    `json:"split_max_tensors,omitempty"`
+
+	split gguf.SplitOptions
 }
 
 var _ Stage = (*ggufStage)(nil)
@@ -83,6 +95,10 @@ func newGGUF(p *Params) (Stage, error) {
 	if s.MMProj != mmprojOff && s.MTPOnly {
 		return nil, p.Errorf("mmproj", "an mtp_only stage writes the MTP head alone; its mmproj belongs to a full conversion")
 	}
+	if s.split, s.SplitMaxSize, err = splitParams(p); err != nil {
+		return nil, err
+	}
+	s.SplitMaxTensors = s.split.MaxTensors
 	return s, nil
 }
 
@@ -133,12 +149,16 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Hashed while it was written: adopt it without reading it again.
-	d, n, err := env.Store.AdoptKnown(out, manifest.NewDigest(res.Digest[:]), res.Size)
-	if err != nil {
-		return nil, err
+	// Hashed while written: adopted without reading them again. A split
+	// is every part, first to last.
+	var outs []manifest.Output
+	for _, f := range res.Files {
+		d, n, err := env.Store.AdoptKnown(f.Path, manifest.NewDigest(f.Digest[:]), f.Size)
+		if err != nil {
+			return nil, err
+		}
+		outs = append(outs, manifest.Output{Path: filepath.Base(f.Path), Digest: d, Size: n})
 	}
-	outs := []manifest.Output{{Path: name, Digest: d, Size: n}}
 	if mplan != nil {
 		o, err := writeMMProj(ctx, env, work, mck, mplan)
 		if err != nil {
@@ -173,7 +193,7 @@ func (s *ggufStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
 	// convert.Write holds about ChunkElems (1Mi) elements per worker at
 	// 8 bytes each (16 from F64), plus the writer's and hasher's buffers.
 	return &StagePlan{
-		Summary: fmt.Sprintf("%s → %s (%s), %d tensors, %s%s", plan.HFArch, plan.Arch, plan.OutType, len(plan.Tensors), FormatBytes(plan.Layout.Size), mmprojSummary(s.MMProj, mplan)),
+		Summary: fmt.Sprintf("%s → %s (%s), %d tensors, %s%s%s", plan.HFArch, plan.Arch, plan.OutType, len(plan.Tensors), FormatBytes(plan.Layout.OutputSize()), splitNote(plan.Layout), mmprojSummary(s.MMProj, mplan)),
 		Memory:  int64(max(env.Jobs, 1))*(1<<20)*16 + 64<<20,
 	}, nil
 }
@@ -186,7 +206,7 @@ func (s *ggufStage) plan(dir string) (*safetensors.Checkpoint, *convert.Plan, er
 		return nil, nil, err
 	}
 	plan, err := convert.NewPlan(ck, convert.Options{
-		OutType: convert.OutType(s.OutType), NoMTP: s.NoMTP, MTPOnly: s.MTPOnly, Pre: s.Pre,
+		OutType: convert.OutType(s.OutType), NoMTP: s.NoMTP, MTPOnly: s.MTPOnly, Pre: s.Pre, Split: s.split,
 	})
 	if err != nil {
 		ck.Close()

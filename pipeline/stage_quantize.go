@@ -72,6 +72,10 @@ import (
 // include_weights and exclude_weights filter it as llama-quantize's
 // flags do. Q2_K_S is accepted only with a matrix.
 //
+// split_max_size: 50G or split_max_tensors: N writes each output as the
+// parts llama-gguf-split --split makes of it (as the gguf stage's), each
+// an output; a from stage holding a split is read through its first part.
+//
 // Resume: quantize.RunMulti, which `ferry quantize` calls too, keeps
 // <file>.partial and <file>.journal for each output in the stage's work
 // dir; each journal records finished tensors after its partial file has
@@ -105,6 +109,11 @@ type quantizeStage struct {
 	ModelName string `json:"model_name,omitempty"`
 	// MMProj is mmproj: "", auto or true (mmproj.go).
 	MMProj string `json:"mmproj,omitempty"`
+	// SplitMaxSize and SplitMaxTensors are split_max_size and
+	// split_max_tensors (splitParams): each output is written as its
+	// llama-gguf-split parts, every one an output.
+	SplitMaxSize    string `json:"split_max_size,omitempty"`
+	SplitMaxTensors int    `json:"split_max_tensors,omitempty"`
 
 	imatrixPath string             // the file, for a path
 	opts        []quantize.Options // one per type
@@ -182,6 +191,10 @@ func newQuantize(p *Params) (Stage, error) {
 		return nil, err
 	}
 	base.LeaveOutput, base.Pure, base.AllowRequantize = s.LeaveOutput, s.Pure, s.AllowRequantize
+	if base.Split, s.SplitMaxSize, err = splitParams(p); err != nil {
+		return nil, err
+	}
+	s.SplitMaxTensors = base.Split.MaxTensors
 	seen := map[quant.FileType]bool{}
 	for i, name := range s.Types {
 		ft, err := quantize.ParseType(name)
@@ -358,7 +371,8 @@ func (s *quantizeStage) input(env *Env, work string) (path, stem string, done fu
 	var found []string
 	checkpoint := false
 	for _, o := range in.Outputs {
-		if strings.HasSuffix(o.Path, ".gguf") {
+		// A split is its first part (the quantizer reads every part).
+		if strings.HasSuffix(o.Path, ".gguf") && !laterSplitPart(o.Path) {
 			found = append(found, o.Path)
 		}
 		checkpoint = checkpoint || o.Path == "config.json"
@@ -366,7 +380,9 @@ func (s *quantizeStage) input(env *Env, work string) (path, stem string, done fu
 	if in.Outputs == nil { // a planning preview: list the directory
 		m, _ := filepath.Glob(filepath.Join(in.Dir, "*.gguf"))
 		for _, p := range m {
-			found = append(found, filepath.Base(p))
+			if !laterSplitPart(p) {
+				found = append(found, filepath.Base(p))
+			}
 		}
 		checkpoint = exists(filepath.Join(in.Dir, "config.json"))
 	}
@@ -495,13 +511,16 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	var todo []quantize.Output
 	var need int64
 	for _, o := range outs {
-		if st, err := os.Stat(o.Path); err == nil && st.Size() == o.Plan.Layout.Size && !exists(o.Journal) && !s.Report {
+		if finished(o) && !exists(o.Journal) && !s.Report {
 			continue
 		}
 		todo = append(todo, o)
-		need += o.Plan.Layout.Size
-		if st, err := os.Stat(gguf.PartialPath(o.Path)); err == nil && st.Size() == o.Plan.Layout.Size {
-			need -= o.Plan.Layout.Size
+		l := o.Plan.Layout
+		for k, f := range l.Files(o.Path) {
+			size := l.FileLayouts()[k].Size
+			if st, err := os.Stat(gguf.PartialPath(f)); err != nil || st.Size() != size {
+				need += size
+			}
 		}
 	}
 	// Room for every output is checked before the first is written.
@@ -536,8 +555,10 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil
 	}
 	for _, o := range outs {
-		if err := adopt(filepath.Base(o.Path)); err != nil {
-			return nil, err
+		for _, f := range o.Plan.Layout.Files(o.Path) { // every part of a split
+			if err := adopt(filepath.Base(f)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if s.Report {
@@ -587,7 +608,7 @@ func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 	src, outs := q.src, q.outs
 	var parts []string
 	for _, o := range outs {
-		parts = append(parts, fmt.Sprintf("%s %s", filepath.Base(o.Path), FormatBytes(o.Plan.Layout.Size)))
+		parts = append(parts, fmt.Sprintf("%s %s%s", filepath.Base(o.Path), FormatBytes(o.Plan.Layout.OutputSize()), splitNote(o.Plan.Layout)))
 	}
 	if s.Report {
 		parts = append(parts, "report")
@@ -609,3 +630,15 @@ func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// finished reports whether o's file, or every part of its split, is in
+// place with its planned size (a killed run's finished output).
+func finished(o quantize.Output) bool {
+	l := o.Plan.Layout
+	for k, f := range l.Files(o.Path) {
+		if st, err := os.Stat(f); err != nil || st.Size() != l.FileLayouts()[k].Size {
+			return false
+		}
+	}
+	return true
+}

@@ -66,7 +66,8 @@ func (s *verifyMTPStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		}
 		var targets [][2]string // artifact name, path
 		for _, o := range in.Outputs {
-			if strings.HasSuffix(strings.ToLower(o.Path), ".gguf") {
+			// A split is checked through its first part, which reads them all.
+			if strings.HasSuffix(strings.ToLower(o.Path), ".gguf") && !laterSplitPart(o.Path) {
 				targets = append(targets, [2]string{name + "/" + o.Path, filepath.Join(in.Dir, filepath.FromSlash(o.Path))})
 			}
 		}
