@@ -16,6 +16,7 @@ FUZZ_TARGETS := \
 	./safetensors:FuzzHeader:200000 \
 	./safetensors:FuzzIndex:170000 \
 	./gguf:FuzzReader:150000 \
+	./gguf:FuzzSplit:20000 \
 	./gguf/convert:FuzzMMProjConfig:3000 \
 	./gguf/imatrix:FuzzGGUF:80000 \
 	./gguf/imatrix:FuzzLegacy:120000 \

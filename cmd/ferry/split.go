@@ -3,10 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
 // splitFlags are llama-gguf-split --split's limits, for the commands that
@@ -51,4 +54,35 @@ func printSplitFiles(w io.Writer, files []string) {
 		fmt.Fprintf(w, " %s", f)
 	}
 	fmt.Fprintln(w)
+}
+
+// withSplitParts adds to srcs, after the first part of a split GGUF
+// (NAME-00001-of-0000N.gguf, a file), its other parts, by name as
+// llama.cpp finds them: `ferry transfer` sends a split whole. A part that
+// is missing is an error naming it.
+func withSplitParts(srcs []string) ([]string, error) {
+	listed := map[string]bool{}
+	for _, s := range srcs {
+		listed[filepath.Clean(s)] = true
+	}
+	var out []string
+	for _, s := range srcs {
+		out = append(out, s)
+		_, no, count, ok := gguf.ParseSplitName(filepath.Clean(s))
+		if st, err := os.Stat(s); !ok || no != 0 || count < 2 || err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		files, _ := gguf.SplitFiles(filepath.Clean(s))
+		for _, p := range files[1:] {
+			if listed[p] {
+				continue
+			}
+			if _, err := os.Stat(p); err != nil {
+				return nil, inputerr.New(p, "", -1, gguf.ErrSplit, "part of the split %s (given as a source) is missing: %v", filepath.Base(s), err)
+			}
+			listed[p] = true
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -143,5 +145,34 @@ func TestSplitCLI(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "x.gguf")); err == nil {
 		t.Error("quantize of a broken split wrote its output")
+	}
+}
+
+// `ferry transfer` given the first part of a split sends every part; a
+// part missing is a bad-input error naming it.
+func TestTransferSplitParts(t *testing.T) {
+	dir := t.TempDir()
+	part := func(k int) string { return filepath.Join(dir, fmt.Sprintf("m-%05d-of-00003.gguf", k)) }
+	for k := 1; k <= 3; k++ {
+		if err := os.WriteFile(part(k), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := filepath.Join(dir, "other.gguf")
+	os.WriteFile(other, []byte("y"), 0o644)
+	got, err := withSplitParts([]string{other, part(1), part(3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{other, part(1), part(2), part(3)}; !reflect.DeepEqual(got, want) {
+		t.Errorf("sources %v, want %v", got, want)
+	}
+	if got, _ := withSplitParts([]string{part(2)}); !reflect.DeepEqual(got, []string{part(2)}) {
+		t.Errorf("a later part alone: %v", got)
+	}
+	os.Remove(part(2))
+	_, err = withSplitParts([]string{part(1)})
+	if exitCode(err) != exitBadInput || err == nil || !strings.Contains(err.Error(), part(2)) {
+		t.Errorf("a missing part: %v (exit %d)", err, exitCode(err))
 	}
 }

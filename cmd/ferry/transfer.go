@@ -46,7 +46,8 @@ the same: NAME.partial written at its offsets and fsynced, verified by
 reading it again (past the page cache on a network file system), renamed,
 journaled and resumed alike. Destinations start at the first HOST:DIR or
 file:// argument and may mix kinds; with none, the last argument is the one
-destination (ferry transfer model/ /Volumes/T7/models).`,
+destination (ferry transfer model/ /Volumes/T7/models). The first part of a split GGUF
+(NAME-00001-of-0000N.gguf) brings every part of it.`,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "streams", Value: 4, Usage: "SSH connections per destination"},
 			&cli.IntFlag{Name: "sessions", Value: transfer.SessionsPerConn, Usage: "SFTP sessions (SSH channels) on each connection, each with a chunk buffer"},
@@ -79,8 +80,12 @@ var transferPreFlight = netcheckPreFlight
 
 func runTransfer(c *cli.Context) error {
 	srcs, dsts := splitTransferArgs(c.Args().Slice())
+	var err error
 	if len(srcs) == 0 || len(dsts) == 0 {
 		return usageErrorf("transfer: want SRC... DEST... (DEST: [user@]HOST:DIR, or a local directory)")
+	}
+	if srcs, err = withSplitParts(srcs); err != nil {
+		return err
 	}
 	jobs, err := jobsOf(c)
 	if err != nil {
