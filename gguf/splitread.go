@@ -6,7 +6,6 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
-	"sort"
 )
 
 // Part is one file of a split that File reads.
@@ -182,7 +181,7 @@ func OpenSplit(f *File) (*File, error) {
 		closeAll()
 		return nil, &Error{Path: f.Path, Offset: -1, Err: fmt.Errorf("%w: %w", ErrSplit, err)}
 	}
-	sr.layout = l
+	sr.ReaderAt = l.Reader(sr.tensorBytes)
 	m.Tensors, m.DataOffset, m.Size = l.Tensors, l.DataOffset, l.Size
 	for i, kv := range m.KVs {
 		m.kvIndex[kv.Key] = i
@@ -213,54 +212,14 @@ type splitLoc struct {
 // splitReader reads the whole file a split's parts make: its header from
 // the layout, each tensor's bytes from its part, zeros for the padding.
 type splitReader struct {
-	layout *Layout
-	loc    []splitLoc
+	io.ReaderAt // layout.Reader(tensorBytes)
+	loc         []splitLoc
 }
 
-func (r *splitReader) ReadAt(b []byte, off int64) (int, error) {
-	l := r.layout
-	if off < 0 {
-		return 0, fmt.Errorf("gguf: split: negative offset %d", off)
+func (r *splitReader) tensorBytes(i int, b []byte, off int64) (int, error) {
+	n, err := r.loc[i].r.ReadAt(b, r.loc[i].off+off)
+	if err == io.EOF && n == len(b) {
+		err = nil
 	}
-	n := 0
-	for n < len(b) {
-		pos := off + int64(n)
-		if pos >= l.Size {
-			return n, io.EOF
-		}
-		if pos < l.DataOffset {
-			n += copy(b[n:], l.Header[pos:])
-			continue
-		}
-		// The tensor holding pos, or the padding after it.
-		i := sort.Search(len(l.Tensors), func(i int) bool { return l.TensorOffset(i) > pos }) - 1
-		if i < 0 { // the header's padding before the first tensor
-			m := min(int64(len(b)-n), l.TensorOffset(0)-pos)
-			clear(b[n : n+int(m)])
-			n += int(m)
-			continue
-		}
-		start := l.TensorOffset(i)
-		end := start + l.Tensors[i].Size()
-		if pos >= end {
-			next := l.Size
-			if i+1 < len(l.Tensors) {
-				next = l.TensorOffset(i + 1)
-			}
-			m := min(int64(len(b)-n), next-pos)
-			clear(b[n : n+int(m)])
-			n += int(m)
-			continue
-		}
-		m := min(int64(len(b)-n), end-pos)
-		got, err := r.loc[i].r.ReadAt(b[n:n+int(m)], r.loc[i].off+pos-start)
-		n += got
-		if err != nil {
-			if err == io.EOF && int64(got) == m {
-				continue
-			}
-			return n, err
-		}
-	}
-	return n, nil
+	return n, err
 }

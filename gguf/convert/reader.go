@@ -3,7 +3,6 @@ package convert
 import (
 	"fmt"
 	"io"
-	"sort"
 	"sync"
 )
 
@@ -16,53 +15,13 @@ import (
 // holds about the rows it covers (and their float32 values while a
 // transform runs). The checkpoint p was planned from must stay open.
 func (p *Plan) ReaderAt() io.ReaderAt {
-	return &planReader{p: p, pool: sync.Pool{New: func() any { return new(buffers) }}}
+	r := &planReader{p: p, pool: sync.Pool{New: func() any { return new(buffers) }}}
+	return p.Layout.Reader(r.tensorBytes)
 }
 
 type planReader struct {
 	p    *Plan
 	pool sync.Pool
-}
-
-func (r *planReader) ReadAt(b []byte, off int64) (int, error) {
-	l := r.p.Layout
-	if off < 0 {
-		return 0, fmt.Errorf("%s: converted GGUF: negative offset %d", r.p.Dir, off)
-	}
-	n := 0
-	for n < len(b) {
-		pos := off + int64(n)
-		if pos >= l.Size {
-			return n, io.EOF
-		}
-		if pos < l.DataOffset {
-			n += copy(b[n:], l.Header[pos:])
-			continue
-		}
-		// The tensor holding pos, or the padding after it.
-		i := sort.Search(len(l.Tensors), func(i int) bool { return l.TensorOffset(i) > pos }) - 1
-		if i < 0 {
-			return n, fmt.Errorf("%s: converted GGUF: internal layout error at offset %d", r.p.Dir, pos)
-		}
-		start := l.TensorOffset(i)
-		end := start + l.Tensors[i].Size()
-		if pos >= end { // padding: zeros up to the next tensor (or the end)
-			next := l.Size
-			if i+1 < len(l.Tensors) {
-				next = l.TensorOffset(i + 1)
-			}
-			m := min(int64(len(b)-n), next-pos)
-			clear(b[n : n+int(m)])
-			n += int(m)
-			continue
-		}
-		m, err := r.tensorBytes(i, b[n:min(int64(len(b)), int64(n)+end-pos)], pos-start)
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 // tensorBytes fills dst with tensor i's bytes from byte at of the tensor,
