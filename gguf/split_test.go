@@ -1,7 +1,6 @@
 package gguf
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/digest"
 )
 
 // The reference split (testdata/split, PROVENANCE.md there): llama-gguf-split
@@ -24,20 +24,16 @@ const (
 	f16Whole = "694db159dfae9b5a0c5a458e5266c0f37ffdc1421c370ac5af9fe2d2064e92b2"
 )
 
-// SplitSums reads a SHA256SUMS file: name → hex digest.
+// readSums reads a SHA256SUMS file: name → hex digest.
 func readSums(t *testing.T, path string) map[string]string {
 	t.Helper()
-	f, err := os.Open(path)
+	ds, err := digest.ReadSums(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	sums := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fs := strings.Fields(sc.Text()); len(fs) == 2 {
-			sums[fs[1]] = fs[0]
-		}
+	for name, d := range ds {
+		sums[name] = d.Hex()
 	}
 	return sums
 }

@@ -1,13 +1,12 @@
 package pipeline_test
 
 import (
-	"bufio"
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/manifest"
 
 	. "github.com/ferry-llm/ferry/pipeline"
@@ -24,16 +23,9 @@ func TestSplitStages(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden := "../gguf/testdata/split"
-	sums := map[string]string{}
-	b, err := os.ReadFile(filepath.Join(golden, "SHA256SUMS"))
+	sums, err := digest.ReadSums(filepath.Join(golden, "SHA256SUMS"))
 	if err != nil {
 		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if fs := strings.Fields(sc.Text()); len(fs) == 2 {
-			sums[fs[1]] = "sha256:" + fs[0]
-		}
 	}
 	// The import is named base: the converter names the model after the
 	// directory, base, as the reference conversion did.
@@ -67,7 +59,7 @@ stages:
 			t.Fatalf("outputs %+v, want %d parts", outs, len(golden))
 		}
 		for k, o := range outs {
-			if want := sums[golden[k]]; o.Digest.String() != want {
+			if want := sums[golden[k]]; o.Digest.String() != want.String() {
 				t.Errorf("output %s: %s, llama-gguf-split's %s: %s", o.Path, o.Digest, golden[k], want)
 			}
 			if suffix := golden[k][strings.LastIndex(golden[k], "-0000"):]; !strings.HasSuffix(o.Path, suffix) {

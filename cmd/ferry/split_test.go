@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -10,6 +9,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/ferry-llm/ferry/internal/digest"
 )
 
 // The Qwen3.5 vision-language checkpoint and llama-gguf-split's parts of
@@ -25,16 +26,13 @@ const (
 
 func splitSums(t *testing.T) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(splitGoldens, "SHA256SUMS"))
+	ds, err := digest.ReadSums(filepath.Join(splitGoldens, "SHA256SUMS"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	sums := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if fs := strings.Fields(sc.Text()); len(fs) == 2 {
-			sums[fs[1]] = "sha256:" + fs[0]
-		}
+	for name, d := range ds {
+		sums[name] = d.String()
 	}
 	return sums
 }

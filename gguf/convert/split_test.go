@@ -1,18 +1,17 @@
 package convert
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -28,17 +27,13 @@ const (
 
 func readSplitSums(t *testing.T) map[string]string {
 	t.Helper()
-	f, err := os.Open(splitSums)
+	ds, err := digest.ReadSums(splitSums)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	sums := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fs := strings.Fields(sc.Text()); len(fs) == 2 {
-			sums[fs[1]] = fs[0]
-		}
+	for name, d := range ds {
+		sums[name] = d.Hex()
 	}
 	return sums
 }

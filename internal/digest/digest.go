@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -73,3 +74,26 @@ func (d Digest) Short() string {
 }
 
 func (d Digest) String() string { return string(d) }
+
+// ReadSums reads a sha256sum listing (SHA256SUMS: "<hex>  <name>" lines,
+// a '*' before the name for binary mode) into name → digest. The reference
+// sets' SHA256SUMS files are what golden tests compare outputs with.
+func ReadSums(path string) (map[string]Digest, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	sums := map[string]Digest{}
+	for i, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		d, err := FromHex(f[0])
+		if len(f) != 2 || err != nil {
+			return nil, fmt.Errorf("%s:%d: not a sha256sum line: %q", path, i+1, line)
+		}
+		sums[strings.TrimPrefix(f[1], "*")] = d
+	}
+	return sums, nil
+}

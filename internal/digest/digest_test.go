@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -36,5 +38,20 @@ func TestDigest(t *testing.T) {
 		if _, err := FromHex(bad); !errors.Is(err, ErrBad) {
 			t.Errorf("FromHex(%q): %v", bad, err)
 		}
+	}
+}
+
+func TestReadSums(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "SHA256SUMS")
+	h := strings.Repeat("ab", 32)
+	os.WriteFile(p, []byte(h+"  a.gguf\n"+h+" *b.bin\n\n"), 0o644)
+	sums, err := ReadSums(p)
+	if err != nil || len(sums) != 2 || sums["a.gguf"].Hex() != h || sums["b.bin"].Hex() != h {
+		t.Errorf("ReadSums: %v, %v", sums, err)
+	}
+	os.WriteFile(p, []byte("xyz  a.gguf\n"), 0o644)
+	if _, err := ReadSums(p); err == nil || !strings.Contains(err.Error(), ":1:") {
+		t.Errorf("a bad line: %v", err)
 	}
 }
