@@ -128,6 +128,8 @@ func tensorWriteFailed(ctx context.Context, err error, out string, lo gguf.Lefto
 	case lo.Partial == "":
 	case lo.JournalErr != nil:
 		what += fmt.Sprintf(", and recording the last finished tensors in %s failed (%v), so a resume starts from the ones recorded before", lo.Journal, lo.JournalErr)
+	case len(lo.Partials) > 1:
+		what += fmt.Sprintf(": %d of %d tensors are durable in %s and the %d other parts' .partial files", lo.Durable, total, lo.Partial, len(lo.Partials)-1)
 	default:
 		what += fmt.Sprintf(": %d of %d tensors are durable in %s", lo.Durable, total, lo.Partial)
 	}

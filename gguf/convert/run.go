@@ -68,7 +68,10 @@ type File struct {
 // inputs or options start over. Once out is renamed into place the journal
 // is removed: a finished output leaves only the file. An interrupted or
 // failed run leaves out.partial and the journal for a resume, or nothing
-// when no partial file was made (a disk too full to reserve it).
+// when no partial file was made (a disk too full to reserve it). A plan
+// with a split (Options.Split) writes the parts (Plan.Layout.Files), each
+// as PART.partial, under one journal, and renames them into place
+// together once all are whole (gguf.Writer).
 func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o RunOptions) (*RunResult, error) {
 	jpath := o.Journal
 	if jpath == "" {

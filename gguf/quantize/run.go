@@ -78,7 +78,8 @@ var ErrNoSpace = errors.New("not enough free disk space")
 // or plan starts over. An interrupted or failed run leaves out.partial and
 // the journal for a resume (the same Run writes only the tensors not
 // durable), or nothing when no partial file was made. It is RunMulti with
-// one output.
+// one output. A plan with a split (Options.Split) writes the parts
+// (Plan.Layout.Files) under one journal, renamed into place together.
 func Run(ctx context.Context, f *gguf.File, p *Plan, out string, o RunOptions) (*RunResult, error) {
 	rs, err := RunMulti(ctx, f, []Output{{Plan: p, Path: out, Journal: o.Journal}}, o)
 	if len(rs) == 0 {
