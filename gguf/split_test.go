@@ -310,3 +310,33 @@ func TestOpenSplitErrors(t *testing.T) {
 		})
 	}
 }
+
+// A fresh write of an output removes the partial files another plan of it
+// left (another number of parts, or unsplit), and no one else's.
+func TestSplitRemovesStalePartials(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.gguf")
+	for _, name := range []string{"m.gguf.partial", "m-00001-of-00005.gguf.partial", "m-00004-of-00005.gguf.partial", "other-00001-of-00002.gguf.partial", "m-00001-of-00005.gguf"} {
+		os.WriteFile(filepath.Join(dir, name), []byte("old"), 0o644)
+	}
+	specs := []TensorSpec{{"a", []uint64{8}, quant.F32}, {"b", []uint64{8}, quant.F32}}
+	l, _ := PlanLayout(nil, specs, 0)
+	sl, err := l.WithSplit(nil, SplitOptions{MaxTensors: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := Create(out, sl, Options{Resume: true, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	want := []string{"m-00001-of-00002.gguf.partial", "m-00001-of-00005.gguf", "m-00002-of-00002.gguf.partial", "other-00001-of-00002.gguf.partial"}
+	if strings.Join(names, " ") != strings.Join(want, " ") {
+		t.Errorf("left %v, want %v", names, want)
+	}
+}

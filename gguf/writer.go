@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -347,7 +348,36 @@ func Create(path string, layout *Layout, opt Options) (*Writer, error) {
 			return nil, err
 		}
 	}
+	w.removeStalePartials()
 	return w, nil
+}
+
+// removeStalePartials removes the partial files an earlier, other plan of
+// the same output left: path's own, or the parts of a split of path into
+// another number of parts (the journal, path's too, has started over).
+func (w *Writer) removeStalePartials() {
+	ours := map[string]bool{}
+	for _, f := range w.files {
+		ours[f.tmp] = true
+	}
+	prefix := SplitPrefix(w.path)
+	stale := []string{PartialPath(w.path)}
+	ents, _ := os.ReadDir(filepath.Dir(w.path))
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), fsutil.PartialSuffix)
+		if !ok {
+			continue
+		}
+		p := filepath.Join(filepath.Dir(w.path), name)
+		if pre, _, _, ok := ParseSplitName(p); ok && pre == prefix {
+			stale = append(stale, PartialPath(p))
+		}
+	}
+	for _, p := range stale {
+		if !ours[p] {
+			os.Remove(p)
+		}
+	}
 }
 
 // create makes f's partial file: the header, the file's blocks reserved,
