@@ -340,3 +340,58 @@ func TestSplitRemovesStalePartials(t *testing.T) {
 		t.Errorf("left %v, want %v", names, want)
 	}
 }
+
+// Writing a split over an earlier one of the same names: the old first
+// part goes before any new part is renamed into place, so a commit cut
+// short never leaves an old first part beside new later parts.
+func TestSplitOverwritesOldFirstPart(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.gguf")
+	specs := []TensorSpec{{"a", []uint64{8}, quant.F32}, {"b", []uint64{8}, quant.F32}}
+	start := func(name string) (*Writer, []string) {
+		kvs := []KV{Str("general.name", name)}
+		l, _ := PlanLayout(kvs, specs, 0)
+		sl, err := l.WithSplit(kvs, SplitOptions{MaxTensors: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := Create(out, sl, Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range specs {
+			if err := w.WriteTensorBytes(i, make([]byte, 32)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return w, sl.Files(out)
+	}
+	w, files := start("old")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The new commit fails at its first rename (part 2's name is taken by
+	// a directory that is not empty): the old first part is gone already.
+	w, _ = start("new")
+	os.Remove(files[1])
+	os.MkdirAll(filepath.Join(files[1], "x"), 0o755)
+	if err := w.Close(); err == nil {
+		t.Fatal("the commit did not fail")
+	}
+	if _, err := os.Stat(files[0]); err == nil {
+		t.Error("the old first part still stands after a failed commit of a new split")
+	}
+	os.RemoveAll(files[1])
+	w, files = start("new")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if kv, _ := f.KV("general.name"); kv.Value != "new" {
+		t.Errorf("general.name %v", kv.Value)
+	}
+}

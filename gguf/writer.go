@@ -3,6 +3,8 @@ package gguf
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"io/fs"
 
 	"fmt"
 	"io"
@@ -271,10 +273,12 @@ func encodeArray(b *bytes.Buffer, a Array) error {
 // none); the caller then calls Skip for tensors it knows to be complete
 // (from its journal, or by hashing Section(i)) and writes the rest.
 //
-// A split is committed as a whole: every part is fsynced, then the parts
-// are renamed into place last to first, so the first part, the one a
-// reader opens, appears last; a run killed between the renames leaves the
-// first part partial, and a resume takes the renamed parts back.
+// A split is committed as a whole: every part is fsynced, the first part
+// of an earlier split of the same names is removed, then the parts are
+// renamed into place last to first, so the first part, the one a reader
+// opens, appears last and only beside its own parts; a run killed between
+// the renames leaves the first part partial, and a resume takes the
+// renamed parts back.
 type Writer struct {
 	path   string
 	layout *Layout
@@ -699,6 +703,13 @@ func (w *Writer) Close() error {
 	}
 	if err := w.closeFiles(); err != nil {
 		return err
+	}
+	if len(w.files) > 1 {
+		// An earlier split of these names stops looking whole first: its
+		// first part must not stand beside new later parts.
+		if err := os.Remove(w.files[0].path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
 	}
 	for k := len(w.files) - 1; k >= 0; k-- {
 		if err := os.Rename(w.files[k].tmp, w.files[k].path); err != nil {
