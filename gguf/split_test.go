@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -213,7 +214,7 @@ func TestSplitBySize(t *testing.T) {
 		if err != nil {
 			t.Fatalf("max %d: %v", c.max, err)
 		}
-		if got := sl.Split.First; !equalInts(got, c.first) {
+		if got := sl.Split.First; !slices.Equal(got, c.first) {
 			t.Errorf("max %d: parts start at %v, want %v", c.max, got, c.first)
 		}
 	}
@@ -224,7 +225,7 @@ func TestSplitBySize(t *testing.T) {
 		t.Errorf("both limits: %v", err)
 	}
 	sl, _ := l.WithSplit(nil, SplitOptions{MaxTensors: 2})
-	if !equalInts(sl.Split.First, []int{0, 2, 4, 5}) {
+	if !slices.Equal(sl.Split.First, []int{0, 2, 4, 5}) {
 		t.Errorf("max 2 tensors: %v", sl.Split.First)
 	}
 	for i := range specs {
@@ -233,18 +234,6 @@ func TestSplitBySize(t *testing.T) {
 			t.Errorf("Part(%d) = %d, %d", i, p, k)
 		}
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestOpenSplitErrors: a missing part, a part of another split, a part
