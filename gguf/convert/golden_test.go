@@ -135,6 +135,7 @@ func compareGolden(t *testing.T, got, want *goldenFile, diffs intended, byName b
 }
 
 const qwen35Dir = "../../testdata/models/qwen35-tiny/base"
+
 // qwen3Dir is the reference qwen3 base, one copy in merge's testdata.
 const qwen3Dir = "../../merge/testdata/reference/qwen3/base"
 
