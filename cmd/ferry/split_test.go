@@ -68,6 +68,13 @@ func TestSplitCLI(t *testing.T) {
 	}
 	first := conv.Files[0]
 
+	// Every part named, as a shell glob names them: the later parts are
+	// checked through the first, not refused.
+	r = execFerry(t, nil, append([]string{"verify", "mtp"}, conv.Files...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "part 3 of 3, checked as part of "+first) {
+		t.Errorf("verify mtp of every part: exit %d, stdout %s, stderr %s", r.code, r.stdout, r.stderr)
+	}
+
 	r = execFerry(t, nil, "quantize", "--json", "--split-max-tensors", "20", first, filepath.Join(dir, splitQ4KMStem+".gguf"), "Q4_K_M")
 	if r.code != 0 {
 		t.Fatalf("quantize: exit %d: %s", r.code, r.stderr)

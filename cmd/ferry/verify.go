@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"github.com/ferry-llm/ferry/gguf"
 	"io"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -61,7 +63,8 @@ func runVerifyMTP(c *cli.Context) error {
 	opts := verify.Options{Deep: c.Bool("deep"), Require: c.Bool("require"), FollowLinks: c.Bool("follow-links")}
 	var results []verify.Result
 	var firstErr error
-	for _, p := range c.Args().Slice() {
+	args, folded := foldSplitParts(c.Args().Slice())
+	for _, p := range args {
 		r, err := verify.Check(p, p, opts)
 		if err != nil && firstErr == nil {
 			firstErr = err
@@ -75,6 +78,9 @@ func runVerifyMTP(c *cli.Context) error {
 		}
 	} else {
 		writeMTPTable(c.App.Writer, results, opts)
+		for _, f := range folded {
+			fmt.Fprintf(c.App.Writer, "\n%s: %s\n", f[0], f[1])
+		}
 	}
 	if firstErr != nil {
 		return firstErr
@@ -83,6 +89,29 @@ func runVerifyMTP(c *cli.Context) error {
 		return verifyFailed(fmt.Errorf("MTP verification failed for %d of %d path(s)", failed, len(results)))
 	}
 	return nil
+}
+
+// foldSplitParts drops from args the later parts of a split GGUF whose
+// first part is among them too (a shell glob, out/*.gguf, names every
+// part): the first part is checked as the whole model. folded says, for
+// each part dropped, which part it was checked through. A later part
+// given without its first part stays, and its check says to open the
+// first part.
+func foldSplitParts(args []string) (kept []string, folded [][2]string) {
+	given := map[string]bool{}
+	for _, a := range args {
+		given[filepath.Clean(a)] = true
+	}
+	for _, a := range args {
+		if prefix, no, count, ok := gguf.ParseSplitName(filepath.Clean(a)); ok && no > 0 {
+			if first := gguf.SplitName(prefix, 0, count); given[first] {
+				folded = append(folded, [2]string{a, fmt.Sprintf("part %d of %d, checked as part of %s", no+1, count, first)})
+				continue
+			}
+		}
+		kept = append(kept, a)
+	}
+	return kept, folded
 }
 
 func writeMTPTable(out io.Writer, results []verify.Result, opts verify.Options) {
