@@ -112,7 +112,7 @@ func newMMProjPlan(ckpt *safetensors.Checkpoint, opts Options) (*Plan, error) {
 		return nil, errf(ckpt.Dir, "", -1, ErrOptions, "--pre does not apply to --mmproj: an mmproj has no tokenizer")
 	}
 	if _, ok := mmprojArchs[arch]; !ok {
-		if _, text := registry[arch]; text {
+		if _, err := writerFor(arch); err == nil {
 			return nil, errf(cfg.Path, "", -1, ErrNoVision, "%s has no vision tower: architectures[0] is %q, a text-only model (--mmproj writes the vision tower of %s)",
 				ckpt.Dir, arch, strings.Join(MMProjSupported(), ", "))
 		}
