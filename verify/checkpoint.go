@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/inputerr"
+	"github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -268,7 +269,7 @@ func (a *ckAnalysis) run() error {
 	switch {
 	case qwenKey:
 		rep.Convention, rep.Promised, rep.PromisedBy = ConvQwen, int(qwenN), "mtp_num_hidden_layers"
-	case len(mtpNames) > 0 || (nextnKey && isQwen(cfg)):
+	case len(mtpNames) > 0 || (nextnKey && qwenHead(cfg)):
 		// Qwen3-Next: vLLM reads num_nextn_predict_layers, the head is mtp.*.
 		rep.Convention = ConvQwen
 		if nextnKey {
@@ -668,10 +669,12 @@ func countKey(cfg *safetensors.Config, key string) (int64, bool, error) {
 	return n, true, nil
 }
 
-// isQwen reports a Qwen architecture (whose heads are mtp.*, whatever key
-// counts them).
-func isQwen(cfg *safetensors.Config) bool {
+// qwenHead reports a checkpoint whose family keeps its head Qwen's way
+// (mtp.*, whatever key counts it): the family descriptor found by
+// architectures[0], model_type or text_config's model_type
+// (internal/family).
+func qwenHead(cfg *safetensors.Config) bool {
 	tc, _ := cfg.String("model_type")
-	return strings.HasPrefix(strings.ToLower(cfg.Architecture()), "qwen") || strings.HasPrefix(strings.ToLower(cfg.ModelType), "qwen") ||
-		strings.HasPrefix(strings.ToLower(tc), "qwen")
+	f, ok := family.ByConfig(cfg.Architecture(), cfg.ModelType, tc)
+	return ok && f.MTP.Convention == family.QwenMTP
 }
