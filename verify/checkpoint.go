@@ -13,8 +13,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/internal/family"
+	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"

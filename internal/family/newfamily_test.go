@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-llm/ferry/gguf/quantize"
 	"github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/mlxpack"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -26,8 +27,9 @@ import (
 // FerryTestForCausalLM (model_type ferry_test), written as GGUF arch
 // ferrytest by the Qwen3Model writer, and, for llama-quantize's rules, an
 // arch whose loader calls a 4-block model 70B (so the rules that read the
-// arch visibly apply). Registering this one descriptor is all it takes for
-// the converter and the quantizer to take it.
+// arch visibly apply); for MLX a model whose sanitize is llama's. Registering
+// this one descriptor is all it takes for the converter and both quantizers
+// to take it.
 var ferryTest = family.Family{
 	Name:       "ferrytest",
 	Layouts:    []family.Layout{{Architecture: "FerryTestForCausalLM", Trunk: family.HFTrunk}},
@@ -39,6 +41,12 @@ var ferryTest = family.Family{
 		Tensors:           []string{"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_gate", "ffn_up", "ffn_down"},
 		PostAttentionNorm: "ffn_norm",
 		Quant:             family.QuantRules{Blocks70B: 4},
+	},
+	MLX: &family.MLX{
+		ModelType:    "ferry_test",
+		Sanitize:     "simple",
+		LayerOrder:   family.DenseLayerOrder,
+		RopeTopLevel: []string{"rope_theta"},
 	},
 }
 
@@ -90,12 +98,7 @@ func convertTo(t *testing.T, dir, out string) *gguf.File {
 	if _, err := convert.Run(context.Background(), ck, p, out, convert.RunOptions{Jobs: 2, NoSync: true}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := gguf.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f
+	return openGGUF(t, out)
 }
 
 func quantizeTo(t *testing.T, src, out string) *gguf.File {
@@ -112,7 +115,12 @@ func quantizeTo(t *testing.T, src, out string) *gguf.File {
 	if _, err := quantize.Run(context.Background(), s.File, p, out, quantize.RunOptions{Jobs: 2, NoSync: true}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := gguf.Open(out)
+	return openGGUF(t, out)
+}
+
+func openGGUF(t *testing.T, path string) *gguf.File {
+	t.Helper()
+	f, err := gguf.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +157,70 @@ func refused(t *testing.T, dir string) {
 	if slices.Contains(convert.Supported(), "FerryTestForCausalLM") {
 		t.Error("convert.Supported lists the unregistered family")
 	}
+	if _, err := mlxpack.PlanQuantize(dir, mlxpack.QuantizeOptions{Bits: 4}); !errors.Is(err, mlxpack.ErrUnsupportedFamily) || !strings.Contains(err.Error(), `"ferry_test"`) {
+		t.Errorf("mlx quantize of an unregistered family: %v, want ErrUnsupportedFamily naming ferry_test", err)
+	}
+}
+
+// mlxQuantize writes src quantized to 4 bits, group 64, as dir.
+func mlxQuantize(t *testing.T, src, dir string) {
+	t.Helper()
+	p, err := mlxpack.PlanQuantize(src, mlxpack.QuantizeOptions{Bits: 4, GroupSize: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := mlxpack.Quantize(context.Background(), p, dir, mlxpack.QuantizeRunOptions{Jobs: 2}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sameMLX checks that the MLX directory got is want but for config.json's
+// architectures and model_type.
+func sameMLX(t *testing.T, got, want string) {
+	t.Helper()
+	entries, err := os.ReadDir(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := os.ReadDir(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != len(entries) {
+		t.Errorf("%d files, the Qwen3 directory has %d", len(names), len(entries))
+	}
+	for _, e := range entries {
+		a, err := os.ReadFile(filepath.Join(got, e.Name()))
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(want, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Name() != "config.json" {
+			if !bytes.Equal(a, b) {
+				t.Errorf("MLX %s differs from the Qwen3 directory's", e.Name())
+			}
+			continue
+		}
+		var ca, cb map[string]any
+		if err := json.Unmarshal(a, &ca); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &cb); err != nil {
+			t.Fatal(err)
+		}
+		if ca["model_type"] != "ferry_test" {
+			t.Errorf("MLX config model_type %v, want ferry_test", ca["model_type"])
+		}
+		ca["model_type"], ca["architectures"] = cb["model_type"], cb["architectures"]
+		if fmt.Sprint(ca) != fmt.Sprint(cb) {
+			t.Errorf("MLX config.json differs from the Qwen3 directory's beyond model_type and architectures:\n%v\n%v", ca, cb)
+		}
+	}
 }
 
 // TestNewFamilyIsOneRegistration: a family defined in this file and
@@ -158,7 +230,8 @@ func refused(t *testing.T, dir string) {
 // the same weights under its own arch (every tensor byte for byte, every
 // key the same under the ferrytest. prefix), and its Q4_K_M is Qwen3's but
 // for the rule the descriptor changes: attn_v tensors the rules give Q4_K
-// get Q5_K in a 70B model.
+// get Q5_K in a 70B model. Its MLX 4-bit directory is Qwen3's but for the
+// model type.
 func TestNewFamilyIsOneRegistration(t *testing.T) {
 	qwen3Dir, ferryDir := writeCheckpoints(t)
 	refused(t, ferryDir)
@@ -237,6 +310,12 @@ func TestNewFamilyIsOneRegistration(t *testing.T) {
 	if changed == 0 {
 		t.Error("no attn_v tensor was Q4_K in the Qwen3 Q4_K_M: the 70B rule was not exercised")
 	}
+
+	// MLX: mlx quantize writes Qwen3's directory (the same sanitize, layer
+	// order, no router gates) but for the model type.
+	mlxQuantize(t, qwen3Dir, filepath.Join(out, "qwen3-mlx"))
+	mlxQuantize(t, ferryDir, filepath.Join(out, "ferrytest-mlx"))
+	sameMLX(t, filepath.Join(out, "ferrytest-mlx"), filepath.Join(out, "qwen3-mlx"))
 
 	remove()
 	refused(t, ferryDir)
