@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	desc "github.com/ferry-llm/ferry/internal/family"
-	"github.com/ferry-llm/ferry/internal/modulepaths"
 )
 
 // family is what repack knows of one mlx-lm model type: what its
@@ -111,10 +110,10 @@ func deepseekV3Path(module string) []string {
 func qwen35MoEPath(module string) []string {
 	p := expertRE.ReplaceAllString(module, ".switch_mlp.")
 	switch {
-	case strings.HasPrefix(p, modulepaths.HFLanguageModel+modulepaths.HFMTP):
-		p = modulepaths.MLXQwen35MTP + strings.TrimPrefix(p, modulepaths.HFLanguageModel+modulepaths.HFMTP)
-	case strings.HasPrefix(p, modulepaths.HFLanguageModel):
-		p = modulepaths.MLXQwen35Trunk + strings.TrimPrefix(p, modulepaths.HFLanguageModel)
+	case strings.HasPrefix(p, desc.HFLanguageModel+desc.HFMTP):
+		p = desc.MLXQwen35MTP + strings.TrimPrefix(p, desc.HFLanguageModel+desc.HFMTP)
+	case strings.HasPrefix(p, desc.HFLanguageModel):
+		p = desc.MLXQwen35Trunk + strings.TrimPrefix(p, desc.HFLanguageModel)
 	case strings.HasPrefix(p, "language_model."):
 	default:
 		p = "language_model." + p

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	desc "github.com/ferry-llm/ferry/internal/family"
-	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -338,8 +337,8 @@ func qwen35Rename(w *weightSet) {
 		switch {
 		case strings.HasPrefix(k, "vision_tower"), strings.HasPrefix(k, "model.visual"):
 			return "", false
-		case strings.HasPrefix(k, modulepaths.HFLanguageModel):
-			return modulepaths.MLXQwen35Trunk + strings.TrimPrefix(k, modulepaths.HFLanguageModel), true
+		case strings.HasPrefix(k, desc.HFLanguageModel):
+			return desc.MLXQwen35Trunk + strings.TrimPrefix(k, desc.HFLanguageModel), true
 		case strings.HasPrefix(k, "language_model."):
 			return k, true
 		}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/internal/inputerr"
-	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -228,12 +227,12 @@ type ckAnalysis struct {
 
 // trunkPrefixes are where decoder layers live: HF causal LM, HF
 // *ForConditionalGeneration, MLX after sanitize.
-var trunkPrefixes = []string{modulepaths.HFLanguageModel, modulepaths.MLXQwen35Trunk, "model.", ""}
+var trunkPrefixes = []string{family.HFLanguageModel, family.MLXQwen35Trunk, "model.", ""}
 
 // qwenMTPPrefixes are where Qwen keeps the head: HF top level (also in
 // ConditionalGeneration checkpoints), an older model.mtp., MLX after
 // sanitize (language_model.mtp.).
-var qwenMTPPrefixes = []string{modulepaths.HFMTP, "model.mtp.", modulepaths.MLXQwen35MTP, modulepaths.HFLanguageModel + modulepaths.HFMTP, modulepaths.MLXQwen35Trunk + modulepaths.HFMTP}
+var qwenMTPPrefixes = []string{family.HFMTP, "model.mtp.", family.MLXQwen35MTP, family.HFLanguageModel + family.HFMTP, family.MLXQwen35Trunk + family.HFMTP}
 
 func (a *ckAnalysis) run() error {
 	rep, w, cfg := a.rep, a.w, a.cfg
@@ -321,10 +320,10 @@ func (a *ckAnalysis) findQwenHead() (prefix string, names []string) {
 
 // defaultQwenPrefix is where the head would be if it were there.
 func (a *ckAnalysis) defaultQwenPrefix() string {
-	if a.trunkPrefix == modulepaths.MLXQwen35Trunk {
-		return modulepaths.MLXQwen35MTP
+	if a.trunkPrefix == family.MLXQwen35Trunk {
+		return family.MLXQwen35MTP
 	}
-	return modulepaths.HFMTP
+	return family.HFMTP
 }
 
 // nextnLayers lists decoder layers at index >= num_hidden_layers.

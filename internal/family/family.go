@@ -69,11 +69,22 @@ type Layout struct {
 	VisionTower string
 }
 
-// Prefixes of the Hugging Face layouts.
+// Prefixes of the Hugging Face layouts: the text decoder of a
+// …ForCausalLM checkpoint, of a …ForConditionalGeneration one (Qwen3.5,
+// Qwen3.6), its vision tower, and the top-level MTP head (both layouts).
 const (
 	HFTrunk         = "model."
 	HFLanguageModel = "model.language_model."
 	HFVisual        = "model.visual."
+	HFMTP           = "mtp."
+)
+
+// mlx-lm's qwen3_5 and qwen3_5_moe sanitize (mlx-lm d78bf58e) move
+// model.language_model.* (and a text-only checkpoint's model.*) to
+// language_model.model.* and the MTP head to language_model.mtp.*.
+const (
+	MLXQwen35Trunk = "language_model.model."
+	MLXQwen35MTP   = "language_model.mtp."
 )
 
 // Convention names where a checkpoint keeps its MTP head.

@@ -1,7 +1,5 @@
 package family
 
-import "github.com/ferry-llm/ferry/internal/modulepaths"
-
 // The Gated-DeltaNet hybrids (Qwen3-Next, Qwen3.5): GGUF block tensors they
 // share (gguf-py MODEL_TENSORS), the NextN block's included.
 var hybridTensors = []string{"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
@@ -23,7 +21,7 @@ func join(lists ...[]string) []string {
 // both layouts), counted by mtp_num_hidden_layers, kept by the GGUF writer
 // as NextN blocks and by mlx quantize --keep-mtp under mlx-lm PR #990's
 // names.
-var qwenMTP = MTP{Convention: QwenMTP, Prefix: modulepaths.HFMTP, CountKey: "mtp_num_hidden_layers", GGUF: true, MLXPrefix: modulepaths.MLXQwen35MTP}
+var qwenMTP = MTP{Convention: QwenMTP, Prefix: HFMTP, CountKey: "mtp_num_hidden_layers", GGUF: true, MLXPrefix: MLXQwen35MTP}
 
 // qwen35Layouts are Qwen3.5's text-only and vision-language layouts.
 func qwen35Layouts(causal, condGen string) []Layout {
