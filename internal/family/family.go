@@ -104,7 +104,12 @@ const (
 	NextNLayer Convention = "nextn-layer"
 )
 
-// MTP is a family's multi-token-prediction head.
+// MTP is a family's multi-token-prediction head in its checkpoints and
+// in MLX. In a GGUF every family's head has llama.cpp's one layout, whatever
+// its convention: the last {arch}.nextn_predict_layers blocks, holding
+// blk.N.nextn.* beside a decoder block (the writer class keeps it:
+// convert_hf_to_gguf.py's _QwenMtpMixin in Qwen3NextModel and
+// Qwen3_5TextModel).
 type MTP struct {
 	Convention Convention
 	// Prefix is where a QwenMTP head's modules are ("mtp.").
@@ -113,11 +118,6 @@ type MTP struct {
 	// mtp_num_hidden_layers (Qwen3.5), num_nextn_predict_layers
 	// (Qwen3-Next, DeepSeek-V3).
 	CountKey string
-	// GGUF: the GGUF writer keeps the head as llama.cpp's NextN blocks:
-	// blocks block_count − n … block_count − 1 holding blk.N.nextn.*,
-	// counted by {arch}.nextn_predict_layers (convert_hf_to_gguf.py's
-	// _QwenMtpMixin). False: the writer drops it or the family has none.
-	GGUF bool
 	// MLXPrefix is where mlx-lm's sanitize puts a kept head
 	// ("language_model.mtp."; ferry mlx quantize --keep-mtp writes it
 	// in side files, internal/modulepaths); "" when mlx quantize cannot

@@ -18,10 +18,9 @@ func join(lists ...[]string) []string {
 }
 
 // qwenMTP is the head of Qwen3.5 and Qwen3.6: mtp.* at the top level (in
-// both layouts), counted by mtp_num_hidden_layers, kept by the GGUF writer
-// as NextN blocks and by mlx quantize --keep-mtp under mlx-lm PR #990's
-// names.
-var qwenMTP = MTP{Convention: QwenMTP, Prefix: HFMTP, CountKey: "mtp_num_hidden_layers", GGUF: true, MLXPrefix: MLXQwen35MTP}
+// both layouts), counted by mtp_num_hidden_layers, kept by mlx quantize
+// --keep-mtp under mlx-lm PR #990's names.
+var qwenMTP = MTP{Convention: QwenMTP, Prefix: HFMTP, CountKey: "mtp_num_hidden_layers", MLXPrefix: MLXQwen35MTP}
 
 // qwen35Layouts are Qwen3.5's text-only and vision-language layouts.
 func qwen35Layouts(causal, condGen string) []Layout {

@@ -7,7 +7,7 @@ var Qwen3Next = Family{
 	Name:       "qwen3next",
 	Layouts:    []Layout{{Architecture: "Qwen3NextForCausalLM", Trunk: HFTrunk}},
 	ModelTypes: []string{"qwen3_next"},
-	MTP:        MTP{Convention: QwenMTP, Prefix: qwenMTP.Prefix, CountKey: "num_nextn_predict_layers", GGUF: true},
+	MTP:        MTP{Convention: QwenMTP, Prefix: qwenMTP.Prefix, CountKey: "num_nextn_predict_layers"},
 	GGUF: &GGUF{
 		Arch:              "qwen3next",
 		Class:             "Qwen3NextModel",
