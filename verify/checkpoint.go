@@ -225,15 +225,6 @@ type ckAnalysis struct {
 	countMismatch bool
 }
 
-// trunkPrefixes are where decoder layers live: HF causal LM, HF
-// *ForConditionalGeneration, MLX after sanitize.
-var trunkPrefixes = []string{family.HFLanguageModel, family.MLXQwen35Trunk, "model.", ""}
-
-// qwenMTPPrefixes are where Qwen keeps the head: HF top level (also in
-// ConditionalGeneration checkpoints), an older model.mtp., MLX after
-// sanitize (language_model.mtp.).
-var qwenMTPPrefixes = []string{family.HFMTP, "model.mtp.", family.MLXQwen35MTP, family.HFLanguageModel + family.HFMTP, family.MLXQwen35Trunk + family.HFMTP}
-
 func (a *ckAnalysis) run() error {
 	rep, w, cfg := a.rep, a.w, a.cfg
 	rep.Arch = cfg.Architecture()
@@ -305,9 +296,11 @@ func (a *ckAnalysis) run() error {
 	return nil
 }
 
-// findQwenHead finds mtp.* tensors under any known prefix.
+// findQwenHead finds mtp.* tensors under any prefix a family descriptor
+// keeps them at (the HF top level, also in ConditionalGeneration
+// checkpoints, an older model.mtp., MLX after sanitize).
 func (a *ckAnalysis) findQwenHead() (prefix string, names []string) {
-	for _, p := range qwenMTPPrefixes {
+	for _, p := range family.MTPPrefixes() {
 		if ns := a.w.withPrefix(p); len(ns) > 0 {
 			if prefix == "" {
 				prefix = p

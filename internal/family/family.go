@@ -185,6 +185,11 @@ type MLX struct {
 	// does not know them.
 	Paths string
 
+	// Trunk is where mlx-lm's sanitize puts the text decoder
+	// (language_model.model. for qwen3_5); "" when it keeps the Hugging
+	// Face trunk.
+	Trunk string
+
 	// Quantize (ferry mlx quantize).
 	//
 	// Sanitize names mlx-lm's Model.sanitize (mlxpack resolves it); ""
@@ -422,6 +427,63 @@ func MLXModelTypes(keep func(*MLX) bool) []string {
 		}
 	}
 	sort.Strings(out)
+	return out
+}
+
+// TrunkPrefixes are where the registered families keep decoder layers,
+// in any layout (each Layout.Trunk, each MLX.Trunk), longest first, then
+// "" (bare layers.N): verify looks for the trunk under each in turn.
+func TrunkPrefixes() []string {
+	var out []string
+	add := func(p string) {
+		if p != "" && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	registry.RLock()
+	for _, f := range registry.all {
+		for _, l := range f.Layouts {
+			add(l.Trunk)
+		}
+		if f.MLX != nil {
+			add(f.MLX.Trunk)
+		}
+	}
+	registry.RUnlock()
+	sort.SliceStable(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return append(out, "")
+}
+
+// MTPPrefixes are where the registered families with a QwenMTP head keep
+// it, in any layout: at MTP.Prefix (top level), under model. (an older
+// layout), at MTP.MLXPrefix, and under each layout's and MLX's trunk; in
+// registration order, each once.
+func MTPPrefixes() []string {
+	var out []string
+	add := func(p string) {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	registry.RLock()
+	defer registry.RUnlock()
+	for _, f := range registry.all {
+		m := f.MTP
+		if m.Convention != QwenMTP {
+			continue
+		}
+		add(m.Prefix)
+		add(HFTrunk + m.Prefix)
+		if m.MLXPrefix != "" {
+			add(m.MLXPrefix)
+		}
+		for _, l := range f.Layouts {
+			add(l.Trunk + m.Prefix)
+		}
+		if f.MLX != nil && f.MLX.Trunk != "" {
+			add(f.MLX.Trunk + m.Prefix)
+		}
+	}
 	return out
 }
 

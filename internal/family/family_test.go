@@ -71,6 +71,31 @@ func TestBuiltin(t *testing.T) {
 	}
 }
 
+// TestPrefixes: where the builtin families keep decoder layers and MTP
+// heads, in every layout, in the order verify looks (what verify held as
+// its own lists before the descriptors).
+func TestPrefixes(t *testing.T) {
+	if got, want := TrunkPrefixes(), []string{"model.language_model.", "language_model.model.", "model.", ""}; !slices.Equal(got, want) {
+		t.Errorf("TrunkPrefixes() = %q, want %q", got, want)
+	}
+	if got, want := MTPPrefixes(), []string{"mtp.", "model.mtp.", "language_model.mtp.", "model.language_model.mtp.", "language_model.model.mtp."}; !slices.Equal(got, want) {
+		t.Errorf("MTPPrefixes() = %q, want %q", got, want)
+	}
+	// A family with a layout of its own is found there too.
+	remove, err := Register(&Family{Name: "x", Layouts: []Layout{{Architecture: "XForConditionalGeneration", Trunk: "model.text_model.", Vision: true, VisionTower: "model.vision."}},
+		MTP: MTP{Convention: QwenMTP, Prefix: "mtp.", CountKey: "mtp_num_hidden_layers"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remove()
+	if got := TrunkPrefixes(); !slices.Contains(got, "model.text_model.") || got[len(got)-1] != "" {
+		t.Errorf("TrunkPrefixes() = %q, want model.text_model. among them", got)
+	}
+	if got := MTPPrefixes(); !slices.Contains(got, "model.text_model.mtp.") {
+		t.Errorf("MTPPrefixes() = %q, want model.text_model.mtp. among them", got)
+	}
+}
+
 // TestRegister: a family is refused when it is incomplete or claims a
 // name another family has, and is found once registered and not after it
 // is removed.

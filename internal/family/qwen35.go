@@ -19,6 +19,7 @@ var Qwen35 = Family{
 	MLX: &MLX{
 		ModelType:  "qwen3_5",
 		Aliases:    []string{"qwen3_5_text"},
+		Trunk:      MLXQwen35Trunk,
 		Sanitize:   "qwen3_5",
 		LayerOrder: HybridLayerOrder,
 		// qwen3_5.py's Model serves the MoE too: its gates only when

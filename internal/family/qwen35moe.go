@@ -19,6 +19,7 @@ var Qwen35MoE = Family{
 		Aliases:        []string{"qwen3_5_moe_text"},
 		StacksExperts:  true,
 		Paths:          "qwen3_5_moe",
+		Trunk:          MLXQwen35Trunk,
 		Sanitize:       "qwen3_5_moe",
 		LayerOrder:     HybridLayerOrder,
 		RouterGates:    []string{"mlp.gate", "shared_expert_gate"},
