@@ -1,9 +1,9 @@
 package family
 
-// DeepseekV3 is DeepSeek-V3 and the models mlx-lm loads with its model
+// deepseekV3 is DeepSeek-V3 and the models mlx-lm loads with its model
 // (Kimi K2, K2.5, JoyAI-LLM-Flash): ferry repacks their compressed-tensors
 // checkpoints for MLX; their MTP head is extra decoder layers.
-var DeepseekV3 = Family{
+var deepseekV3 = Family{
 	Name:       "deepseekv3",
 	Layouts:    []Layout{{Architecture: "DeepseekV3ForCausalLM", Trunk: HFTrunk}},
 	ModelTypes: []string{"deepseek_v3"},

@@ -11,8 +11,8 @@
 // code stays in the format package and is named here by a kind the format
 // resolves: GGUF.Class is the convert_hf_to_gguf.py class whose transforms
 // gguf/convert applies (gguf/convert/<class>.go), MLX.Sanitize the mlx-lm
-// sanitize mlxpack applies (mlxpack/sanitize.go). A kind a format does not
-// know is refused there, naming the family.
+// sanitize mlxpack applies (mlxpack/sanitize.go). A family whose kind a
+// format does not have is refused there as an unsupported one.
 //
 // The package imports no format (internal/layering), so every format can
 // read it.
@@ -222,9 +222,6 @@ var (
 	// HybridLayerOrder: qwen3_next.py and qwen3_5.py's DecoderLayer.
 	HybridLayerOrder = []string{"linear_attn", "self_attn", "input_layernorm", "post_attention_layernorm", "mlp"}
 )
-
-// ErrUnknown is returned by the lookups for a name no family has.
-var ErrUnknown = errors.New("no model family")
 
 // registry is every registered family: the builtin ones (builtin.go) and
 // any a test registers.

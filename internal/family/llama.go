@@ -1,8 +1,8 @@
 package family
 
-// Llama is LlamaForCausalLM (and, for mlx-lm, Mistral, which it loads with
+// llama is LlamaForCausalLM (and, for mlx-lm, Mistral, which it loads with
 // its llama model).
-var Llama = Family{
+var llama = Family{
 	Name:       "llama",
 	Layouts:    []Layout{{Architecture: "LlamaForCausalLM", Trunk: HFTrunk}},
 	ModelTypes: []string{"llama"},

@@ -5,8 +5,8 @@ package family
 // LLM_TYPE_70B for deci, olmo and qwen2 at 80 blocks and jais2 at 68;
 // llama_tensor_get_type_impl has falcon branches).
 var (
-	Deci   = Family{Name: "deci", GGUF: &GGUF{Arch: "deci", Quant: QuantRules{Blocks70B: 80}}}
-	Olmo   = Family{Name: "olmo", GGUF: &GGUF{Arch: "olmo", Quant: QuantRules{Blocks70B: 80}}}
-	Jais2  = Family{Name: "jais2", GGUF: &GGUF{Arch: "jais2", Quant: QuantRules{Blocks70B: 68}}}
-	Falcon = Family{Name: "falcon", GGUF: &GGUF{Arch: "falcon", Quant: QuantRules{Falcon: true}}}
+	deci   = Family{Name: "deci", GGUF: &GGUF{Arch: "deci", Quant: QuantRules{Blocks70B: 80}}}
+	olmo   = Family{Name: "olmo", GGUF: &GGUF{Arch: "olmo", Quant: QuantRules{Blocks70B: 80}}}
+	jais2  = Family{Name: "jais2", GGUF: &GGUF{Arch: "jais2", Quant: QuantRules{Blocks70B: 68}}}
+	falcon = Family{Name: "falcon", GGUF: &GGUF{Arch: "falcon", Quant: QuantRules{Falcon: true}}}
 )

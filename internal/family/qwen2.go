@@ -1,7 +1,7 @@
 package family
 
-// Qwen2 is Qwen2ForCausalLM (Qwen2, Qwen2.5): q/k/v biases.
-var Qwen2 = Family{
+// qwen2 is Qwen2ForCausalLM (Qwen2, Qwen2.5): q/k/v biases.
+var qwen2 = Family{
 	Name:       "qwen2",
 	Layouts:    []Layout{{Architecture: "Qwen2ForCausalLM", Trunk: HFTrunk}},
 	ModelTypes: []string{"qwen2"},

@@ -1,7 +1,7 @@
 package family
 
-// Qwen3 is Qwen3ForCausalLM: Qwen2 without biases, with q_norm/k_norm.
-var Qwen3 = Family{
+// qwen3 is Qwen3ForCausalLM: Qwen2 without biases, with q_norm/k_norm.
+var qwen3 = Family{
 	Name:       "qwen3",
 	Layouts:    []Layout{{Architecture: "Qwen3ForCausalLM", Trunk: HFTrunk}},
 	ModelTypes: []string{"qwen3"},

@@ -1,10 +1,10 @@
 package family
 
-// Qwen35 is Qwen3.5 and Qwen3.6 dense: the Gated-DeltaNet hybrid with a
+// qwen35 is Qwen3.5 and Qwen3.6 dense: the Gated-DeltaNet hybrid with a
 // dense MLP, text-only (Qwen3_5ForCausalLM, model_type qwen3_5_text) or
 // vision-language (Qwen3_5ForConditionalGeneration, model_type qwen3_5 with
 // a qwen3_5_text text_config), its MTP head at mtp.*.
-var Qwen35 = Family{
+var qwen35 = Family{
 	Name:       "qwen35",
 	Layouts:    qwen35Layouts("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
 	ModelTypes: []string{"qwen3_5_text", "qwen3_5"},

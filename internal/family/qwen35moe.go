@@ -1,8 +1,8 @@
 package family
 
-// Qwen35MoE is Qwen3.5 and Qwen3.6 MoE: Qwen35 with routed experts
+// qwen35MoE is Qwen3.5 and Qwen3.6 MoE: Qwen35 with routed experts
 // (per-expert or fused gate_up_proj), a shared expert and its gate.
-var Qwen35MoE = Family{
+var qwen35MoE = Family{
 	Name:       "qwen35moe",
 	Layouts:    qwen35Layouts("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
 	ModelTypes: []string{"qwen3_5_moe_text", "qwen3_5_moe"},

@@ -1,8 +1,8 @@
 package family
 
-// Qwen3MoE is Qwen3MoeForCausalLM: Qwen3 with routed experts (a router
+// qwen3MoE is Qwen3MoeForCausalLM: Qwen3 with routed experts (a router
 // mlp.gate, per-expert projections) and an optional shared expert.
-var Qwen3MoE = Family{
+var qwen3MoE = Family{
 	Name:       "qwen3moe",
 	Layouts:    []Layout{{Architecture: "Qwen3MoeForCausalLM", Trunk: HFTrunk}},
 	ModelTypes: []string{"qwen3_moe"},

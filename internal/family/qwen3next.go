@@ -1,9 +1,9 @@
 package family
 
-// Qwen3Next is Qwen3NextForCausalLM: the MoE Gated-DeltaNet hybrid with
+// qwen3Next is Qwen3NextForCausalLM: the MoE Gated-DeltaNet hybrid with
 // fused in_proj_qkvz / in_proj_ba, its MTP head counted by
 // num_nextn_predict_layers.
-var Qwen3Next = Family{
+var qwen3Next = Family{
 	Name:       "qwen3next",
 	Layouts:    []Layout{{Architecture: "Qwen3NextForCausalLM", Trunk: HFTrunk}},
 	ModelTypes: []string{"qwen3_next"},
