@@ -123,7 +123,7 @@ type Options struct {
 // every layout of a family (internal/family) whose GGUF writer class is
 // one of writers.
 func Supported() []string {
-	return desc.Architectures(func(f *desc.Family) bool { return f.GGUF != nil && writers[f.GGUF.Class] != nil })
+	return desc.Architectures(func(f *desc.Family, _ desc.Layout) bool { return f.GGUF != nil && writers[f.GGUF.Class] != nil })
 }
 
 // writers maps a family descriptor's GGUF.Class (the convert_hf_to_gguf.py

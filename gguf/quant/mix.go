@@ -281,7 +281,7 @@ func MixChoices(f FileType, m Model, ts []Source, o MixOptions) ([]Choice, error
 	}
 	// A CLIP file (an mmproj) has no block_count: llama-quantize runs its
 	// rules with n_layer 0 (use_more_bits(i, 0) is true for every i).
-	if (m.NLayerAll == 0 && m.Arch != ArchCLIP) || m.NLayerAll > maxLayers {
+	if (m.NLayerAll == 0 && !family.QuantRulesOf(m.Arch).NoHParams) || m.NLayerAll > maxLayers {
 		return nil, fmt.Errorf("%s.block_count is %d: llama.cpp takes 1 to %d blocks", m.Arch, m.NLayerAll, maxLayers)
 	}
 	st := &mixState{f: f, m: m, o: &o, tied: true, nFFN: int(m.NLayerAll)}

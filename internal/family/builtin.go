@@ -11,5 +11,5 @@ var builtin = []*Family{
 	&qwen35,
 	&qwen35MoE,
 	&deepseekV3,
-	&deci, &olmo, &jais2, &falcon,
+	&deci, &olmo, &jais2, &falcon, &clip,
 }

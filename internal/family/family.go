@@ -134,6 +134,11 @@ type GGUF struct {
 	// resolves it to its writer. "" when ferry quantizes llama.cpp's
 	// files of this arch but does not write them.
 	Class string
+	// MMProjClass is the convert_hf_to_gguf.py --mmproj class
+	// (MMPROJ_MODEL_MAP) that writes the vision tower of the family's
+	// vision-language layouts as a CLIP GGUF; gguf/convert resolves it.
+	// "" when ferry writes no mmproj for the family.
+	MMProjClass string
 	// Pre is the default tokenizer.ggml.pre.
 	Pre string
 	// Tensors are the GGUF tensor stems of a block the architecture has
@@ -157,6 +162,10 @@ type QuantRules struct {
 	Llama70B bool
 	// Falcon: the LLM_ARCH_FALCON branches of the rules.
 	Falcon bool
+	// NoHParams: the loader reads no hyperparameters (LLM_ARCH_CLIP, a
+	// multimodal projector): every count is 0 and the rules run with
+	// block_count 0.
+	NoHParams bool
 }
 
 // MLX is what mlx-lm (d78bf58e, 0.32.0) does with a family.
@@ -397,13 +406,13 @@ func QuantRulesOf(arch string) QuantRules {
 	return QuantRules{}
 }
 
-// Architectures lists, sorted, the architectures[0] of every layout whose
-// family satisfies keep.
-func Architectures(keep func(*Family) bool) []string {
+// Architectures lists, sorted, the architectures[0] of every layout that
+// keep accepts with its family.
+func Architectures(keep func(*Family, Layout) bool) []string {
 	var out []string
 	for _, f := range All() {
-		if keep(f) {
-			for _, l := range f.Layouts {
+		for _, l := range f.Layouts {
+			if keep(f, l) {
 				out = append(out, l.Architecture)
 			}
 		}

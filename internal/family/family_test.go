@@ -60,7 +60,7 @@ func TestBuiltin(t *testing.T) {
 		want QuantRules
 	}{
 		{"llama", QuantRules{Blocks70B: 80, Llama70B: true}}, {"qwen2", QuantRules{Blocks70B: 80}},
-		{"jais2", QuantRules{Blocks70B: 68}}, {"falcon", QuantRules{Falcon: true}}, {"qwen35", QuantRules{}}, {"nonesuch", QuantRules{}},
+		{"jais2", QuantRules{Blocks70B: 68}}, {"falcon", QuantRules{Falcon: true}}, {"clip", QuantRules{NoHParams: true}}, {"qwen35", QuantRules{}}, {"nonesuch", QuantRules{}},
 	} {
 		if got := QuantRulesOf(tt.arch); got != tt.want {
 			t.Errorf("QuantRulesOf(%s) = %+v, want %+v", tt.arch, got, tt.want)

@@ -12,6 +12,7 @@ var qwen35 = Family{
 	GGUF: &GGUF{
 		Arch:              "qwen35",
 		Class:             "Qwen3_5TextModel",
+		MMProjClass:       "Qwen3VLVisionModel",
 		Pre:               "qwen35",
 		Tensors:           join(hybridTensors, []string{"ssm_beta", "ssm_alpha", "ffn_gate", "ffn_up", "ffn_down"}),
 		PostAttentionNorm: "post_attention_norm",

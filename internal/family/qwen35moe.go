@@ -10,6 +10,7 @@ var qwen35MoE = Family{
 	GGUF: &GGUF{
 		Arch:              "qwen35moe",
 		Class:             "Qwen3_5MoeTextModel",
+		MMProjClass:       "Qwen3VLVisionModel",
 		Pre:               "qwen35",
 		Tensors:           join([]string{"ssm_beta", "ssm_alpha"}, hybridTensors, moeTensors),
 		PostAttentionNorm: "post_attention_norm",
