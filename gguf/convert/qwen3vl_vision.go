@@ -71,13 +71,16 @@ const (
 )
 
 // HasVisionTower reports whether the checkpoint holds vision-tower tensors
-// (model.visual.* or visual.*): what `gguf: { mmproj: auto }` writes an
-// mmproj for.
+// (under a family layout's tower prefix, model.visual.*, or an older
+// layout's visual.*): what `gguf: { mmproj: auto }` writes an mmproj for.
 func HasVisionTower(ck *safetensors.Checkpoint) bool {
+	prefixes := append(desc.VisionTowers(), "visual.")
 	for _, sh := range ck.Shards {
 		for _, ti := range sh.Tensors {
-			if strings.HasPrefix(ti.Name, desc.HFVisual) || strings.HasPrefix(ti.Name, "visual.") {
-				return true
+			for _, p := range prefixes {
+				if strings.HasPrefix(ti.Name, p) {
+					return true
+				}
 			}
 		}
 	}

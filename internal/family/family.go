@@ -460,6 +460,22 @@ func TrunkPrefixes() []string {
 	return append(out, "")
 }
 
+// VisionTowers are the vision-tower prefixes of the registered families'
+// vision-language layouts, in registration order, each once.
+func VisionTowers() []string {
+	var out []string
+	registry.RLock()
+	defer registry.RUnlock()
+	for _, f := range registry.all {
+		for _, l := range f.Layouts {
+			if l.VisionTower != "" && !slices.Contains(out, l.VisionTower) {
+				out = append(out, l.VisionTower)
+			}
+		}
+	}
+	return out
+}
+
 // MTPPrefixes are where the registered families with a QwenMTP head keep
 // it, in any layout: at MTP.Prefix (top level), under model. (an older
 // layout), at MTP.MLXPrefix, and under each layout's and MLX's trunk; in

@@ -81,6 +81,9 @@ func TestPrefixes(t *testing.T) {
 	if got, want := MTPPrefixes(), []string{"mtp.", "model.mtp.", "language_model.mtp.", "model.language_model.mtp.", "language_model.model.mtp."}; !slices.Equal(got, want) {
 		t.Errorf("MTPPrefixes() = %q, want %q", got, want)
 	}
+	if got := VisionTowers(); !slices.Equal(got, []string{"model.visual."}) {
+		t.Errorf("VisionTowers() = %q", got)
+	}
 	// A family with a layout of its own is found there too.
 	remove, err := Register(&Family{Name: "x", Layouts: []Layout{{Architecture: "XForConditionalGeneration", Trunk: "model.text_model.", Vision: true, VisionTower: "model.vision."}},
 		MTP: MTP{Convention: QwenMTP, Prefix: "mtp.", CountKey: "mtp_num_hidden_layers"}})
@@ -90,6 +93,9 @@ func TestPrefixes(t *testing.T) {
 	defer remove()
 	if got := TrunkPrefixes(); !slices.Contains(got, "model.text_model.") || got[len(got)-1] != "" {
 		t.Errorf("TrunkPrefixes() = %q, want model.text_model. among them", got)
+	}
+	if got := VisionTowers(); !slices.Equal(got, []string{"model.visual.", "model.vision."}) {
+		t.Errorf("VisionTowers() = %q, want model.vision. after model.visual.", got)
 	}
 	if got := MTPPrefixes(); !slices.Contains(got, "model.text_model.mtp.") {
 		t.Errorf("MTPPrefixes() = %q, want model.text_model.mtp. among them", got)
