@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -515,7 +516,7 @@ func Inventory(baseDir, adapterDir string, opt PlanOptions) (p *Plan, err error)
 			if !cfg.Targets(m) {
 				continue
 			}
-			if strings.HasPrefix(n, "mtp.") {
+			if strings.HasPrefix(n, family.HFMTP) {
 				mtp = append(mtp, m)
 				continue
 			}
@@ -593,13 +594,20 @@ type keyMapper struct {
 
 func newKeyMapper(c *safetensors.Checkpoint) *keyMapper { return &keyMapper{base: c} }
 
+// layoutPrefixes are the rewrites tried, in order, between the trunks of
+// the family layouts (internal/family: the text-only model.*, the
+// vision-language model.language_model.*) and the older VLM one.
 var layoutPrefixes = [][2]string{
-	{"model.language_model.", "language_model.model."},
-	{"language_model.model.", "model.language_model."},
-	{"model.", "model.language_model."},
-	{"model.language_model.", "model."},
-	{"language_model.model.", "model."},
+	{family.HFLanguageModel, oldVLMTrunk},
+	{oldVLMTrunk, family.HFLanguageModel},
+	{family.HFTrunk, family.HFLanguageModel},
+	{family.HFLanguageModel, family.HFTrunk},
+	{oldVLMTrunk, family.HFTrunk},
 }
+
+// oldVLMTrunk is where transformers before 4.52 kept a VLM's text model,
+// as older adapters name it.
+const oldVLMTrunk = "language_model.model."
 
 func (k *keyMapper) candidates(name string) []string {
 	out := []string{name}

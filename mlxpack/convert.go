@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
+	desc "github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -177,7 +178,7 @@ func PlanQuantize(src string, opts QuantizeOptions) (_ *QuantizePlan, err error)
 	fixed, fixes := FixedConfig(raw)
 	p.ConfigFixes = fixes
 	p.ModelType, _ = fixed["model_type"].(string)
-	fam, ok := convertFamilies[p.ModelType]
+	fam, ok := convertFamilyOf(p.ModelType)
 	if !ok {
 		return nil, errf(cfgPath, "", ErrUnsupportedFamily, "model_type %q; supported: %s", ckpt.Config.ModelType, strings.Join(SupportedFamilies(), ", "))
 	}
@@ -332,7 +333,7 @@ func (p *QuantizePlan) planTensors(ws *weightSet, fam convertFamily) error {
 				tp.Source = append(tp.Source, s.srcName)
 			}
 		}
-		if p.DType != "" && (fam.keepDType == nil || !fam.keepDType(n)) {
+		if p.DType != "" && !desc.HasSuffix(n, fam.keepDType) {
 			tp.DType = p.DType
 		}
 		if t.mtp {
@@ -389,8 +390,8 @@ func (p *QuantizePlan) decideQuant(ctx *sanitizeCtx, cfgPath string) (any, error
 		tps = append(tps, t)
 	}
 	mt := p.ModelType
-	if mt == "mistral" {
-		mt = "llama" // mlx-lm's MODEL_REMAPPING
+	if f, ok := desc.ByMLXModelType(mt); ok {
+		mt = f.MLX.ModelType // mlx-lm's MODEL_REMAPPING: mistral is llama
 	}
 	qp, err := PlanQuant(mods, QuantOptions{ModelType: mt, Bits: o.Bits, GroupSize: o.GroupSize, Recipe: o.Recipe,
 		NumLayers: int(ctx.layers), NumExperts: int(ctx.experts), ModuleBits: o.ModuleBits})

@@ -2,15 +2,16 @@ package mlxpack
 
 import (
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 
-	"github.com/ferry-llm/ferry/internal/modulepaths"
+	desc "github.com/ferry-llm/ferry/internal/family"
 )
 
-// family is what ferry knows of one mlx-lm model type: what its sanitize()
-// does to a checkpoint's names (mlx-lm d78bf58e, mlx_lm/models/<type>.py).
-// MLX quantization extends it with what it must know per family.
+// family is what repack knows of one mlx-lm model type: what its
+// sanitize() does to a checkpoint's names (mlx-lm d78bf58e,
+// mlx_lm/models/<type>.py), read from the type's descriptor in
+// internal/family.
 type family struct {
 	// renamesPacked: sanitize maps compressed-tensors
 	// weight_packed/weight_scale/weight_shape to weight/scales/biases
@@ -29,44 +30,42 @@ type family struct {
 	paths func(module string) []string
 }
 
-// families is keyed by config.json model_type. Adding a family is adding an
-// entry here (and a path mapping below when its sanitize renames modules),
-// with a case in TestMLXPaths.
-var families = map[string]family{
-	// sanitize keeps module paths as they are (it only drops a tied
-	// lm_head or rotary buffers).
-	"llama": {paths: samePath},
-	"qwen2": {paths: samePath},
-	"qwen3": {paths: samePath},
-
-	"qwen3_moe":   {stacksExperts: true, paths: switchMLPPath},
-	"qwen3_5_moe": {stacksExperts: true, paths: qwen35MoEPath},
-
-	// utils.MODEL_REMAPPING sends kimi_k2 and joyai_llm_flash to
-	// deepseek_v3; kimi_k25's sanitize calls DeepseekV3's on its language
-	// model.
-	"deepseek_v3":     deepseekV3,
-	"kimi_k2":         deepseekV3,
-	"kimi_k25":        deepseekV3,
-	"joyai_llm_flash": deepseekV3,
+// familyOf is the family of a model type, from its descriptor
+// (internal/family: MLX.RenamesPacked, StacksExperts and the path mapping
+// its Paths names); the zero family (nothing renamed, no known paths) for
+// a type ferry does not know.
+func familyOf(modelType string) family {
+	f, ok := desc.ByMLXModelType(modelType)
+	if !ok {
+		return family{}
+	}
+	return family{renamesPacked: f.MLX.RenamesPacked, stacksExperts: f.MLX.StacksExperts, paths: pathKinds[f.MLX.Paths]}
 }
 
-var deepseekV3 = family{renamesPacked: true, paths: deepseekV3Path}
-
-// familyOf is the family of a model type; the zero family (nothing
-// renamed, no known paths) for a type ferry does not know.
-func familyOf(modelType string) family { return families[modelType] }
+// pathKinds resolves a descriptor's MLX.Paths: how mlx-lm's sanitize moves
+// module paths. A family whose sanitize moves them a new way adds its
+// function here.
+var pathKinds = map[string]func(module string) []string{
+	// sanitize keeps module paths as they are (it only drops a tied
+	// lm_head or rotary buffers).
+	"same":        samePath,
+	"switch_mlp":  switchMLPPath,
+	"deepseek_v3": deepseekV3Path,
+	"qwen3_5_moe": qwen35MoEPath,
+}
 
 // familyTypes lists, sorted and comma-separated, the model types whose
-// family satisfies keep (for messages).
+// family has a known path mapping and satisfies keep (for messages).
 func familyTypes(keep func(family) bool) string {
 	var t []string
-	for k, f := range families {
-		if keep(f) {
-			t = append(t, k)
+	for _, mt := range desc.MLXModelTypes(func(m *desc.MLX) bool { return m.Paths != "" }) {
+		if f, _ := desc.ByMLXModelType(mt); slices.Contains(f.MLX.Aliases, mt) {
+			continue // named by the type it is an alias of
+		}
+		if keep(familyOf(mt)) {
+			t = append(t, mt)
 		}
 	}
-	sort.Strings(t)
 	return strings.Join(t, ", ")
 }
 
@@ -74,8 +73,8 @@ func familyTypes(keep func(family) bool) string {
 // has after sanitize. ok is false if ferry does not know the mapping for
 // this model type (the module is returned as it is).
 func mlxPaths(modelType, module string) (paths []string, ok bool) {
-	f, ok := families[modelType]
-	if !ok || f.paths == nil {
+	f := familyOf(modelType)
+	if f.paths == nil {
 		return []string{module}, false
 	}
 	return f.paths(module), true
@@ -111,10 +110,10 @@ func deepseekV3Path(module string) []string {
 func qwen35MoEPath(module string) []string {
 	p := expertRE.ReplaceAllString(module, ".switch_mlp.")
 	switch {
-	case strings.HasPrefix(p, modulepaths.HFLanguageModel+modulepaths.HFMTP):
-		p = modulepaths.MLXQwen35MTP + strings.TrimPrefix(p, modulepaths.HFLanguageModel+modulepaths.HFMTP)
-	case strings.HasPrefix(p, modulepaths.HFLanguageModel):
-		p = modulepaths.MLXQwen35Trunk + strings.TrimPrefix(p, modulepaths.HFLanguageModel)
+	case strings.HasPrefix(p, desc.HFLanguageModel+desc.HFMTP):
+		p = desc.MLXQwen35MTP + strings.TrimPrefix(p, desc.HFLanguageModel+desc.HFMTP)
+	case strings.HasPrefix(p, desc.HFLanguageModel):
+		p = desc.MLXQwen35Trunk + strings.TrimPrefix(p, desc.HFLanguageModel)
 	case strings.HasPrefix(p, "language_model."):
 	default:
 		p = "language_model." + p

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
+	desc "github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 )
@@ -55,7 +57,9 @@ const MTPSideKey = modulepaths.MTPSideKey
 
 // FixedConfig returns a copy of raw with the changes mlx-lm 0.32 needs to
 // load a config transformers 5 wrote, and the list of what changed (for
-// reports). Only model types ferry knows are touched:
+// reports). Only model types ferry knows are touched, as their family
+// descriptors say (internal/family MLX: Aliases, RopeTypeAsType,
+// RopeTopLevel):
 //   - model_type qwen3_5_text / qwen3_5_moe_text (a text-only Qwen3.5
 //     checkpoint) → qwen3_5 / qwen3_5_moe, which mlx-lm loads (it has no
 //     module for the _text types);
@@ -71,13 +75,16 @@ func FixedConfig(raw map[string]any) (map[string]any, []string) {
 	out := cloneJSON(raw).(map[string]any)
 	var changed []string
 	mt, _ := out["model_type"].(string)
-	if to, ok := modelTypeAliases[mt]; ok {
+	f, ok := desc.ByMLXModelType(mt)
+	if !ok {
+		return out, changed
+	}
+	if to := f.MLX.ModelType; slices.Contains(f.MLX.Aliases, mt) {
 		out["model_type"] = to
 		changed = append(changed, fmt.Sprintf("model_type %s → %s", mt, to))
-		mt = to
 	}
-	switch mt {
-	case "qwen3_5", "qwen3_5_moe":
+	switch {
+	case f.MLX.RopeTypeAsType:
 		text := out
 		if tc, ok := out["text_config"].(map[string]any); ok {
 			text = tc
@@ -91,16 +98,12 @@ func FixedConfig(raw map[string]any) (map[string]any, []string) {
 				}
 			}
 		}
-	case "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next":
+	case len(f.MLX.RopeTopLevel) > 0:
 		rp, ok := out["rope_parameters"].(map[string]any)
 		if !ok {
 			break
 		}
-		keys := []string{"rope_theta"}
-		if mt == "qwen3_next" {
-			keys = append(keys, "partial_rotary_factor")
-		}
-		for _, k := range keys {
+		for _, k := range f.MLX.RopeTopLevel {
 			if _, has := out[k]; !has {
 				if v, ok := rp[k]; ok {
 					out[k] = v

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ferry-llm/ferry/internal/modulepaths"
+	desc "github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -92,7 +92,7 @@ func TestKeepMTPSideFiles(t *testing.T) {
 			defer ck.Close()
 			inSide := 0
 			for _, l := range ck.Tensors() {
-				head := strings.HasPrefix(l.Info.Name, modulepaths.MLXQwen35MTP)
+				head := strings.HasPrefix(l.Info.Name, desc.MLXQwen35MTP)
 				if head != sideFileRE.MatchString(l.Shard.Name) {
 					t.Errorf("%s is in %s", l.Info.Name, l.Shard.Name)
 				}

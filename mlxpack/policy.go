@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	desc "github.com/ferry-llm/ferry/internal/family"
 )
 
 // Which modules `mlx_lm.convert -q` quantizes, and how (ml-explore/mlx-lm
@@ -117,19 +119,6 @@ var QuantRecipes = map[string][2]int{
 	"mixed_4_6": {4, 6},
 }
 
-// routerGates are the model types whose quant_predicate keeps router gates
-// at 8 bits, group 64, with the path suffixes it tests
-// (mlx_lm/models/<type>.py quant_predicate).
-var routerGates = map[string][]string{
-	"llama":       nil,
-	"qwen2":       nil,
-	"qwen3":       nil,
-	"qwen3_moe":   {"mlp.gate"},
-	"qwen3_5":     {"mlp.gate", "shared_expert_gate"}, // only with num_experts > 0
-	"qwen3_5_moe": {"mlp.gate", "shared_expert_gate"}, // qwen3_5's Model
-	"qwen3_next":  {"mlp.gate", "shared_expert_gate"},
-}
-
 // QuantPlan is the quantization of a whole model.
 type QuantPlan struct {
 	Global  QuantSpec
@@ -154,11 +143,14 @@ type QuantPlan struct {
 // a down_proj module; mlx-lm takes the first of named_modules(), which
 // lists modules last-first, so PlanQuant takes the last one of modules.
 func PlanQuant(modules []QuantModule, opt QuantOptions) (*QuantPlan, error) {
-	gates, ok := routerGates[opt.ModelType]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q (supported: %s)", ErrQuantFamily, opt.ModelType, strings.Join(sortedKeys(routerGates), ", "))
+	// The router gates the model's quant_predicate keeps at 8 bits, group
+	// 64 (mlx_lm/models/<type>.py): its family descriptor's.
+	f, ok := desc.ByMLXModelType(opt.ModelType)
+	if !ok || f.MLX.ModelType != opt.ModelType || f.MLX.Sanitize == "" {
+		return nil, fmt.Errorf("%w: %q (supported: %s)", ErrQuantFamily, opt.ModelType, strings.Join(quantModelTypes(), ", "))
 	}
-	if opt.ModelType == "qwen3_5" && opt.NumExperts <= 0 {
+	gates := f.MLX.RouterGates
+	if f.MLX.RouterGatesNeedExperts && opt.NumExperts <= 0 {
 		gates = nil
 	}
 	g := QuantSpec{Bits: opt.Bits, GroupSize: opt.GroupSize, Mode: "affine"}
@@ -193,7 +185,7 @@ func PlanQuant(modules []QuantModule, opt QuantOptions) (*QuantPlan, error) {
 				return nil, err
 			}
 			d = QuantDecision{Path: m.Path, Quantized: true, QuantSpec: spec, Entry: true, EntryMode: true, Why: why}
-		case hasSuffix(m.Path, gates):
+		case desc.HasSuffix(m.Path, gates):
 			d = QuantDecision{Path: m.Path, Quantized: true, QuantSpec: QuantSpec{Bits: 8, GroupSize: 64, Mode: "affine"},
 				Entry: true, Why: opt.ModelType + " router gate: 8 bits, group 64"}
 		default:
@@ -296,22 +288,17 @@ func isDigits(s string) bool {
 	return s != ""
 }
 
-func hasSuffix(path string, suffixes []string) bool {
-	for _, s := range suffixes {
-		if strings.HasSuffix(path, s) {
-			return true
+// quantModelTypes are the mlx-lm model types PlanQuant takes (aliases
+// and remapped types resolved first).
+func quantModelTypes() []string {
+	var out []string
+	for _, f := range desc.All() {
+		if f.MLX != nil && f.MLX.Sanitize != "" {
+			out = append(out, f.MLX.ModelType)
 		}
 	}
-	return false
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
+	slices.Sort(out)
+	return out
 }
 
 // Lookup returns the decision for the module at path.

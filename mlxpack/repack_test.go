@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	desc "github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -928,6 +929,11 @@ func TestMLXPaths(t *testing.T) {
 		{"joyai_llm_flash", "model.layers.1.self_attn.kv_b_proj", []string{"model.layers.1.self_attn.embed_q", "model.layers.1.self_attn.unembed_out"}, true},
 		{"llama", "model.layers.0.self_attn.q_proj", []string{"model.layers.0.self_attn.q_proj"}, true},
 		{"qwen2", "model.layers.0.mlp.experts.1.up_proj", []string{"model.layers.0.mlp.experts.1.up_proj"}, true},
+		// mlx-lm loads mistral with llama's model, and a text-only Qwen3.5
+		// MoE as qwen3_5_moe.
+		{"mistral", "model.layers.0.self_attn.q_proj", []string{"model.layers.0.self_attn.q_proj"}, true},
+		{"qwen3_5_moe_text", "model.layers.0.mlp.experts.3.down_proj", []string{"language_model.model.layers.0.mlp.switch_mlp.down_proj"}, true},
+		{"qwen3_next", "model.layers.0.mlp.experts.3.down_proj", []string{"model.layers.0.mlp.experts.3.down_proj"}, false},
 	}
 	covered := map[string]bool{}
 	for _, tc := range cases {
@@ -937,10 +943,10 @@ func TestMLXPaths(t *testing.T) {
 		}
 		covered[tc.modelType] = true
 	}
-	// Every registered family has its mapping checked here.
-	for mt := range families {
+	// Every family descriptor with a path mapping has it checked here.
+	for _, mt := range desc.MLXModelTypes(func(m *desc.MLX) bool { return m.Paths != "" }) {
 		if !covered[mt] {
-			t.Errorf("model_type %q is in families but has no case here", mt)
+			t.Errorf("model_type %q has a path mapping in its family descriptor but no case here", mt)
 		}
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ferry-llm/ferry/internal/modulepaths"
+	desc "github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -234,28 +234,47 @@ func (c *sanitizeCtx) splitFusedExperts(w *weightSet, prefix string) error {
 	return nil
 }
 
-// convertFamily is what mlx quantize knows of one mlx-lm model type.
+// convertFamily is what mlx quantize knows of one mlx-lm model type: its
+// descriptor's MLX part (internal/family) with its sanitize resolved.
 type convertFamily struct {
 	// sanitize applies mlx-lm's Model.sanitize to w.
 	sanitize func(c *sanitizeCtx, w *weightSet) error
 	// layerOrder is the order a decoder layer's modules are defined in
 	// mlx-lm's class, which is the order save_model writes them.
 	layerOrder []string
-	// gate8: router gates the model's quant_predicate keeps at 8 bits,
-	// group 64 (MoE families).
-	gate8 func(path string) bool
-	// keepDType: parameters the model's cast_predicate keeps in their
-	// source dtype.
-	keepDType func(path string) bool
+	// keepDType: path suffixes of the parameters the model's
+	// cast_predicate keeps in their source dtype.
+	keepDType []string
 	// mtpPrefix is where the kept MTP head goes after sanitize ("" when
 	// the family has no MTP head).
 	mtpPrefix string
 }
 
-var (
-	denseLayerOrder  = []string{"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
-	hybridLayerOrder = []string{"linear_attn", "self_attn", "input_layernorm", "post_attention_layernorm", "mlp"}
-)
+// sanitizers resolves a descriptor's MLX.Sanitize: mlx-lm's Model.sanitize
+// of each model. A family whose sanitize is new adds its function here;
+// one that shares another's only names it in its descriptor.
+var sanitizers = map[string]func(c *sanitizeCtx, w *weightSet) error{
+	"simple":      simpleSanitize,
+	"qwen3_moe":   qwen3MoESanitize,
+	"qwen3_next":  qwen3NextSanitize,
+	"qwen3_5":     qwen35Sanitize,
+	"qwen3_5_moe": qwen35MoESanitize,
+}
+
+// convertFamilyOf is what mlx quantize does with a model type (as mlx-lm
+// loads it, after FixedConfig's rewrite): false when no family descriptor
+// names a sanitize ferry has for it.
+func convertFamilyOf(modelType string) (convertFamily, bool) {
+	f, ok := desc.ByMLXModelType(modelType)
+	if !ok {
+		return convertFamily{}, false
+	}
+	s, ok := sanitizers[f.MLX.Sanitize]
+	if !ok {
+		return convertFamily{}, false
+	}
+	return convertFamily{sanitize: s, layerOrder: f.MLX.LayerOrder, keepDType: f.MLX.KeepDType, mtpPrefix: f.MTP.MLXPrefix}, true
+}
 
 func simpleSanitize(c *sanitizeCtx, w *weightSet) error {
 	w.filter(func(n string) bool { return !strings.Contains(n, "self_attn.rotary_emb.inv_freq") })
@@ -318,8 +337,8 @@ func qwen35Rename(w *weightSet) {
 		switch {
 		case strings.HasPrefix(k, "vision_tower"), strings.HasPrefix(k, "model.visual"):
 			return "", false
-		case strings.HasPrefix(k, modulepaths.HFLanguageModel):
-			return modulepaths.MLXQwen35Trunk + strings.TrimPrefix(k, modulepaths.HFLanguageModel), true
+		case strings.HasPrefix(k, desc.HFLanguageModel):
+			return desc.MLXQwen35Trunk + strings.TrimPrefix(k, desc.HFLanguageModel), true
 		case strings.HasPrefix(k, "language_model."):
 			return k, true
 		}
@@ -388,44 +407,11 @@ func qwen35MoESanitize(c *sanitizeCtx, w *weightSet) error {
 	return qwen35TextSanitize(c, w)
 }
 
-func gateQwen3MoE(p string) bool { return strings.HasSuffix(p, "mlp.gate") }
-func gateQwenNext(p string) bool {
-	return strings.HasSuffix(p, "mlp.gate") || strings.HasSuffix(p, "shared_expert_gate")
-}
-func keepALog(p string) bool { return strings.HasSuffix(p, "A_log") }
-
-// convertFamilies is keyed by the model_type mlx-lm loads (after
-// modelTypeAliases). Adding one is adding an entry here, its sanitize
-// above, and a case in the family tests.
-var convertFamilies = map[string]convertFamily{
-	"llama":       {sanitize: simpleSanitize, layerOrder: denseLayerOrder},
-	"mistral":     {sanitize: simpleSanitize, layerOrder: denseLayerOrder},
-	"qwen2":       {sanitize: simpleSanitize, layerOrder: denseLayerOrder},
-	"qwen3":       {sanitize: simpleSanitize, layerOrder: denseLayerOrder},
-	"qwen3_moe":   {sanitize: qwen3MoESanitize, layerOrder: []string{"self_attn", "input_layernorm", "post_attention_layernorm", "mlp"}, gate8: gateQwen3MoE},
-	"qwen3_next":  {sanitize: qwen3NextSanitize, layerOrder: hybridLayerOrder, gate8: gateQwenNext},
-	"qwen3_5":     {sanitize: qwen35Sanitize, layerOrder: hybridLayerOrder, keepDType: keepALog, mtpPrefix: modulepaths.MLXQwen35MTP},
-	"qwen3_5_moe": {sanitize: qwen35MoESanitize, layerOrder: hybridLayerOrder, keepDType: keepALog, gate8: gateQwenNext, mtpPrefix: modulepaths.MLXQwen35MTP},
-}
-
-// modelTypeAliases are model types transformers 5 writes that mlx-lm does
-// not know, and the type it loads them as (the config is rewritten).
-var modelTypeAliases = map[string]string{
-	"qwen3_5_text":     "qwen3_5",
-	"qwen3_5_moe_text": "qwen3_5_moe",
-}
-
-// SupportedFamilies lists the model types mlx quantize converts.
+// SupportedFamilies lists the model types mlx quantize converts: every
+// model type, alias and remapped type of a family descriptor whose
+// sanitize ferry has.
 func SupportedFamilies() []string {
-	out := make([]string, 0, len(convertFamilies)+len(modelTypeAliases))
-	for k := range convertFamilies {
-		out = append(out, k)
-	}
-	for k := range modelTypeAliases {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return desc.MLXModelTypes(func(m *desc.MLX) bool { return sanitizers[m.Sanitize] != nil })
 }
 
 // moduleOrder ranks the children of a module by the order mlx-lm's classes

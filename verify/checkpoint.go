@@ -13,8 +13,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/internal/inputerr"
-	"github.com/ferry-llm/ferry/internal/modulepaths"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -225,15 +225,6 @@ type ckAnalysis struct {
 	countMismatch bool
 }
 
-// trunkPrefixes are where decoder layers live: HF causal LM, HF
-// *ForConditionalGeneration, MLX after sanitize.
-var trunkPrefixes = []string{modulepaths.HFLanguageModel, modulepaths.MLXQwen35Trunk, "model.", ""}
-
-// qwenMTPPrefixes are where Qwen keeps the head: HF top level (also in
-// ConditionalGeneration checkpoints), an older model.mtp., MLX after
-// sanitize (language_model.mtp.).
-var qwenMTPPrefixes = []string{modulepaths.HFMTP, "model.mtp.", modulepaths.MLXQwen35MTP, modulepaths.HFLanguageModel + modulepaths.HFMTP, modulepaths.MLXQwen35Trunk + modulepaths.HFMTP}
-
 func (a *ckAnalysis) run() error {
 	rep, w, cfg := a.rep, a.w, a.cfg
 	rep.Arch = cfg.Architecture()
@@ -268,7 +259,7 @@ func (a *ckAnalysis) run() error {
 	switch {
 	case qwenKey:
 		rep.Convention, rep.Promised, rep.PromisedBy = ConvQwen, int(qwenN), "mtp_num_hidden_layers"
-	case len(mtpNames) > 0 || (nextnKey && isQwen(cfg)):
+	case len(mtpNames) > 0 || (nextnKey && qwenHead(cfg)):
 		// Qwen3-Next: vLLM reads num_nextn_predict_layers, the head is mtp.*.
 		rep.Convention = ConvQwen
 		if nextnKey {
@@ -305,9 +296,11 @@ func (a *ckAnalysis) run() error {
 	return nil
 }
 
-// findQwenHead finds mtp.* tensors under any known prefix.
+// findQwenHead finds mtp.* tensors under any prefix a family descriptor
+// keeps them at (the HF top level, also in ConditionalGeneration
+// checkpoints, an older model.mtp., MLX after sanitize).
 func (a *ckAnalysis) findQwenHead() (prefix string, names []string) {
-	for _, p := range qwenMTPPrefixes {
+	for _, p := range family.MTPPrefixes() {
 		if ns := a.w.withPrefix(p); len(ns) > 0 {
 			if prefix == "" {
 				prefix = p
@@ -320,10 +313,10 @@ func (a *ckAnalysis) findQwenHead() (prefix string, names []string) {
 
 // defaultQwenPrefix is where the head would be if it were there.
 func (a *ckAnalysis) defaultQwenPrefix() string {
-	if a.trunkPrefix == modulepaths.MLXQwen35Trunk {
-		return modulepaths.MLXQwen35MTP
+	if a.trunkPrefix == family.MLXQwen35Trunk {
+		return family.MLXQwen35MTP
 	}
-	return modulepaths.HFMTP
+	return family.HFMTP
 }
 
 // nextnLayers lists decoder layers at index >= num_hidden_layers.
@@ -668,10 +661,12 @@ func countKey(cfg *safetensors.Config, key string) (int64, bool, error) {
 	return n, true, nil
 }
 
-// isQwen reports a Qwen architecture (whose heads are mtp.*, whatever key
-// counts them).
-func isQwen(cfg *safetensors.Config) bool {
+// qwenHead reports a checkpoint whose family keeps its head Qwen's way
+// (mtp.*, whatever key counts it): the family descriptor found by
+// architectures[0], model_type or text_config's model_type
+// (internal/family).
+func qwenHead(cfg *safetensors.Config) bool {
 	tc, _ := cfg.String("model_type")
-	return strings.HasPrefix(strings.ToLower(cfg.Architecture()), "qwen") || strings.HasPrefix(strings.ToLower(cfg.ModelType), "qwen") ||
-		strings.HasPrefix(strings.ToLower(tc), "qwen")
+	f, ok := family.ByConfig(cfg.Architecture(), cfg.ModelType, tc)
+	return ok && f.MTP.Convention == family.QwenMTP
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
@@ -64,7 +65,7 @@ func (h ckHead) count() int { return len(h.qwen) + len(h.nextn) }
 // num_hidden_layers. cfg may be nil.
 func checkpointHead(w *weights, cfg *safetensors.Config) ckHead {
 	var h ckHead
-	for _, p := range qwenMTPPrefixes {
+	for _, p := range family.MTPPrefixes() {
 		h.qwen = append(h.qwen, w.withPrefix(p)...)
 	}
 	if hidden, ok := cfg.Int("num_hidden_layers"); ok {
@@ -131,9 +132,9 @@ func ggufHead(f *gguf.File, trunk int) []gguf.TensorInfo {
 
 // trunkPrefixOf is where the decoder layers of w live ("model.",
 // "model.language_model.", …; "" for bare layers.N), the first of
-// trunkPrefixes that holds any.
+// family.TrunkPrefixes (every layout of every family) that holds any.
 func trunkPrefixOf(w *weights) string {
-	for _, p := range trunkPrefixes {
+	for _, p := range family.TrunkPrefixes() {
 		if len(w.layerIndices(p+"layers.")) > 0 {
 			return p
 		}

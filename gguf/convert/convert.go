@@ -10,8 +10,10 @@
 // each output tensor in row blocks from a bounded pool of workers and writes
 // them at their planned offsets.
 //
-// Each model family lives in its own file and is registered by its Hugging
-// Face architectures[0] in the registry map below.
+// Each model family is a descriptor in internal/family (its names, layouts,
+// GGUF arch, tensor stems and writer class); the writer of each
+// convert_hf_to_gguf.py class lives in its own file here and is listed in
+// writers below.
 package convert
 
 import (
@@ -22,6 +24,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	desc "github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/internal/inputerr"
 )
 
@@ -116,29 +119,52 @@ type Options struct {
 	Split gguf.SplitOptions
 }
 
-// Supported lists the Hugging Face architectures the converter handles.
+// Supported lists the Hugging Face architectures the converter handles:
+// every layout of a family (internal/family) whose GGUF writer class is
+// one of writers.
 func Supported() []string {
-	out := make([]string, 0, len(registry))
-	for k := range registry {
+	return desc.Architectures(func(f *desc.Family, _ desc.Layout) bool { return f.GGUF != nil && writers[f.GGUF.Class] != nil })
+}
+
+// writers maps a family descriptor's GGUF.Class (the convert_hf_to_gguf.py
+// class whose transforms it applies) to the writer that applies them. A
+// family whose transforms are an existing class's is one descriptor in
+// internal/family; a new class is a new file here and one line.
+var writers = map[string]func(g *desc.GGUF) family{
+	"LlamaModel":          newLlama,
+	"Qwen2Model":          newQwen2,
+	"Qwen3Model":          newQwen3,
+	"Qwen3MoeModel":       newQwen3MoE,
+	"Qwen3_5TextModel":    newQwen35,
+	"Qwen3_5MoeTextModel": newQwen35MoE,
+	"Qwen3NextModel":      newQwen3Next,
+}
+
+// writerFor is the writer of a config.json architectures[0]: its family's
+// descriptor, the writer of the descriptor's class.
+func writerFor(arch string) (family, error) {
+	f, _, ok := desc.ByArchitecture(arch)
+	if !ok || f.GGUF == nil || f.GGUF.Class == "" {
+		return nil, fmt.Errorf("architectures[0] is %q; supported: %s", arch, strings.Join(Supported(), ", "))
+	}
+	newWriter, ok := writers[f.GGUF.Class]
+	if !ok {
+		return nil, fmt.Errorf("architectures[0] is %q, family %s, whose GGUF writer class %s ferry does not have (classes: %s)", arch, f.Name, f.GGUF.Class, strings.Join(classNames(), ", "))
+	}
+	return newWriter(f.GGUF), nil
+}
+
+func classNames() []string {
+	out := make([]string, 0, len(writers))
+	for k := range writers {
 		out = append(out, k)
 	}
 	sort.Strings(out)
 	return out
 }
 
-// registry maps config.json architectures[0] to its family. Adding a family
-// is adding one file and one line here.
-var registry = map[string]func() family{
-	"LlamaForCausalLM":                   newLlama,
-	"Qwen2ForCausalLM":                   newQwen2,
-	"Qwen3ForCausalLM":                   newQwen3,
-	"Qwen3MoeForCausalLM":                newQwen3MoE,
-	"Qwen3_5ForCausalLM":                 newQwen35,
-	"Qwen3_5ForConditionalGeneration":    newQwen35,
-	"Qwen3_5MoeForCausalLM":              newQwen35MoE,
-	"Qwen3_5MoeForConditionalGeneration": newQwen35MoE,
-	"Qwen3NextForCausalLM":               newQwen3Next,
-}
+// namesOf is the name map of a descriptor's architecture.
+func namesOf(g *desc.GGUF) nameMapper { return newNameMapper(g.PostAttentionNorm, g.Tensors...) }
 
 // family is one model family's conversion rules. The model struct carries
 // the shared state; a family only adds its own metadata keys and tensor

@@ -403,9 +403,3 @@ func layerTypes(m *model, h *hybrid) []string {
 }
 
 func sortStrings(s []string) { sort.Strings(s) }
-
-var hybridStems = []string{"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
-	"attn_qkv", "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_norm", "ssm_out",
-	"nextn.eh_proj", "nextn.enorm", "nextn.hnorm", "nextn.shared_head_norm"}
-
-var moeStems = []string{"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp"}

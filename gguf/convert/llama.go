@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
+	desc "github.com/ferry-llm/ferry/internal/family"
 )
 
 // llama is LlamaForCausalLM (conversion/llama.py LlamaModel): Q and K rows
@@ -14,9 +15,8 @@ type llama struct{ dense }
 
 var _ family = (*llama)(nil)
 
-func newLlama() family {
-	return &llama{dense{ggufArch: "llama", pre: "llama-bpe",
-		names: newNameMapper("ffn_norm", "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}}
+func newLlama(g *desc.GGUF) family {
+	return &llama{dense{ggufArch: g.Arch, pre: g.Pre, names: namesOf(g)}}
 }
 
 func (f *llama) init(m *model) error {

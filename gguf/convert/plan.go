@@ -194,11 +194,11 @@ func NewPlan(ckpt *safetensors.Checkpoint, opts Options) (*Plan, error) {
 		return p, nil
 	}
 	arch := ckpt.Config.Architecture()
-	newFam, ok := registry[arch]
-	if !ok {
-		return nil, errf(ckpt.Config.Path, "", -1, ErrUnsupportedArch, "architectures[0] is %q; supported: %s", arch, strings.Join(Supported(), ", "))
+	fam, err := writerFor(arch)
+	if err != nil {
+		return nil, errf(ckpt.Config.Path, "", -1, ErrUnsupportedArch, "%v", err)
 	}
-	m := &model{dir: ckpt.Dir, ckpt: ckpt, cfg: ckpt.Config, opts: opts, fam: newFam(), hfArch: arch}
+	m := &model{dir: ckpt.Dir, ckpt: ckpt, cfg: ckpt.Config, opts: opts, fam: fam, hfArch: arch}
 	if err := m.setup(); err != nil {
 		return nil, err
 	}

@@ -1,14 +1,15 @@
 package convert
 
+import desc "github.com/ferry-llm/ferry/internal/family"
+
 // qwen2 is Qwen2ForCausalLM (conversion/qwen.py Qwen2Model): q/k/v biases,
 // no Q/K permutation.
 type qwen2 struct{ dense }
 
 var _ family = (*qwen2)(nil)
 
-func newQwen2() family {
-	return &qwen2{dense{ggufArch: "qwen2", pre: "qwen2", biases: true,
-		names: newNameMapper("ffn_norm", "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}}
+func newQwen2(g *desc.GGUF) family {
+	return &qwen2{dense{ggufArch: g.Arch, pre: g.Pre, biases: true, names: namesOf(g)}}
 }
 
 func (f *qwen2) init(m *model) error                                    { return f.readDims(m) }

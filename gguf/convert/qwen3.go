@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	desc "github.com/ferry-llm/ferry/internal/family"
 )
 
 // qwen3 is Qwen3ForCausalLM (conversion/qwen.py Qwen3Model): Qwen2 plus
@@ -12,9 +14,8 @@ type qwen3 struct{ dense }
 
 var _ family = (*qwen3)(nil)
 
-func newQwen3() family {
-	return &qwen3{dense{ggufArch: "qwen3", pre: "qwen2", qNorm: true,
-		names: newNameMapper("ffn_norm", "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_gate", "ffn_up", "ffn_down")}}
+func newQwen3(g *desc.GGUF) family {
+	return &qwen3{dense{ggufArch: g.Arch, pre: g.Pre, qNorm: true, names: namesOf(g)}}
 }
 
 func (f *qwen3) init(m *model) error {

@@ -1,6 +1,10 @@
 package convert
 
-import "fmt"
+import (
+	"fmt"
+
+	desc "github.com/ferry-llm/ferry/internal/family"
+)
 
 // qwen3moe is Qwen3MoeForCausalLM (conversion/qwen.py Qwen3MoeModel, from
 // Qwen2MoeModel): per-expert tensors stacked into ffn_{down,gate,up}_exps,
@@ -14,11 +18,8 @@ type qwen3moe struct {
 
 var _ family = (*qwen3moe)(nil)
 
-func newQwen3MoE() family {
-	return &qwen3moe{dense: dense{ggufArch: "qwen3moe", pre: "qwen2", qNorm: true,
-		names: newNameMapper("ffn_norm", "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
-			"ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
-			"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp")}}
+func newQwen3MoE(g *desc.GGUF) family {
+	return &qwen3moe{dense: dense{ggufArch: g.Arch, pre: g.Pre, qNorm: true, names: namesOf(g)}}
 }
 
 func (f *qwen3moe) init(m *model) error {

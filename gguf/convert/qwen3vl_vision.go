@@ -7,12 +7,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	desc "github.com/ferry-llm/ferry/internal/family"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -36,11 +36,17 @@ var (
 	ErrPreprocessor = errors.New("no usable image preprocessor config")
 )
 
-// mmprojArchs are the architectures[0] whose vision tower ferry writes, and
-// the converter class each is registered to (MMPROJ_MODEL_MAP).
-var mmprojArchs = map[string]string{
-	"Qwen3_5ForConditionalGeneration":    "Qwen3VLVisionModel",
-	"Qwen3_5MoeForConditionalGeneration": "Qwen3VLVisionModel",
+// mmprojClasses are the convert_hf_to_gguf.py --mmproj classes ferry
+// writes; a family descriptor's GGUF.MMProjClass names the one for its
+// vision-language layouts (internal/family: Qwen3_5ForConditionalGeneration
+// and Qwen3_5MoeForConditionalGeneration are Qwen3VLVisionModel's, as in
+// MMPROJ_MODEL_MAP).
+var mmprojClasses = map[string]bool{"Qwen3VLVisionModel": true}
+
+// mmprojLayout reports a vision-language layout whose family's --mmproj
+// class ferry writes.
+func mmprojLayout(f *desc.Family, l desc.Layout) bool {
+	return l.Vision && f.GGUF != nil && mmprojClasses[f.GGUF.MMProjClass]
 }
 
 // qwen35VisionDefaults are transformers 5.17's Qwen3_5VisionConfig (and
@@ -65,13 +71,16 @@ const (
 )
 
 // HasVisionTower reports whether the checkpoint holds vision-tower tensors
-// (model.visual.* or visual.*): what `gguf: { mmproj: auto }` writes an
-// mmproj for.
+// (under a family layout's tower prefix, model.visual.*, or an older
+// layout's visual.*): what `gguf: { mmproj: auto }` writes an mmproj for.
 func HasVisionTower(ck *safetensors.Checkpoint) bool {
+	prefixes := append(desc.VisionTowers(), "visual.")
 	for _, sh := range ck.Shards {
 		for _, ti := range sh.Tensors {
-			if strings.HasPrefix(ti.Name, "model.visual.") || strings.HasPrefix(ti.Name, "visual.") {
-				return true
+			for _, p := range prefixes {
+				if strings.HasPrefix(ti.Name, p) {
+					return true
+				}
 			}
 		}
 	}
@@ -80,14 +89,7 @@ func HasVisionTower(ck *safetensors.Checkpoint) bool {
 
 // MMProjSupported lists the architectures whose vision tower --mmproj
 // writes.
-func MMProjSupported() []string {
-	out := make([]string, 0, len(mmprojArchs))
-	for k := range mmprojArchs {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+func MMProjSupported() []string { return desc.Architectures(mmprojLayout) }
 
 // vision is the converter state of one mmproj conversion.
 type vision struct {
@@ -111,8 +113,8 @@ func newMMProjPlan(ckpt *safetensors.Checkpoint, opts Options) (*Plan, error) {
 	if opts.Pre != "" {
 		return nil, errf(ckpt.Dir, "", -1, ErrOptions, "--pre does not apply to --mmproj: an mmproj has no tokenizer")
 	}
-	if _, ok := mmprojArchs[arch]; !ok {
-		if _, text := registry[arch]; text {
+	if f, l, ok := desc.ByArchitecture(arch); !ok || !mmprojLayout(f, l) {
+		if _, err := writerFor(arch); err == nil {
 			return nil, errf(cfg.Path, "", -1, ErrNoVision, "%s has no vision tower: architectures[0] is %q, a text-only model (--mmproj writes the vision tower of %s)",
 				ckpt.Dir, arch, strings.Join(MMProjSupported(), ", "))
 		}

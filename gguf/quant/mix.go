@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/ferry-llm/ferry/internal/family"
 )
 
 // Model is what llama-quantize's type rules read of a model's hparams, as
@@ -39,21 +41,18 @@ func (m Model) gqa() uint32 {
 	return m.NHead / m.NHeadKV
 }
 
-// is70B is model.type == LLM_TYPE_70B, the one model size the rules read.
-// At 34af94c it is set by load_arch_hparams of llama (80 blocks, grouped
-// KV heads, not an 8-expert model), deci, olmo and qwen2 (80 blocks) and
-// jais2 (68 blocks). None of these archs reads nextn_predict_layers, so
-// their n_layer() is block_count.
+// is70B is model.type == LLM_TYPE_70B, the one model size the rules read;
+// which archs the loader gives that size, at which block_count, is the
+// arch's family descriptor's (internal/family QuantRules: llama, deci,
+// olmo and qwen2 at 80 blocks, llama only with grouped KV heads and not 8
+// experts, jais2 at 68). None of these archs reads nextn_predict_layers,
+// so their n_layer() is block_count.
 func (m Model) is70B() bool {
-	switch m.Arch {
-	case "llama":
-		return m.NExpert != 8 && m.NLayerAll == 80 && m.NHead != m.NHeadKV
-	case "deci", "olmo", "qwen2":
-		return m.NLayerAll == 80
-	case "jais2":
-		return m.NLayerAll == 68
+	r := family.QuantRulesOf(m.Arch)
+	if r.Blocks70B == 0 || m.NLayerAll != r.Blocks70B {
+		return false
 	}
-	return false
+	return !r.Llama70B || (m.NExpert != 8 && m.NHead != m.NHeadKV)
 }
 
 // Source is an input tensor as the rules see it: its name, its ggml dims
@@ -282,7 +281,7 @@ func MixChoices(f FileType, m Model, ts []Source, o MixOptions) ([]Choice, error
 	}
 	// A CLIP file (an mmproj) has no block_count: llama-quantize runs its
 	// rules with n_layer 0 (use_more_bits(i, 0) is true for every i).
-	if (m.NLayerAll == 0 && m.Arch != ArchCLIP) || m.NLayerAll > maxLayers {
+	if (m.NLayerAll == 0 && !family.QuantRulesOf(m.Arch).NoHParams) || m.NLayerAll > maxLayers {
 		return nil, fmt.Errorf("%s.block_count is %d: llama.cpp takes 1 to %d blocks", m.Arch, m.NLayerAll, maxLayers)
 	}
 	st := &mixState{f: f, m: m, o: &o, tied: true, nFFN: int(m.NLayerAll)}
@@ -397,7 +396,7 @@ func fallback(s Source, t Type) (Type, error) {
 // file type's default. It advances the counters as llama-quantize does.
 func (st *mixState) rules(s Source, c category, t Type) (Type, error) {
 	f, m := st.f, st.m
-	falcon := m.Arch == "falcon"
+	falcon := family.QuantRulesOf(m.Arch).Falcon
 	switch {
 	case c == catOutput || (st.tied && c == catTokenEmbd):
 		switch {

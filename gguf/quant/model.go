@@ -1,14 +1,15 @@
 package quant
 
-import "fmt"
+import (
+	"fmt"
 
-// ArchCLIP is the general.architecture of a multimodal projector (mmproj):
-// llama.cpp's LLM_ARCH_CLIP, "only used by llama-quantize", whose loader
-// reads no hyperparameters.
-const ArchCLIP = "clip"
+	"github.com/ferry-llm/ferry/internal/family"
+)
 
 // ModelFromKV reads a Model from a GGUF's KVs as llama.cpp's loader does
-// (for a CLIP file: nothing but the architecture, every count 0).
+// (for an arch whose loader reads no hyperparameters, LLM_ARCH_CLIP, "only
+// used by llama-quantize", the arch of a multimodal projector: nothing but
+// the architecture, every count 0; internal/family QuantRules.NoHParams).
 // lookup returns a key's value as package gguf holds it: a Go scalar
 // (string, uint32, …), or for an ARRAY its typed slice ([]uint32, []int32,
 // …), and false when the key is absent. As in llama.cpp, block_count and
@@ -34,7 +35,7 @@ func ModelFromKV(lookup func(key string) (any, bool)) (Model, error) {
 		}
 		return n, nil
 	}
-	if m.Arch == ArchCLIP {
+	if family.QuantRulesOf(m.Arch).NoHParams {
 		// llama_model_base::load_hparams stops after general.name for a
 		// CLIP file: every count stays 0.
 		return m, nil

@@ -10,8 +10,8 @@
 // block floats, encoder, weighted encoder, decoder, fallback): the GGUF
 // reader and writer size tensors with it, gguf/convert and gguf/quantize
 // encode with it, verify decodes scales with it. It knows no file format,
-// and of model families only the arch names llama-quantize's rules test
-// (mix.go).
+// and no model family: the arch facts llama-quantize's rules read are the
+// family descriptors' (internal/family).
 //
 // Sources: enum ggml_type and type_traits in ggml/include/ggml.h and
 // ggml/src/ggml.c, block layouts in ggml/src/ggml-common.h, and

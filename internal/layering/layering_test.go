@@ -53,6 +53,10 @@ var layers = map[string]kind{
 	"transfer":      store,
 	"netcheck":      store,
 	"internal":      helper,
+	// The family descriptors every format reads (names, layouts, MTP
+	// convention, GGUF arch and its quantize rules, mlx-lm's sanitize as
+	// data): below the formats, so it imports none.
+	"internal/family": helper,
 }
 
 // exceptions are the deliberate imports across formats (and from helpers
@@ -272,6 +276,10 @@ func TestViolation(t *testing.T) {
 		{"internal/hashing", "manifest", false, true},
 		{"internal/testmodel", "safetensors", false, false},
 		{"internal/fsutil", "safetensors", false, true},
+		{"gguf/quant", "internal/family", false, false},
+		{"mlxpack", "internal/family", false, false},
+		{"internal/family", "gguf", false, true},
+		{"internal/family", "mlxpack", false, true},
 		{"pipeline", "gguf/convert", false, false},
 		{"pipeline", "cmd/ferry", false, true},
 		{"cmd/ferry", "pipeline", false, false},

@@ -1,24 +1,9 @@
-// Package modulepaths holds where checkpoints keep their modules, per
-// layout, for the packages that must agree on it without importing each
-// other: mlxpack maps Hugging Face names to what mlx-lm's sanitize makes of
-// them, and verify finds a model's trunk and MTP head in either layout.
+// Package modulepaths holds the names that ferry's MLX directories use to
+// record an MTP head, for the packages that must agree on them without
+// importing each other: mlxpack writes them, verify reads them. Where each
+// checkpoint layout keeps its modules is in the family descriptors
+// (internal/family).
 package modulepaths
-
-// Hugging Face *ForConditionalGeneration checkpoints (Qwen3.5, Qwen3.6)
-// keep the text decoder under model.language_model. and the MTP head at
-// the top level.
-const (
-	HFLanguageModel = "model.language_model."
-	HFMTP           = "mtp."
-)
-
-// mlx-lm's qwen3_5 and qwen3_5_moe sanitize (mlx-lm d78bf58e) move
-// model.language_model.* to language_model.model.* and the MTP head to
-// language_model.mtp.*.
-const (
-	MLXQwen35Trunk = "language_model.model."
-	MLXQwen35MTP   = "language_model.mtp."
-)
 
 // MTPDroppedKey is the config.json key where ferry mlx quantize records
 // an MTP head it left out of an MLX directory (an object: layers,
