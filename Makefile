@@ -48,9 +48,26 @@ TESTFLAGS ?= -vet=off
 # Benchmarks: package:regexp. BENCHTIME=1x keeps the heavy ones to one pass.
 BENCHTIME ?= 1x
 
-.PHONY: all build test vet unit fuzz-smoke fuzz cross qemu bench demo clean prebuild
+.PHONY: all build test vet unit fuzz-smoke fuzz cross qemu bench demo clean prebuild tools
+
+# Servers the tests start, built from source into .tools/bin (git-ignored),
+# not in go.mod: versitygw is a real S3 gateway over a directory, the other
+# side of the store's S3 backend (internal/s3test starts it). The first
+# build takes 3-6 minutes on 2 cores; after that `make tools` only checks
+# the installed binary's module version.
+TOOLS_BIN         := $(CURDIR)/.tools/bin
+VERSITYGW_VERSION := v1.8.0
 
 all: build
+
+tools:
+	@mkdir -p $(TOOLS_BIN)
+	@if $(GO) version -m $(TOOLS_BIN)/versitygw 2>/dev/null | grep -q 'mod[[:space:]]*github.com/versity/versitygw[[:space:]]*$(VERSITYGW_VERSION)[[:space:]]'; then \
+		echo "tools: versitygw $(VERSITYGW_VERSION) in $(TOOLS_BIN)"; \
+	else \
+		echo "tools: installing versitygw $(VERSITYGW_VERSION) into $(TOOLS_BIN) (a few minutes the first time)"; \
+		GOBIN=$(TOOLS_BIN) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION); \
+	fi
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/ferry
@@ -117,7 +134,7 @@ qemu:
 # is instrumented) and cross's two platforms. They only fill the build cache (their output goes to
 # bin/prebuild.log); the steps then run as before, find their packages
 # compiled, and report any failure themselves.
-test: vet
+test: tools vet
 	@mkdir -p bin; nice -n 19 $(MAKE) --no-print-directory prebuild >bin/prebuild.log 2>&1 & pre=$$!; \
 	$(MAKE) --no-print-directory unit; rc=$$?; wait $$pre; exit $$rc
 	@$(MAKE) --no-print-directory fuzz-smoke cross qemu
