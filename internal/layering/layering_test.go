@@ -26,7 +26,7 @@ const (
 	composer                 // pipeline: composes stages; only the CLI imports it
 	tool                     // inspect: reads every format; only the CLI and pipeline import it
 	format                   // one model format, or tensor/, the dtypes they share
-	store                    // manifest, transfer: know no format
+	store                    // manifest, store, transfer: know no format
 	helper                   // internal/...: know no format, store or stage
 )
 
@@ -50,6 +50,7 @@ var layers = map[string]kind{
 	"mlxpack":       format,
 	"verify":        format,
 	"manifest":      store,
+	"store":         store,
 	"transfer":      store,
 	"netcheck":      store,
 	"internal":      helper,

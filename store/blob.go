@@ -1,0 +1,547 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashing"
+	"github.com/ferry-llm/ferry/internal/journal"
+)
+
+// ErrDigestMismatch reports bytes whose SHA-256 is not the digest they were
+// named by: a blob the storage returned damaged, or a source that changed
+// while it was uploaded. Nothing is kept of them.
+var ErrDigestMismatch = errkind.New(errkind.VerifyFailed, "store: content does not match its digest")
+
+// ErrBlobMissing reports a blob that is not in the store (a record whose
+// blob is gone).
+var ErrBlobMissing = errkind.New(errkind.VerifyFailed, "store: blob missing")
+
+// HasBlob reports whether the blob is stored, and its size.
+func (s *Store) HasBlob(ctx context.Context, d digest.Digest) (int64, bool, error) {
+	in, err := s.b.Head(ctx, BlobKey(d))
+	if errors.Is(err, ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return in.Size, true, nil
+}
+
+// partSize is the part size for a blob of size bytes: the store's, or
+// larger where the blob would need more than MaxParts parts.
+func (s *Store) partSize(size int64) int64 {
+	ps := s.opt.PartSize
+	if min := (size + MaxParts - 1) / MaxParts; ps < min {
+		ps = (min + 1<<20 - 1) &^ (1<<20 - 1)
+	}
+	return ps
+}
+
+// PutBlob stores the size bytes of src as the blob d. An existing blob of
+// that size is success (content addressing: it holds the same bytes). A
+// blob up to the part size is one create-only write carrying its SHA-256;
+// a larger one a multipart upload with each part's SHA-256, resumable: the
+// upload id and the hash state at each durable part are journaled under
+// the cache directory, and a later PutBlob of the same blob continues
+// from the parts the storage lists. The upload completes only if src's
+// bytes hash to d (ErrDigestMismatch otherwise, and the upload is
+// dropped), create-only. progress, if not nil, is told of bytes stored.
+func (s *Store) PutBlob(ctx context.Context, d digest.Digest, src io.ReaderAt, size int64, progress func(int64)) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	if progress == nil {
+		progress = func(int64) {}
+	}
+	if size <= s.opt.PartSize {
+		return s.putSmall(ctx, d, src, size, progress)
+	}
+	return s.putMultipart(ctx, d, src, size, progress)
+}
+
+func sumOf(d digest.Digest) [32]byte {
+	var sum [32]byte
+	hex.Decode(sum[:], []byte(d.Hex())) // d is validated: 64 hex digits
+	return sum
+}
+
+// existing reports whether the blob d is stored with size bytes; one of
+// another size is damage.
+func (s *Store) existing(ctx context.Context, d digest.Digest, size int64) (bool, error) {
+	got, ok, err := s.HasBlob(ctx, d)
+	if err != nil || !ok {
+		return false, err
+	}
+	if got != size {
+		return false, fmt.Errorf("%s: blob %s holds %d bytes, its content has %d: %w", s.b, d.Short(), got, size, ErrDigestMismatch)
+	}
+	return true, nil
+}
+
+func (s *Store) putSmall(ctx context.Context, d digest.Digest, src io.ReaderAt, size int64, progress func(int64)) error {
+	buf := make([]byte, size)
+	if _, err := src.ReadAt(buf, 0); err != nil && !(errors.Is(err, io.EOF) && size == 0) {
+		return fmt.Errorf("blob %s: read: %w", d.Short(), err)
+	}
+	sum := sumOf(d)
+	if sha256.Sum256(buf) != sum {
+		return fmt.Errorf("blob %s: source bytes hash to %s: %w", d.Short(), digest.Of(buf).Short(), ErrDigestMismatch)
+	}
+	_, err := s.b.Put(ctx, BlobKey(d), buf, PutOptions{IfNoneMatch: true, SHA256: &sum})
+	if errors.Is(err, ErrPrecondition) {
+		ok, herr := s.existing(ctx, d, size)
+		if herr != nil {
+			return herr
+		}
+		if !ok {
+			return fmt.Errorf("blob %s: create refused, yet the blob is not there: %w", d.Short(), err)
+		}
+		err = nil
+	}
+	if err == nil {
+		progress(size)
+	}
+	return err
+}
+
+// uploadJournal is the journal of an upload of blob d.
+func (s *Store) uploadJournal(d digest.Digest) string {
+	return filepath.Join(s.opt.CacheDir, "uploads", d.Hex())
+}
+
+// A multipart upload's journal: the ref names the blob, its size, the part
+// size and the store; then a unit "upload" whose Commit is the upload id,
+// then per part, once it and every part before it are durable on the
+// storage, a unit "part N" with End (the offset after it) and State (the
+// sha256 state there).
+
+func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.ReaderAt, size int64, progress func(int64)) (err error) {
+	key := BlobKey(d)
+	ps := s.partSize(size)
+	nparts := int((size + ps - 1) / ps)
+	if ok, err := s.existing(ctx, d, size); ok || err != nil {
+		if ok {
+			progress(size)
+		}
+		return err
+	}
+	jp := s.uploadJournal(d)
+	if err := os.MkdirAll(filepath.Dir(jp), 0o755); err != nil {
+		return err
+	}
+	ref := fmt.Sprintf("put %s size %d part %d to %s", d, size, ps, s.b)
+	log, entries, _, err := journal.Open(jp, ref)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+
+	id := ""
+	type state struct {
+		end   int64
+		state []byte
+	}
+	states := map[int]state{}
+	for _, e := range entries {
+		switch {
+		case e.Unit == "upload":
+			id = e.Commit
+		case strings.HasPrefix(e.Unit, "part "):
+			if n, err := strconv.Atoi(e.Unit[5:]); err == nil {
+				states[n] = state{e.End, e.State}
+			}
+		}
+	}
+	have := map[int]Part{}
+	if id != "" {
+		parts, err := s.b.ListParts(ctx, key, id)
+		if errors.Is(err, ErrNoUpload) {
+			// Completed by an earlier run that stopped before it removed
+			// the journal, or aborted (gc): start over unless the blob is
+			// there.
+			if ok, err := s.existing(ctx, d, size); ok || err != nil {
+				if ok {
+					progress(size)
+					os.Remove(jp)
+				}
+				return err
+			}
+			id = ""
+		} else if err != nil {
+			return err
+		}
+		for _, p := range parts {
+			have[p.Number] = p
+		}
+	}
+	if id == "" {
+		if id, err = s.b.CreateUpload(ctx, key); err != nil {
+			return err
+		}
+		states = map[int]state{}
+		if err := log.Reset(ref); err != nil {
+			return err
+		}
+		if err := log.Append(journal.Entry{Unit: "upload", Commit: id}); err != nil {
+			return err
+		}
+	}
+
+	// Resume after the last part that the journal has a hash state for
+	// and that the storage holds, with every part before it.
+	first := 1
+	h := hashing.NewWriter(nil)
+	for k := nparts - 1; k >= 1; k-- {
+		st, ok := states[k]
+		if !ok || st.end != int64(k)*ps {
+			continue
+		}
+		all := true
+		for n := 1; n <= k; n++ {
+			p, ok := have[n]
+			if !ok || p.Size != ps {
+				all = false
+				break
+			}
+		}
+		if !all {
+			continue
+		}
+		if rh, err := hashing.Resume(nil, st.state, st.end); err == nil {
+			h, first = rh, k+1
+			break
+		}
+	}
+	parts := make([]Part, nparts)
+	for n := 1; n < first; n++ {
+		parts[n-1] = have[n]
+	}
+	progress(int64(first-1) * ps)
+
+	// One reader hashes the parts in order and hands each to an uploader;
+	// finished parts are journaled in order. Buffers: Parallel+1.
+	type job struct {
+		n     int
+		buf   []byte
+		sum   [32]byte
+		state []byte
+	}
+	pool := make(chan []byte, s.opt.Parallel+1)
+	for range s.opt.Parallel + 1 {
+		pool <- make([]byte, ps)
+	}
+	jobs := make(chan job)
+	g, gctx := errgroup.WithContext(ctx)
+	var mu sync.Mutex
+	done := map[int][]byte{} // part number → hash state after it
+	next := first            // the next part to journal
+	finish := func(n int, st []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		done[n] = st
+		for {
+			st, ok := done[next]
+			if !ok {
+				return nil
+			}
+			delete(done, next)
+			end := min(int64(next)*ps, size)
+			if next < nparts {
+				if err := log.Append(journal.Entry{Unit: "part " + strconv.Itoa(next), End: end, State: st}); err != nil {
+					return err
+				}
+			}
+			next++
+		}
+	}
+	g.Go(func() error {
+		defer close(jobs)
+		for n := first; n <= nparts; n++ {
+			var buf []byte
+			select {
+			case buf = <-pool:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			off := int64(n-1) * ps
+			buf = buf[:min(ps, size-off)]
+			if _, err := src.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+				return fmt.Errorf("blob %s: read part %d at %d: %w", d.Short(), n, off, err)
+			}
+			h.Write(buf)
+			j := job{n: n, buf: buf, sum: sha256.Sum256(buf), state: h.State()}
+			select {
+			case jobs <- j:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	for range s.opt.Parallel {
+		g.Go(func() error {
+			for j := range jobs {
+				p, ok := have[j.n]
+				if !ok || p.SHA256 != j.sum || p.Size != int64(len(j.buf)) {
+					var err error
+					if p, err = s.b.UploadPart(gctx, key, id, j.n, j.buf, j.sum); err != nil {
+						return err
+					}
+				}
+				parts[j.n-1] = p
+				pool <- j.buf[:cap(j.buf)]
+				if err := finish(j.n, j.state); err != nil {
+					return err
+				}
+				progress(int64(len(j.buf)))
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if got := digest.New(sumBytes(h)); got != d {
+		s.b.AbortUpload(ctx, key, id)
+		os.Remove(jp)
+		return fmt.Errorf("blob %s: the source's bytes hash to %s (changed while uploading?); upload dropped: %w", d.Short(), got.Short(), ErrDigestMismatch)
+	}
+	_, err = s.b.CompleteUpload(ctx, key, id, parts, PutOptions{IfNoneMatch: true})
+	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNoUpload) {
+		// Another writer completed the same blob first (or this upload
+		// was completed by a run that stopped before it forgot it).
+		ok, herr := s.existing(ctx, d, size)
+		if herr != nil {
+			return herr
+		}
+		if !ok {
+			return err
+		}
+		if errors.Is(err, ErrPrecondition) {
+			s.b.AbortUpload(ctx, key, id)
+		}
+		err = nil
+	}
+	if err != nil {
+		return err
+	}
+	log.Close()
+	os.Remove(jp)
+	return nil
+}
+
+// PutFile stores the file at path as the blob d (its SHA-256, known to the
+// caller that wrote or hashed it).
+func (s *Store) PutFile(ctx context.Context, d digest.Digest, path string, progress func(int64)) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if err := s.PutBlob(ctx, d, f, fi.Size(), progress); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// ReadBlob reads a blob of at most max bytes whole and checks its digest.
+func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, max int64) ([]byte, error) {
+	body, _, err := s.b.Get(ctx, BlobKey(d), max)
+	if errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("%s: blob %s: %w", s.b, d, ErrBlobMissing)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if got := digest.Of(body); got != d {
+		return nil, fmt.Errorf("%s: blob %s: the storage returned bytes that hash to %s: %w", s.b, d, got.Short(), ErrDigestMismatch)
+	}
+	return body, nil
+}
+
+// FetchBlob copies the blob d to the file dst: ranged reads, Parallel at a
+// time, written into dst.partial, hashed in order; each chunk hashed is
+// journaled (dst.partial.journal: its end and the sha256 state there) once
+// the file is fsynced, so a later FetchBlob resumes after it. dst appears
+// only when the bytes hash to d; otherwise nothing is kept and the error
+// is ErrDigestMismatch.
+func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, progress func(int64)) (err error) {
+	if progress == nil {
+		progress = func(int64) {}
+	}
+	key := BlobKey(d)
+	in, err := s.b.Head(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("%s: blob %s: %w", s.b, d, ErrBlobMissing)
+	}
+	if err != nil {
+		return err
+	}
+	size := in.Size
+	cs := s.opt.PartSize
+	partial := dst + ".partial"
+	jp := partial + ".journal"
+	ref := fmt.Sprintf("get %s size %d chunk %d from %s", d, size, cs, s.b)
+	log, entries, _, err := journal.Open(jp, ref)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+	}()
+	h := hashing.NewWriter(nil)
+	var start int64
+	if n := len(entries); n > 0 {
+		e := entries[n-1]
+		fi, serr := f.Stat()
+		if rh, herr := hashing.Resume(nil, e.State, e.End); serr == nil && herr == nil && fi.Size() >= e.End && e.End%cs == 0 {
+			h, start = rh, e.End
+		} else if err := log.Reset(ref); err != nil {
+			return err
+		}
+	}
+	if err := f.Truncate(start); err != nil {
+		return err
+	}
+	progress(start)
+
+	nchunks := int((size - start + cs - 1) / cs)
+	type chunk struct {
+		i   int
+		buf []byte
+	}
+	pool := make(chan []byte, s.opt.Parallel+1)
+	for range s.opt.Parallel + 1 {
+		pool <- make([]byte, cs)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	jobs := make(chan chunk)
+	got := make(chan chunk, s.opt.Parallel+1)
+	g.Go(func() error {
+		defer close(jobs)
+		for i := range nchunks {
+			var buf []byte
+			select {
+			case buf = <-pool:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			off := start + int64(i)*cs
+			select {
+			case jobs <- chunk{i, buf[:min(cs, size-off)]}:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	for range s.opt.Parallel {
+		g.Go(func() error {
+			for c := range jobs {
+				off := start + int64(c.i)*cs
+				if err := s.b.GetRange(gctx, key, off, c.buf); err != nil {
+					return err
+				}
+				if _, err := f.WriteAt(c.buf, off); err != nil {
+					return fmt.Errorf("%s: %w", partial, err)
+				}
+				select {
+				case got <- c:
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+			}
+			return nil
+		})
+	}
+	// The hasher takes chunks in order; a chunk's buffer goes back to the
+	// pool once hashed, so at most Parallel+1 chunks are held.
+	g.Go(func() error {
+		pending := map[int][]byte{}
+		for next := 0; next < nchunks; {
+			select {
+			case c := <-got:
+				pending[c.i] = c.buf
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			for {
+				buf, ok := pending[next]
+				if !ok {
+					break
+				}
+				delete(pending, next)
+				h.Write(buf)
+				pool <- buf[:cap(buf)]
+				if err := f.Sync(); err != nil {
+					return fmt.Errorf("%s: fsync: %w", partial, err)
+				}
+				if err := log.Append(journal.Entry{Unit: "chunk", End: h.Size(), State: h.State()}); err != nil {
+					return err
+				}
+				progress(int64(len(buf)))
+				next++
+			}
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if sum := digest.New(sumBytes(h)); sum != d || h.Size() != size {
+		f.Close()
+		f = nil
+		os.Remove(partial)
+		log.Close()
+		os.Remove(jp)
+		return fmt.Errorf("%s: blob %s: the storage returned %d bytes that hash to %s; nothing kept: %w", s.b, d, h.Size(), sum.Short(), ErrDigestMismatch)
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	f = nil
+	if err := os.Rename(partial, dst); err != nil {
+		return err
+	}
+	if err := fsutil.SyncDir(filepath.Dir(dst)); err != nil {
+		return err
+	}
+	log.Close()
+	os.Remove(jp)
+	return nil
+}
+
+func sumBytes(h *hashing.Writer) []byte {
+	sum := h.Sum()
+	return sum[:]
+}

@@ -1,0 +1,310 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
+)
+
+// A lease says that one machine is making something (a stage key) so
+// that others wait instead of making it too. It is the object
+// leases/<name>:
+//
+//   - acquired by a create-only write;
+//   - renewed every ttl/3 by a write that replaces exactly the holder's
+//     last version (If-Match);
+//   - expired when the storage's clock says it was last written more than
+//     its ttl ago (the response's Date minus the object's Last-Modified:
+//     one clock, whatever the machines' clocks say), and then taken over
+//     by a write that replaces exactly the expired version, so that of
+//     several machines taking it over at once one wins;
+//   - released by a write of released: true (If-Match), which any
+//     machine may take over at once.
+//
+// A holder that cannot renew before its ttl runs out, or finds its
+// version replaced, has lost the lease: its context is cancelled and Err
+// says why. Leases save work, they do not make results right: a stage
+// that runs twice writes the same blobs, and the first record stands.
+
+// LeaseInfo is a lease object's content.
+type LeaseInfo struct {
+	Holder   string `json:"holder"` // the machine's name
+	ID       string `json:"id"`     // random, per acquisition
+	TTLMs    int64  `json:"ttl_ms"`
+	Seq      int64  `json:"seq"` // renewals
+	Released bool   `json:"released,omitempty"`
+}
+
+// TTL is the lease's ttl.
+func (i LeaseInfo) TTL() time.Duration { return time.Duration(i.TTLMs) * time.Millisecond }
+
+// ErrLeaseHeld reports a lease another holder has and renews.
+var ErrLeaseHeld = errors.New("store: lease held")
+
+// ErrLeaseLost reports a lease its holder could no longer renew or found
+// taken over.
+var ErrLeaseLost = errkind.New(errkind.Retryable, "store: lease lost")
+
+// HeldError says who holds a lease and until when.
+type HeldError struct {
+	Name   string
+	Holder string
+	// Until is when the lease ends unless renewed, on this machine's
+	// clock (its remaining time by the storage's clock, from now).
+	Until time.Time
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("lease %s held by %s until %s", e.Name, e.Holder, e.Until.Format(time.RFC3339))
+}
+
+func (e *HeldError) Unwrap() error { return ErrLeaseHeld }
+
+// Lease is a held lease.
+type Lease struct {
+	s    *Store
+	name string
+	ttl  time.Duration
+
+	// TakenFrom names the holder whose expired or released lease this
+	// one took over ("" for a fresh one).
+	TakenFrom string
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   chan struct{}
+	done   chan struct{}
+
+	mu   sync.Mutex
+	info LeaseInfo
+	etag string
+}
+
+func leaseKey(name string) string { return "leases/" + name }
+
+// AcquireLease takes the lease name for ttl, or returns a *HeldError (errors.Is
+// ErrLeaseHeld) when another holder has it. The lease is renewed until
+// Release, or until ctx is done: a holder whose ctx ends without Release
+// leaves the lease to expire, as a machine that died would.
+func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	if err := checkName("lease", name); err != nil {
+		return nil, err
+	}
+	if ttl < 10*time.Millisecond {
+		return nil, fmt.Errorf("store: lease ttl %v is too short", ttl)
+	}
+	var id [16]byte
+	rand.Read(id[:])
+	info := LeaseInfo{Holder: s.opt.Host, ID: hex.EncodeToString(id[:]), TTLMs: ttl.Milliseconds()}
+	body, _ := json.Marshal(info)
+	key := leaseKey(name)
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		in, err := s.b.Put(ctx, key, body, PutOptions{IfNoneMatch: true})
+		if err == nil {
+			return s.startLease(ctx, name, ttl, info, in.ETag, ""), nil
+		}
+		if !errors.Is(err, ErrPrecondition) {
+			return nil, err
+		}
+		cur, cin, err := s.readLease(ctx, name)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted in between: create again
+		}
+		if err != nil {
+			return nil, err
+		}
+		age := cin.Date.Sub(cin.Modified)
+		if !cur.Released && age <= cur.TTL() {
+			return nil, &HeldError{Name: name, Holder: cur.Holder, Until: time.Now().Add(cur.TTL() - age)}
+		}
+		in, err = s.b.Put(ctx, key, body, PutOptions{IfMatch: cin.ETag})
+		if err == nil {
+			return s.startLease(ctx, name, ttl, info, in.ETag, cur.Holder), nil
+		}
+		if !errors.Is(err, ErrPrecondition) && !errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+		// Someone else took it over or it changed: look again. Bounded:
+		// a lease that changes on every look is held by someone.
+		if attempt >= 8 {
+			return nil, &HeldError{Name: name, Holder: cur.Holder, Until: time.Now().Add(cur.TTL())}
+		}
+	}
+}
+
+// readLease reads a lease object.
+func (s *Store) readLease(ctx context.Context, name string) (LeaseInfo, Info, error) {
+	body, in, err := s.b.Get(ctx, leaseKey(name), 64<<10)
+	if err != nil {
+		return LeaseInfo{}, Info{}, err
+	}
+	var li LeaseInfo
+	if err := json.Unmarshal(body, &li); err != nil {
+		// Unreadable: treat as expired at once (anyone may take it over).
+		li = LeaseInfo{Holder: "(unreadable lease)", Released: true}
+	}
+	if in.Date.IsZero() {
+		return LeaseInfo{}, Info{}, fmt.Errorf("%s: lease %s: the storage gave no Date: ages cannot be judged", s.b, name)
+	}
+	return li, in, nil
+}
+
+// LeaseStatus reads the lease name: who holds it and until when on this
+// machine's clock; ErrNotFound when there is none. A released or expired
+// lease is returned with ok false.
+func (s *Store) LeaseStatus(ctx context.Context, name string) (li LeaseInfo, until time.Time, ok bool, err error) {
+	if err := checkName("lease", name); err != nil {
+		return LeaseInfo{}, time.Time{}, false, err
+	}
+	li, in, err := s.readLease(ctx, name)
+	if err != nil {
+		return LeaseInfo{}, time.Time{}, false, err
+	}
+	age := in.Date.Sub(in.Modified)
+	return li, time.Now().Add(li.TTL() - age), !li.Released && age <= li.TTL(), nil
+}
+
+// WaitLease acquires the lease name, waiting while another holder has it:
+// it looks again every poll (ttl/4 when 0), calling onWait with who holds
+// it each time it finds it held.
+func (s *Store) WaitLease(ctx context.Context, name string, ttl, poll time.Duration, onWait func(*HeldError)) (*Lease, error) {
+	if poll <= 0 {
+		poll = max(ttl/4, 10*time.Millisecond)
+	}
+	for {
+		l, err := s.AcquireLease(ctx, name, ttl)
+		var held *HeldError
+		if !errors.As(err, &held) {
+			return l, err
+		}
+		if onWait != nil {
+			onWait(held)
+		}
+		select {
+		case <-time.After(min(poll, max(time.Until(held.Until), 10*time.Millisecond))):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (s *Store) startLease(ctx context.Context, name string, ttl time.Duration, info LeaseInfo, etag, from string) *Lease {
+	lctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	l := &Lease{s: s, name: name, ttl: ttl, TakenFrom: from, ctx: lctx, cancel: cancel,
+		stop: make(chan struct{}), done: make(chan struct{}), info: info, etag: etag}
+	go l.renew(ctx)
+	return l
+}
+
+// Context is cancelled, with ErrLeaseLost as its cause, when the lease is
+// lost; a stage runs under it.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Err is nil while the lease is held or after Release, else why it was
+// lost (errors.Is ErrLeaseLost).
+func (l *Lease) Err() error {
+	if err := context.Cause(l.ctx); err != nil && !errors.Is(err, errReleased) {
+		return err
+	}
+	return nil
+}
+
+// Name is the lease's name.
+func (l *Lease) Name() string { return l.name }
+
+var errReleased = errors.New("store: lease released")
+
+// renew keeps the lease until Release (stop), the caller's ctx ends
+// (the lease is left to expire), or the lease is lost.
+func (l *Lease) renew(ctx context.Context) {
+	defer close(l.done)
+	every := l.ttl / 3
+	// The lease holds until ttl after the last renewal the storage
+	// accepted; that write reached the storage after it was sent.
+	sent := time.Now()
+	deadline := sent.Add(l.ttl)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-ctx.Done():
+			l.cancel(fmt.Errorf("lease %s: %w", l.name, ctx.Err()))
+			return
+		case <-t.C:
+		}
+		if time.Now().After(deadline) {
+			l.cancel(fmt.Errorf("%s: lease %s: not renewed within its ttl %v: %w", l.s.b, l.name, l.ttl, ErrLeaseLost))
+			return
+		}
+		l.mu.Lock()
+		next := l.info
+		next.Seq++
+		body, _ := json.Marshal(next)
+		etag := l.etag
+		l.mu.Unlock()
+		at := time.Now()
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		in, err := l.s.b.Put(rctx, leaseKey(l.name), body, PutOptions{IfMatch: etag})
+		cancel()
+		switch {
+		case err == nil:
+			l.mu.Lock()
+			l.info, l.etag = next, in.ETag
+			l.mu.Unlock()
+			deadline = at.Add(l.ttl)
+			t.Reset(every)
+		case errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound):
+			l.cancel(fmt.Errorf("%s: lease %s: taken over by another holder: %w", l.s.b, l.name, ErrLeaseLost))
+			return
+		default:
+			// A failed renewal is tried again soon, until the deadline.
+			t.Reset(max(l.ttl/10, 5*time.Millisecond))
+		}
+	}
+}
+
+// Release gives the lease up: the next AcquireLease takes it at once. It
+// returns ErrLeaseLost if the lease was lost before.
+func (l *Lease) Release(ctx context.Context) error {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	<-l.done
+	if err := l.Err(); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	rel := l.info
+	etag := l.etag
+	l.mu.Unlock()
+	rel.Released = true
+	rel.Seq++
+	body, _ := json.Marshal(rel)
+	_, err := l.s.b.Put(ctx, leaseKey(l.name), body, PutOptions{IfMatch: etag})
+	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
+		err = fmt.Errorf("%s: lease %s: taken over before release: %w", l.s.b, l.name, ErrLeaseLost)
+		l.cancel(err)
+		return err
+	}
+	if err != nil {
+		// Not renewed any more: it expires after its ttl.
+		l.cancel(fmt.Errorf("%s: lease %s: release: %w", l.s.b, l.name, err))
+		return err
+	}
+	l.cancel(errReleased)
+	return nil
+}

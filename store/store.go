@@ -1,0 +1,145 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/internal/errkind"
+)
+
+// FormatVersion is the layout this package writes, in the "format" object.
+const FormatVersion = 1
+
+// Defaults of Options.
+const (
+	DefaultPartSize = 16 << 20
+	DefaultParallel = 4
+)
+
+// Options set up a Store.
+type Options struct {
+	// CacheDir holds this machine's resume journals of uploads
+	// (CacheDir/uploads/<hex>). Default: the user cache directory's
+	// ferry/store.
+	CacheDir string
+	// PartSize is the multipart part size and the ranged-read chunk
+	// size (DefaultPartSize; at least MinPartSize). Memory in flight is
+	// about PartSize × (Parallel + 1).
+	PartSize int64
+	// Parallel is the number of parts or chunks in flight (DefaultParallel).
+	Parallel int
+	// Host names this machine in leases and records (default: the host
+	// name).
+	Host string
+	// SkipProbe opens the store without probing its conditional writes
+	// (ferry store doctor probes it itself).
+	SkipProbe bool
+}
+
+// Store is the content-addressed store on a Backend.
+type Store struct {
+	b   Backend
+	opt Options
+}
+
+// ErrNotShareable reports storage that failed the conditional-write probe:
+// several machines must not share it.
+var ErrNotShareable = errkind.New(errkind.Usage, "store: the server does not honour conditional writes")
+
+// Open opens the store on b: it probes b's conditional writes (unless
+// opt.SkipProbe) and refuses storage that fails, then writes the format
+// object if the store is new, or checks it.
+func Open(ctx context.Context, b Backend, opt Options) (*Store, error) {
+	if opt.PartSize == 0 {
+		opt.PartSize = DefaultPartSize
+	}
+	if opt.PartSize < MinPartSize {
+		return nil, fmt.Errorf("store: part size %d is under the %d-byte minimum", opt.PartSize, MinPartSize)
+	}
+	if opt.Parallel <= 0 {
+		opt.Parallel = DefaultParallel
+	}
+	if opt.Host == "" {
+		opt.Host, _ = os.Hostname()
+	}
+	if opt.CacheDir == "" {
+		d, err := os.UserCacheDir()
+		if err != nil {
+			return nil, fmt.Errorf("store: no cache directory: %w", err)
+		}
+		opt.CacheDir = d + "/ferry/store"
+	}
+	s := &Store{b: b, opt: opt}
+	if !opt.SkipProbe {
+		rep := Probe(ctx, b)
+		if err := rep.Err(); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.checkFormat(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Backend is the storage the store is on.
+func (s *Store) Backend() Backend { return s.b }
+
+func (s *Store) String() string { return s.b.String() }
+
+type formatObject struct {
+	Format  string `json:"format"`
+	Version int    `json:"version"`
+}
+
+const formatName = "ferry-store"
+
+func (s *Store) checkFormat(ctx context.Context) error {
+	want, _ := json.Marshal(formatObject{Format: formatName, Version: FormatVersion})
+	_, err := s.b.Put(ctx, "format", append(want, '\n'), PutOptions{IfNoneMatch: true})
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, ErrPrecondition) {
+		return err
+	}
+	body, _, err := s.b.Get(ctx, "format", 1<<10)
+	if err != nil {
+		return err
+	}
+	var f formatObject
+	if err := json.Unmarshal(body, &f); err != nil || f.Format != formatName {
+		return errkind.Errorf(errkind.BadInput, "%s: not a ferry store (its format object is %q)", s.b, strings.TrimSpace(string(body)))
+	}
+	if f.Version != FormatVersion {
+		return errkind.Errorf(errkind.NotBuilt, "%s: store format %d, this ferry reads format %d", s.b, f.Version, FormatVersion)
+	}
+	return nil
+}
+
+// BlobKey is the object key of a blob.
+func BlobKey(d digest.Digest) string { return "blobs/" + digest.Algorithm + "/" + d.Hex() }
+
+// checkName checks a record key, ref or lease name: slash-separated
+// elements of letters, digits, '.', '_' and '-', none of them "." or "..".
+func checkName(what, name string) error {
+	if name == "" || len(name) > 512 {
+		return errkind.Errorf(errkind.Usage, "store: bad %s name %q", what, name)
+	}
+	for _, el := range strings.Split(name, "/") {
+		if el == "" || el == "." || el == ".." {
+			return errkind.Errorf(errkind.Usage, "store: bad %s name %q", what, name)
+		}
+		for _, c := range el {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+				return errkind.Errorf(errkind.Usage, "store: bad %s name %q", what, name)
+			}
+		}
+	}
+	return nil
+}

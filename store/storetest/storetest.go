@@ -1,0 +1,831 @@
+// Package storetest is the one conformance suite every store backend
+// runs (store/local on a directory, store/s3 on a real versitygw): the
+// backend's conditions, the 412 paths, 32 goroutines racing for one key,
+// blobs small and multipart, uploads and downloads killed after k parts
+// and resumed, a storage that returns bytes that do not match a blob's
+// digest, records, refs, and leases with renewal, expiry, takeover and
+// loss. A backend is done when it passes.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/store"
+)
+
+// Harness is what a backend gives the suite.
+type Harness struct {
+	// New returns a new, empty store on the backend (each test gets one).
+	New func(t *testing.T) store.Backend
+	// Damage changes the stored bytes of key behind the backend's back,
+	// keeping its size, as a failing disk or a broken server would.
+	Damage func(t *testing.T, b store.Backend, key string)
+	// LeaseTTL is the ttl lease tests use: short, but several times the
+	// storage's clock granularity (S3 dates have whole seconds).
+	LeaseTTL time.Duration
+}
+
+// Run runs the suite.
+func Run(t *testing.T, h Harness) {
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T, Harness)
+	}{
+		{"Probe", testProbe},
+		{"Format", testFormat},
+		{"Objects", testObjects},
+		{"Preconditions", testPreconditions},
+		{"BadDigest", testBadDigest},
+		{"Race", testRace},
+		{"SmallBlob", testSmallBlob},
+		{"MultipartBlob", testMultipartBlob},
+		{"UploadResume", testUploadResume},
+		{"UploadSourceChanged", testUploadSourceChanged},
+		{"DownloadResume", testDownloadResume},
+		{"DamagedBlob", testDamagedBlob},
+		{"Records", testRecords},
+		{"Refs", testRefs},
+		{"Leases", testLeases},
+		{"LeaseExpiry", testLeaseExpiry},
+		{"LeaseLost", testLeaseLost},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
+	}
+}
+
+// DamageFile flips four bytes in the middle of the file at p, keeping its
+// size and inode: a blob damaged on the storage's disk, for a Damage.
+func DamageFile(t *testing.T, p string) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	off := fi.Size() / 2
+	if _, err := f.ReadAt(buf, off); err != nil {
+		t.Fatal(err)
+	}
+	for i := range buf {
+		buf[i] ^= 0x5a
+	}
+	if _, err := f.WriteAt(buf, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func open(t *testing.T, b store.Backend, host string, mod ...func(*store.Options)) *store.Store {
+	t.Helper()
+	opt := store.Options{CacheDir: filepath.Join(t.TempDir(), "cache"), Host: host, PartSize: store.MinPartSize, Parallel: 2}
+	for _, m := range mod {
+		m(&opt)
+	}
+	s, err := store.Open(context.Background(), b, opt)
+	if err != nil {
+		t.Fatalf("open %s: %v", b, err)
+	}
+	return s
+}
+
+func randBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, 7))
+	b := make([]byte, n)
+	for i := 0; i+8 <= n; i += 8 {
+		v := r.Uint64()
+		for k := range 8 {
+			b[i+k] = byte(v >> (8 * k))
+		}
+	}
+	for i := n &^ 7; i < n; i++ {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func testProbe(t *testing.T, h Harness) {
+	b := h.New(t)
+	rep := store.Probe(context.Background(), b)
+	for _, c := range rep.Checks {
+		if !c.OK {
+			t.Errorf("probe check failed: %s: %s", c.Name, c.Detail)
+		}
+	}
+	if !rep.OK || rep.Err() != nil || len(rep.Checks) < 10 {
+		t.Fatalf("probe: ok %v, %d checks, err %v", rep.OK, len(rep.Checks), rep.Err())
+	}
+	// It cleans up after itself.
+	if err := b.List(context.Background(), "probe/", func(in store.Info) error {
+		return fmt.Errorf("probe left %s", in.Key)
+	}); err != nil {
+		t.Error(err)
+	}
+	if err := b.ListUploads(context.Background(), "", func(u store.Upload) error {
+		return fmt.Errorf("probe left upload %s of %s", u.ID, u.Key)
+	}); err != nil {
+		t.Error(err)
+	}
+}
+
+func testFormat(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	open(t, b, "a")
+	open(t, b, "b") // a second open reads the format object
+	body, _, err := b.Get(ctx, "format", 1<<10)
+	if err != nil || !bytes.Contains(body, []byte(`"format":"ferry-store"`)) {
+		t.Fatalf("format object: %q, %v", body, err)
+	}
+	other := h.New(t)
+	if _, err := other.Put(ctx, "format", []byte("something else\n"), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Open(ctx, other, store.Options{CacheDir: t.TempDir()}); err == nil {
+		t.Fatal("opened a store whose format object is not ferry's")
+	}
+}
+
+func testObjects(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	keys := []string{"a/b/c", "a/b-c", "a/bc", "a0", "z"}
+	for i, k := range keys {
+		if _, err := b.Put(ctx, k, []byte(fmt.Sprintf("object %d", i)), store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var listed []string
+	if err := b.List(ctx, "a", func(in store.Info) error { listed = append(listed, in.Key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(listed) != "[a/b-c a/b/c a/bc a0]" {
+		t.Errorf("List(a) = %v", listed)
+	}
+	listed = nil
+	b.List(ctx, "a/b", func(in store.Info) error { listed = append(listed, in.Key); return nil })
+	if fmt.Sprint(listed) != "[a/b-c a/b/c a/bc]" {
+		t.Errorf("List(a/b) = %v", listed)
+	}
+	in, err := b.Head(ctx, "a/bc")
+	if err != nil || in.Size != 8 || in.ETag == "" || in.Date.IsZero() || in.Modified.IsZero() {
+		t.Fatalf("Head: %+v, %v", in, err)
+	}
+	if age := in.Date.Sub(in.Modified); age < -2*time.Second || age > time.Minute {
+		t.Errorf("age by the storage's clock: %v", age)
+	}
+	buf := make([]byte, 3)
+	if err := b.GetRange(ctx, "a/bc", 2, buf); err != nil || string(buf) != "jec" {
+		t.Errorf("GetRange: %q, %v", buf, err)
+	}
+	if err := b.GetRange(ctx, "a/bc", 6, buf); err == nil {
+		t.Error("GetRange past the end: no error")
+	}
+	if _, _, err := b.Get(ctx, "a/bc", 4); !errors.Is(err, store.ErrTooLarge) {
+		t.Errorf("Get over max: %v", err)
+	}
+	if _, err := b.Head(ctx, "nothing"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Head of a missing key: %v", err)
+	}
+	if _, _, err := b.Get(ctx, "nothing", 10); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get of a missing key: %v", err)
+	}
+	if err := b.Delete(ctx, "a0", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, "a0", ""); err != nil {
+		t.Errorf("deleting a missing key: %v", err)
+	}
+	if _, err := b.Head(ctx, "a0"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Head after Delete: %v", err)
+	}
+}
+
+// Every way a condition refuses a write (412), and that a refused write
+// changes nothing.
+func testPreconditions(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	v1, err := b.Put(ctx, "k", []byte("one"), store.PutOptions{IfNoneMatch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := b.Put(ctx, "k", []byte("two"), store.PutOptions{IfMatch: v1.ETag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("part")
+	sum := sha256.Sum256(body)
+	for _, tc := range []struct {
+		name string
+		do   func() error
+	}{
+		{"create-only on an existing key", func() error {
+			_, err := b.Put(ctx, "k", []byte("three"), store.PutOptions{IfNoneMatch: true})
+			return err
+		}},
+		{"If-Match with a replaced version", func() error {
+			_, err := b.Put(ctx, "k", []byte("three"), store.PutOptions{IfMatch: v1.ETag})
+			return err
+		}},
+		{"If-Match with a made-up ETag", func() error {
+			_, err := b.Put(ctx, "k", []byte("three"), store.PutOptions{IfMatch: `"00000000000000000000000000000000"`})
+			return err
+		}},
+		{"delete with a replaced version's If-Match", func() error { return b.Delete(ctx, "k", v1.ETag) }},
+		{"multipart completion create-only on an existing key", func() error {
+			id, err := b.CreateUpload(ctx, "k")
+			if err != nil {
+				return err
+			}
+			defer b.AbortUpload(ctx, "k", id)
+			p, err := b.UploadPart(ctx, "k", id, 1, body, sum)
+			if err != nil {
+				return err
+			}
+			_, err = b.CompleteUpload(ctx, "k", id, []store.Part{p}, store.PutOptions{IfNoneMatch: true})
+			return err
+		}},
+	} {
+		if err := tc.do(); !errors.Is(err, store.ErrPrecondition) {
+			t.Errorf("%s: %v, want ErrPrecondition", tc.name, err)
+		}
+		got, in, err := b.Get(ctx, "k", 100)
+		if err != nil || string(got) != "two" || in.ETag != v2.ETag {
+			t.Fatalf("after %s: %q (etag %s, want %s), %v", tc.name, got, in.ETag, v2.ETag, err)
+		}
+	}
+	if _, err := b.Put(ctx, "missing", []byte("x"), store.PutOptions{IfMatch: v2.ETag}); err == nil {
+		t.Error("If-Match on a missing key wrote")
+	}
+	if _, err := b.Head(ctx, "missing"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("If-Match on a missing key left %v", err)
+	}
+	if err := b.Delete(ctx, "k", v2.ETag); err != nil {
+		t.Errorf("delete with the current If-Match: %v", err)
+	}
+}
+
+func testBadDigest(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	wrong := sha256.Sum256([]byte("other"))
+	if _, err := b.Put(ctx, "x", []byte("body"), store.PutOptions{SHA256: &wrong}); !errors.Is(err, store.ErrBadDigest) {
+		t.Errorf("Put with a wrong SHA-256: %v", err)
+	}
+	if _, err := b.Head(ctx, "x"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a refused body was stored: %v", err)
+	}
+	id, err := b.CreateUpload(ctx, "y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.AbortUpload(ctx, "y", id)
+	if _, err := b.UploadPart(ctx, "y", id, 1, []byte("body"), wrong); !errors.Is(err, store.ErrBadDigest) {
+		t.Errorf("UploadPart with a wrong SHA-256: %v", err)
+	}
+	if parts, err := b.ListParts(ctx, "y", id); err != nil || len(parts) != 0 {
+		t.Errorf("a refused part is listed: %v, %v", parts, err)
+	}
+}
+
+// racers is how many goroutines race for one key.
+const racers = 32
+
+// Exactly one of 32 racing create-only writers wins, and the object holds
+// its bytes; likewise 32 compare-and-swaps from one version, and 32 lease
+// acquisitions.
+func testRace(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	race := func(name string, do func(i int) error) int {
+		var wins atomic.Int64
+		winner := -1
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				err := do(i)
+				switch {
+				case err == nil:
+					wins.Add(1)
+					mu.Lock()
+					winner = i
+					mu.Unlock()
+				case errors.Is(err, store.ErrPrecondition), errors.Is(err, store.ErrRefConflict), errors.Is(err, store.ErrLeaseHeld):
+				default:
+					t.Errorf("%s: racer %d: %v", name, i, err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if wins.Load() != 1 {
+			t.Fatalf("%s: %d of %d racers won, want exactly 1", name, wins.Load(), racers)
+		}
+		return winner
+	}
+	w := race("create-only", func(i int) error {
+		_, err := b.Put(ctx, "race/create", []byte(fmt.Sprintf("racer %d", i)), store.PutOptions{IfNoneMatch: true})
+		return err
+	})
+	if got, _, _ := b.Get(ctx, "race/create", 100); string(got) != fmt.Sprintf("racer %d", w) {
+		t.Errorf("create-only: object holds %q, winner was %d", got, w)
+	}
+	s := open(t, b, "racer")
+	base, err := s.SetRef(ctx, "race/ref", "base", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = race("compare-and-swap", func(i int) error {
+		_, err := s.SetRef(ctx, "race/ref", fmt.Sprintf("racer-%d", i), &base)
+		return err
+	})
+	if r, err := s.GetRef(ctx, "race/ref"); err != nil || r.Value != fmt.Sprintf("racer-%d", w) {
+		t.Errorf("compare-and-swap: ref is %q (%v), winner was %d", r.Value, err, w)
+	}
+	var leases sync.Map
+	w = race("lease", func(i int) error {
+		l, err := s.AcquireLease(ctx, "race/lease", time.Minute)
+		if err == nil {
+			leases.Store(i, l)
+		}
+		return err
+	})
+	l, _ := leases.Load(w)
+	if err := l.(*store.Lease).Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+func testSmallBlob(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	data := []byte("a small blob\n")
+	d := digest.Of(data)
+	var got int64
+	if err := s.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), func(n int64) { got += n }); err != nil {
+		t.Fatal(err)
+	}
+	if got != int64(len(data)) {
+		t.Errorf("progress: %d bytes", got)
+	}
+	// Again: already there is success.
+	if err := s.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+		t.Fatalf("second PutBlob: %v", err)
+	}
+	if size, ok, err := s.HasBlob(ctx, d); !ok || err != nil || size != int64(len(data)) {
+		t.Fatalf("HasBlob: %d %v %v", size, ok, err)
+	}
+	if body, err := s.ReadBlob(ctx, d, 100); err != nil || !bytes.Equal(body, data) {
+		t.Fatalf("ReadBlob: %q %v", body, err)
+	}
+	// Bytes that are not d's are refused before anything is stored.
+	other := []byte("another blob\n")
+	if err := s.PutBlob(ctx, digest.Of([]byte("x")), bytes.NewReader(other), int64(len(other)), nil); !errors.Is(err, store.ErrDigestMismatch) {
+		t.Errorf("PutBlob of the wrong bytes: %v", err)
+	}
+	if _, ok, _ := s.HasBlob(ctx, digest.Of([]byte("x"))); ok {
+		t.Error("the wrong bytes were stored")
+	}
+	dst := filepath.Join(t.TempDir(), "out")
+	if err := s.FetchBlob(ctx, d, dst, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := os.ReadFile(dst); !bytes.Equal(f, data) {
+		t.Errorf("fetched %q", f)
+	}
+	if err := s.FetchBlob(ctx, digest.Of([]byte("x")), dst+"2", nil); !errors.Is(err, store.ErrBlobMissing) {
+		t.Errorf("fetch of a missing blob: %v", err)
+	}
+}
+
+// partSize is the suite's part size: S3's minimum.
+const partSize = store.MinPartSize
+
+func multipartData(seed uint64) []byte { return randBytes(seed, 3*partSize+12345) }
+
+func testMultipartBlob(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	data := multipartData(1)
+	d := digest.Of(data)
+	var got atomic.Int64
+	if err := s.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), func(n int64) { got.Add(n) }); err != nil {
+		t.Fatal(err)
+	}
+	if got.Load() != int64(len(data)) {
+		t.Errorf("progress: %d of %d bytes", got.Load(), len(data))
+	}
+	if size, ok, err := s.HasBlob(ctx, d); !ok || err != nil || size != int64(len(data)) {
+		t.Fatalf("HasBlob: %d %v %v", size, ok, err)
+	}
+	if err := b.ListUploads(ctx, "", func(u store.Upload) error { return fmt.Errorf("upload %s of %s left", u.ID, u.Key) }); err != nil {
+		t.Error(err)
+	}
+	dst := filepath.Join(t.TempDir(), "out")
+	if err := s.FetchBlob(ctx, d, dst, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := os.ReadFile(dst); !bytes.Equal(f, data) {
+		t.Error("fetched bytes differ")
+	}
+	if m, _ := filepath.Glob(dst + ".*"); len(m) != 0 {
+		t.Errorf("left behind: %v", m)
+	}
+	// A second machine storing the same blob finds it there.
+	s2 := open(t, b, "b")
+	if err := s2.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// counting counts a backend's part uploads and ranged reads.
+type counting struct {
+	store.Backend
+	parts, ranges atomic.Int64
+}
+
+func (c *counting) UploadPart(ctx context.Context, key, id string, n int, body []byte, sum [32]byte) (store.Part, error) {
+	p, err := c.Backend.UploadPart(ctx, key, id, n, body, sum)
+	if err == nil {
+		c.parts.Add(1)
+	}
+	return p, err
+}
+
+func (c *counting) GetRange(ctx context.Context, key string, off int64, buf []byte) error {
+	err := c.Backend.GetRange(ctx, key, off, buf)
+	if err == nil {
+		c.ranges.Add(1)
+	}
+	return err
+}
+
+// An upload killed after k parts resumes from the parts the storage
+// lists and the journaled hash state: no part is stored twice.
+func testUploadResume(t *testing.T, h Harness) {
+	const k = 2
+	data := multipartData(2)
+	nparts := int64((len(data) + partSize - 1) / partSize)
+	d := digest.Of(data)
+	b := &counting{Backend: h.New(t)}
+	cache := t.TempDir()
+	s := open(t, b, "a", func(o *store.Options) { o.CacheDir = cache; o.Parallel = 1 })
+	b.parts.Store(0) // the probe's
+	ctx, cancel := context.WithCancel(context.Background())
+	var done int64
+	err := s.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), func(n int64) {
+		if done += n; done >= k*partSize {
+			cancel() // killed after k parts
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("killed upload: %v", err)
+	}
+	first := b.parts.Load()
+	if first < k || first >= nparts {
+		t.Fatalf("killed upload stored %d parts", first)
+	}
+	if _, ok, _ := s.HasBlob(context.Background(), d); ok {
+		t.Fatal("a killed upload left a blob")
+	}
+	s = open(t, b, "a", func(o *store.Options) { o.CacheDir = cache })
+	b.parts.Store(first)
+	var resumed int64
+	if err := s.PutBlob(context.Background(), d, bytes.NewReader(data), int64(len(data)), func(n int64) { resumed += n }); err != nil {
+		t.Fatal(err)
+	}
+	if total := b.parts.Load(); total != nparts {
+		t.Errorf("parts stored: %d before the kill + %d after = %d, want %d (each once)", first, total-first, total, nparts)
+	}
+	if resumed != int64(len(data)) {
+		t.Errorf("resume reported %d of %d bytes", resumed, len(data))
+	}
+	got := make([]byte, len(data))
+	if err := b.GetRange(context.Background(), store.BlobKey(d), 0, got); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("resumed blob differs: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(cache, "uploads", "*")); len(m) != 0 {
+		t.Errorf("journal left: %v", m)
+	}
+}
+
+// changingReader returns data, but other bytes once read past off.
+type changingReader struct {
+	data []byte
+	off  int64
+}
+
+func (r *changingReader) ReadAt(p []byte, off int64) (int, error) {
+	n := copy(p, r.data[off:])
+	if off+int64(n) > r.off {
+		for i := max(r.off-off, 0); i < int64(n); i++ {
+			p[i] ^= 0xff
+		}
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// A source whose bytes change while it is uploaded does not become a blob,
+// and its upload is dropped.
+func testUploadSourceChanged(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	data := multipartData(3)
+	d := digest.Of(data)
+	err := s.PutBlob(ctx, d, &changingReader{data, 3 * partSize}, int64(len(data)), nil)
+	if !errors.Is(err, store.ErrDigestMismatch) {
+		t.Fatalf("upload of a changing source: %v", err)
+	}
+	if _, ok, _ := s.HasBlob(ctx, d); ok {
+		t.Fatal("a changing source became a blob")
+	}
+	if err := b.ListUploads(ctx, "", func(u store.Upload) error { return fmt.Errorf("upload %s of %s left", u.ID, u.Key) }); err != nil {
+		t.Error(err)
+	}
+}
+
+// A download killed after k chunks resumes after them.
+func testDownloadResume(t *testing.T, h Harness) {
+	const k = 2
+	data := multipartData(4)
+	nchunks := int64((len(data) + partSize - 1) / partSize)
+	d := digest.Of(data)
+	b := &counting{Backend: h.New(t)}
+	s := open(t, b, "a", func(o *store.Options) { o.Parallel = 1 })
+	if err := s.PutBlob(context.Background(), d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+		t.Fatal(err)
+	}
+	b.ranges.Store(0)
+	dst := filepath.Join(t.TempDir(), "out")
+	ctx, cancel := context.WithCancel(context.Background())
+	var done int64
+	err := s.FetchBlob(ctx, d, dst, func(n int64) {
+		if done += n; done >= k*partSize {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("killed download: %v", err)
+	}
+	if _, err := os.Stat(dst); err == nil {
+		t.Fatal("a killed download left its file")
+	}
+	first := b.ranges.Load()
+	var resumed int64
+	if err := s.FetchBlob(context.Background(), d, dst, func(n int64) { resumed += n }); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := os.ReadFile(dst); !bytes.Equal(f, data) {
+		t.Fatal("resumed download differs")
+	}
+	// Chunks read before the kill and not yet journaled are read again:
+	// at most the ones in flight (Parallel+1).
+	if again := b.ranges.Load() - first; again > nchunks-k {
+		t.Errorf("resume read %d chunks, want at most %d", again, nchunks-k)
+	}
+	if resumed != int64(len(data)) {
+		t.Errorf("resume reported %d of %d bytes", resumed, len(data))
+	}
+}
+
+// Bytes the storage returns that do not hash to the blob's digest are
+// never handed out, and nothing that looks complete is left.
+func testDamagedBlob(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	for _, data := range [][]byte{[]byte("small blob, damaged\n"), multipartData(5)} {
+		d := digest.Of(data)
+		if err := s.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+			t.Fatal(err)
+		}
+		h.Damage(t, b, store.BlobKey(d))
+		dst := filepath.Join(t.TempDir(), "out")
+		if err := s.FetchBlob(ctx, d, dst, nil); !errors.Is(err, store.ErrDigestMismatch) {
+			t.Errorf("%d-byte blob: fetch of damaged bytes: %v", len(data), err)
+		}
+		if m, _ := filepath.Glob(dst + "*"); len(m) != 0 {
+			t.Errorf("%d-byte blob: left %v", len(data), m)
+		}
+		if _, err := s.ReadBlob(ctx, d, int64(len(data))); !errors.Is(err, store.ErrDigestMismatch) {
+			t.Errorf("%d-byte blob: read of damaged bytes: %v", len(data), err)
+		}
+	}
+}
+
+func testRecords(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "machine-a")
+	data := []byte("output bytes")
+	d := digest.Of(data)
+	rec := &store.Record{Key: "k1", Outputs: []store.Output{{Path: "out.bin", Digest: d, Size: int64(len(data))}}, Meta: []byte(`{"kind":"test"}`)}
+	if _, err := s.CommitRecord(ctx, rec); !errors.Is(err, store.ErrBlobMissing) {
+		t.Fatalf("record of a missing blob: %v", err)
+	}
+	if _, err := s.Record(ctx, "k1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a refused record was written: %v", err)
+	}
+	if err := s.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitRecord(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	s2 := open(t, b, "machine-b")
+	again := &store.Record{Key: "k1", Outputs: rec.Outputs, Meta: []byte(`{"kind":"test","again":true}`)}
+	stands, err := s2.CommitRecord(ctx, again)
+	if !errors.Is(err, store.ErrRecordExists) || stands == nil || stands.Host != "machine-a" || string(stands.Meta) != `{"kind":"test"}` {
+		t.Fatalf("second commit: %+v, %v", stands, err)
+	}
+	got, err := s2.Record(ctx, "k1")
+	if err != nil || got.Host != "machine-a" || len(got.Outputs) != 1 || got.Outputs[0].Digest != d {
+		t.Fatalf("Record: %+v, %v", got, err)
+	}
+	var keys []string
+	s.Records(ctx, func(k string) error { keys = append(keys, k); return nil })
+	if fmt.Sprint(keys) != "[k1]" {
+		t.Errorf("Records: %v", keys)
+	}
+	if _, err := s.CommitRecord(ctx, &store.Record{Key: "../x"}); err == nil {
+		t.Error("record key ../x accepted")
+	}
+}
+
+func testRefs(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := open(t, h.New(t), "a")
+	if _, err := s.GetRef(ctx, "p/stage"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing ref: %v", err)
+	}
+	r1, err := s.SetRef(ctx, "p/stage", "key1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetRef(ctx, "p/stage", "key2", nil); !errors.Is(err, store.ErrRefConflict) {
+		t.Errorf("creating an existing ref: %v", err)
+	}
+	r2, err := s.SetRef(ctx, "p/stage", "key2", &r1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetRef(ctx, "p/stage", "key3", &r1); !errors.Is(err, store.ErrRefConflict) {
+		t.Errorf("swap from a stale ref: %v", err)
+	}
+	got, err := s.GetRef(ctx, "p/stage")
+	if err != nil || got.Value != "key2" || got.ETag != r2.ETag {
+		t.Errorf("ref: %+v (want etag %s), %v", got, r2.ETag, err)
+	}
+}
+
+func testLeases(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	a, bb := open(t, b, "machine-a"), open(t, b, "machine-b")
+	ttl := h.LeaseTTL
+	la, err := a.AcquireLease(ctx, "stage/k1", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = bb.AcquireLease(ctx, "stage/k1", ttl)
+	var held *store.HeldError
+	if !errors.As(err, &held) || held.Holder != "machine-a" || time.Until(held.Until) <= 0 || time.Until(held.Until) > ttl+2*time.Second {
+		t.Fatalf("second acquire: %v", err)
+	}
+	// Renewed: still held well past its ttl.
+	time.Sleep(ttl + ttl/2)
+	if _, err := bb.AcquireLease(ctx, "stage/k1", ttl); !errors.Is(err, store.ErrLeaseHeld) {
+		t.Fatalf("after 1.5 ttl of renewals: %v", err)
+	}
+	if err := la.Err(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	// A waiter gets it as soon as it is released.
+	waited := make(chan error, 1)
+	var waits atomic.Int64
+	go func() {
+		l, err := bb.WaitLease(ctx, "stage/k1", ttl, ttl/10, func(*store.HeldError) { waits.Add(1) })
+		if err == nil {
+			if l.TakenFrom != "machine-a" {
+				err = fmt.Errorf("taken from %q", l.TakenFrom)
+			} else {
+				err = l.Release(ctx)
+			}
+		}
+		waited <- err
+	}()
+	time.Sleep(ttl / 4)
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(ttl):
+		t.Fatal("the waiter did not get a released lease within ttl")
+	}
+	if waits.Load() == 0 {
+		t.Error("the waiter never saw the lease held")
+	}
+	if err := la.Context().Err(); err == nil {
+		t.Error("a released lease's context is not done")
+	}
+	if err := la.Err(); err != nil {
+		t.Errorf("released lease: Err %v", err)
+	}
+}
+
+// A holder that stops renewing (a machine that died) loses its lease
+// once the storage's clock says ttl has passed; not before.
+func testLeaseExpiry(t *testing.T, h Harness) {
+	b := h.New(t)
+	a, bb := open(t, b, "machine-a"), open(t, b, "machine-b")
+	ttl := h.LeaseTTL
+	actx, die := context.WithCancel(context.Background())
+	if _, err := a.AcquireLease(actx, "stage/k2", ttl); err != nil {
+		t.Fatal(err)
+	}
+	died := time.Now()
+	die()
+	ctx := context.Background()
+	if _, err := bb.AcquireLease(ctx, "stage/k2", ttl); !errors.Is(err, store.ErrLeaseHeld) {
+		t.Fatalf("acquire right after the holder died: %v", err)
+	}
+	l, err := bb.WaitLease(ctx, "stage/k2", ttl, ttl/10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// S3 dates have whole seconds: the storage may judge up to one
+	// second either way.
+	if waited := time.Since(died); waited < ttl-time.Second || waited > 2*ttl+2*time.Second {
+		t.Errorf("took over after %v, ttl %v", waited, ttl)
+	}
+	if l.TakenFrom != "machine-a" {
+		t.Errorf("taken from %q", l.TakenFrom)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A holder whose lease is taken over (its version replaced) learns it at
+// its next renewal: its context is cancelled with ErrLeaseLost.
+func testLeaseLost(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	a := open(t, b, "machine-a")
+	ttl := h.LeaseTTL
+	l, err := a.AcquireLease(ctx, "stage/k3", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another machine that judged it expired wrote its own lease.
+	if _, err := b.Put(ctx, "leases/stage/k3", []byte(`{"holder":"machine-c","id":"x","ttl_ms":60000,"seq":0}`), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Context().Done():
+	case <-time.After(ttl):
+		t.Fatal("the holder did not notice within ttl")
+	}
+	if err := l.Err(); !errors.Is(err, store.ErrLeaseLost) {
+		t.Errorf("Err: %v", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, store.ErrLeaseLost) {
+		t.Errorf("Release of a lost lease: %v", err)
+	}
+	li, _, ok, err := a.LeaseStatus(ctx, "stage/k3")
+	if err != nil || !ok || li.Holder != "machine-c" {
+		t.Errorf("the new holder's lease: %+v %v %v", li, ok, err)
+	}
+}
