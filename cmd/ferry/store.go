@@ -55,6 +55,7 @@ func storeCommand() *cli.Command {
 				},
 				Action: storeGC,
 			},
+			storeDoctorCommand(),
 		},
 	}
 }

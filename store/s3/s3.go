@@ -110,7 +110,9 @@ func Open(ctx context.Context, url string) (*Backend, error) {
 	if _, err := cfg.Credentials.Retrieve(ctx); err != nil {
 		return nil, errkind.Errorf(errkind.Usage, "%s: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with ~/.aws/credentials): %w", url, err)
 	}
-	if _, err := b.c.HeadBucket(ctx, &s3api.HeadBucketInput{Bucket: aws.String(bucket)}); err != nil {
+	// A listing, not a HEAD: its error answers carry a code (a HEAD's
+	// carry only a status, and some servers answer 404 to unknown keys).
+	if _, err := b.c.ListObjectsV2(ctx, &s3api.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(prefix), MaxKeys: aws.Int32(1)}); err != nil {
 		return nil, b.classify("open", "", err)
 	}
 	return b, nil
@@ -173,16 +175,24 @@ func (b *Backend) classify(op, key string, err error) error {
 		return nil
 	}
 	where := b.where(key)
+	if key == "" {
+		where = b.String()
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s %s: %w", op, where, err)
 	}
 	if unreachable(err) {
-		return errkind.Errorf(errkind.Usage, "%s %s: cannot reach the S3 endpoint %s (check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL): %w", op, where, b.endpoint, err)
+		var cause error = err
+		var oe *net.OpError
+		if errors.As(err, &oe) {
+			cause = oe
+		}
+		return errkind.Errorf(errkind.Usage, "%s %s: cannot reach the S3 endpoint %s (check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL): %v", op, where, b.endpoint, cause)
 	}
-	code, status := "", 0
+	code, status, msg := "", 0, ""
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
-		code = ae.ErrorCode()
+		code, msg = ae.ErrorCode(), ae.ErrorMessage()
 	}
 	var re *awshttp.ResponseError
 	if errors.As(err, &re) {
@@ -191,19 +201,20 @@ func (b *Backend) classify(op, key string, err error) error {
 	switch {
 	case code == "PreconditionFailed" || status == http.StatusPreconditionFailed:
 		return fmt.Errorf("%s %s: %w", op, where, store.ErrPrecondition)
+	case code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" || code == "AccessDenied" ||
+		code == "XAdminUserNotFound" || // versitygw: an access key it does not know
+		code == "InvalidToken" || code == "ExpiredToken" || status == http.StatusForbidden || status == http.StatusUnauthorized:
+		return errkind.Errorf(errkind.Usage, "%s %s: %s refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE): %s %s", op, where, b.endpoint, cmpOr(code, http.StatusText(status)), msg)
 	case code == "NoSuchBucket":
 		return errkind.Errorf(errkind.BadInput, "%s %s: bucket %q does not exist at %s", op, where, b.bucket, b.endpoint)
 	case code == "NoSuchUpload":
 		return fmt.Errorf("%s %s: %w", op, where, store.ErrNoUpload)
 	case code == "NoSuchKey" || status == http.StatusNotFound && key != "":
 		return fmt.Errorf("%s %s: %w", op, where, store.ErrNotFound)
-	case status == http.StatusNotFound:
-		return errkind.Errorf(errkind.BadInput, "%s %s: bucket %q does not exist at %s", op, where, b.bucket, b.endpoint)
 	case code == "BadDigest" || code == "XAmzContentSHA256Mismatch" || code == "InvalidDigest":
 		return fmt.Errorf("%s %s: %w (%v)", op, where, store.ErrBadDigest, err)
-	case code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" || code == "AccessDenied" ||
-		code == "InvalidToken" || code == "ExpiredToken" || status == http.StatusForbidden || status == http.StatusUnauthorized:
-		return errkind.Errorf(errkind.Usage, "%s %s: %s refused the credentials (%s; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE): %w", op, where, b.endpoint, cmpOr(code, http.StatusText(status)), err)
+	case status == http.StatusNotFound && (code == "" || code == "NotFound"):
+		return errkind.Errorf(errkind.BadInput, "%s %s: bucket %q does not exist at %s", op, where, b.bucket, b.endpoint)
 	case status >= 500 || status == http.StatusTooManyRequests || code == "SlowDown" || code == "ConditionalRequestConflict":
 		return errkind.Errorf(errkind.Retryable, "%s %s: %w", op, where, err)
 	case status == 0:

@@ -3,10 +3,14 @@ package s3_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/s3test"
 	"github.com/ferry-llm/ferry/store"
 	s3store "github.com/ferry-llm/ferry/store/s3"
@@ -34,4 +38,100 @@ func TestConformance(t *testing.T) {
 		// Dates have whole seconds.
 		LeaseTTL: 2 * time.Second,
 	})
+}
+
+// Settings come from where every S3 tool reads them; wrong ones are
+// usage or bad-input errors that name the setting, at once, not retried.
+func TestSettings(t *testing.T) {
+	srv := s3test.Start(t, "ferry-settings")
+	ctx := context.Background()
+	closed := closedEndpoint(t)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		// files: ~/.aws/config and credentials
+		config, credentials string
+		url                 string
+		kind                errkind.Kind // 0 with want "": opens
+		want                string
+	}{
+		{name: "AWS_ENDPOINT_URL_S3", env: map[string]string{"AWS_ENDPOINT_URL_S3": srv.Endpoint, "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey, "AWS_REGION": "us-east-1"}},
+		{name: "AWS_ENDPOINT_URL, no region", env: map[string]string{"AWS_ENDPOINT_URL": srv.Endpoint, "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey}},
+		{name: "AWS_PROFILE with config and credentials files", env: map[string]string{"AWS_PROFILE": "lab"},
+			config:      "[profile lab]\nregion = us-east-1\nendpoint_url = " + srv.Endpoint + "\n",
+			credentials: "[lab]\naws_access_key_id = " + srv.AccessKey + "\naws_secret_access_key = " + srv.SecretKey + "\n"},
+		{name: "wrong secret", env: map[string]string{"AWS_ENDPOINT_URL_S3": srv.Endpoint, "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": "wrong"},
+			kind: errkind.Usage, want: "refused the credentials"},
+		{name: "unknown access key", env: map[string]string{"AWS_ENDPOINT_URL_S3": srv.Endpoint, "AWS_ACCESS_KEY_ID": "nobody", "AWS_SECRET_ACCESS_KEY": "wrong"},
+			kind: errkind.Usage, want: "refused the credentials"},
+		{name: "no credentials", env: map[string]string{"AWS_ENDPOINT_URL_S3": srv.Endpoint},
+			kind: errkind.Usage, want: "no S3 credentials"},
+		{name: "missing bucket", url: "s3://no-such-bucket/x", env: map[string]string{"AWS_ENDPOINT_URL_S3": srv.Endpoint, "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
+			kind: errkind.BadInput, want: `bucket "no-such-bucket" does not exist`},
+		{name: "unreachable endpoint", env: map[string]string{"AWS_ENDPOINT_URL_S3": closed, "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
+			kind: errkind.Usage, want: "cannot reach the S3 endpoint " + closed},
+		{name: "not an s3 URL", url: "http://x/y", kind: errkind.Usage, want: "not an s3:// URL"},
+		{name: "no bucket", url: "s3:///x", kind: errkind.Usage, want: "no bucket"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s3test.Isolate(t)
+			t.Setenv("AWS_RETRY_MODE", "")
+			if tc.config != "" {
+				os.WriteFile(os.Getenv("AWS_CONFIG_FILE"), []byte(tc.config), 0o600)
+			}
+			if tc.credentials != "" {
+				os.WriteFile(os.Getenv("AWS_SHARED_CREDENTIALS_FILE"), []byte(tc.credentials), 0o600)
+			}
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			url := tc.url
+			if url == "" {
+				url = "s3://ferry-settings/p"
+			}
+			start := time.Now()
+			b, err := s3store.Open(ctx, url)
+			took := time.Since(start)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := b.Put(ctx, "x", []byte("x"), store.PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || errkind.Of(err) != tc.kind {
+				t.Fatalf("got %v (kind %v), want %q (kind %v)", err, errkind.Of(err), tc.want, tc.kind)
+			}
+			if took > 3*time.Second {
+				t.Errorf("took %v: retried what will not pass", took)
+			}
+		})
+	}
+}
+
+// closedEndpoint is an http:// endpoint on 127.0.0.1 where nothing listens.
+func closedEndpoint(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
+}
+
+func TestParseURL(t *testing.T) {
+	for _, tc := range []struct{ url, bucket, prefix string }{
+		{"s3://b", "b", ""},
+		{"s3://b/", "b", ""},
+		{"s3://b/p", "b", "p/"},
+		{"s3://b/p/q/", "b", "p/q/"},
+	} {
+		b, p, err := s3store.ParseURL(tc.url)
+		if err != nil || b != tc.bucket || p != tc.prefix {
+			t.Errorf("%s: %q %q %v", tc.url, b, p, err)
+		}
+	}
 }

@@ -17,12 +17,14 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/store"
 )
 
@@ -45,6 +47,7 @@ func Run(t *testing.T, h Harness) {
 		fn   func(*testing.T, Harness)
 	}{
 		{"Probe", testProbe},
+		{"ProbeRefusesIgnoredConditions", testProbeRefuses},
 		{"Format", testFormat},
 		{"Objects", testObjects},
 		{"Preconditions", testPreconditions},
@@ -141,6 +144,41 @@ func testProbe(t *testing.T, h Harness) {
 		return fmt.Errorf("probe left upload %s of %s", u.ID, u.Key)
 	}); err != nil {
 		t.Error(err)
+	}
+}
+
+// ignoring is the backend as a server that ignores conditional headers
+// (as Incus' S3 does) serves it: every write goes through.
+type ignoring struct{ store.Backend }
+
+func (b ignoring) Put(ctx context.Context, key string, body []byte, opt store.PutOptions) (store.Info, error) {
+	return b.Backend.Put(ctx, key, body, store.PutOptions{SHA256: opt.SHA256})
+}
+
+func (b ignoring) CompleteUpload(ctx context.Context, key, id string, parts []store.Part, opt store.PutOptions) (store.Info, error) {
+	return b.Backend.CompleteUpload(ctx, key, id, parts, store.PutOptions{})
+}
+
+func (b ignoring) Delete(ctx context.Context, key, ifMatch string) error {
+	return b.Backend.Delete(ctx, key, "")
+}
+
+// A server that ignores conditional writes fails the probe, and Open
+// refuses it with an error that names what failed.
+func testProbeRefuses(t *testing.T, h Harness) {
+	b := ignoring{h.New(t)}
+	rep := store.Probe(context.Background(), b)
+	if rep.OK || rep.ConditionalDelete {
+		t.Fatalf("probe passed a server that ignores conditions: %+v", rep)
+	}
+	_, err := store.Open(context.Background(), b, store.Options{CacheDir: t.TempDir()})
+	if !errors.Is(err, store.ErrNotShareable) || errkind.Of(err) != errkind.Usage ||
+		!strings.Contains(err.Error(), "create-only write of an existing key is refused (412) (answered 200 OK)") ||
+		!strings.Contains(err.Error(), "ferry store doctor") {
+		t.Fatalf("open: %v", err)
+	}
+	if _, err := b.Head(context.Background(), "format"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a refused store was written to: %v", err)
 	}
 }
 
