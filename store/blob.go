@@ -61,7 +61,8 @@ func (s *Store) partSize(size int64) int64 {
 // the cache directory, and a later PutBlob of the same blob continues
 // from the parts the storage lists. The upload completes only if src's
 // bytes hash to d (ErrDigestMismatch otherwise, and the upload is
-// dropped), create-only. progress, if not nil, is told of bytes stored.
+// dropped), create-only. progress, if not nil, is told of bytes stored,
+// from one goroutine at a time.
 func (s *Store) PutBlob(ctx context.Context, d digest.Digest, src io.ReaderAt, size int64, progress func(int64)) error {
 	if err := d.Validate(); err != nil {
 		return err
@@ -251,9 +252,12 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	var mu sync.Mutex
 	done := map[int][]byte{} // part number → hash state after it
 	next := first            // the next part to journal
-	finish := func(n int, st []byte) error {
+	// finish records part n durable; progress is told under the lock, so
+	// it is never called concurrently.
+	finish := func(n int, st []byte, bytes int64) error {
 		mu.Lock()
 		defer mu.Unlock()
+		progress(bytes)
 		done[n] = st
 		for {
 			st, ok := done[next]
@@ -306,10 +310,9 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 				}
 				parts[j.n-1] = p
 				pool <- j.buf[:cap(j.buf)]
-				if err := finish(j.n, j.state); err != nil {
+				if err := finish(j.n, j.state, int64(len(j.buf))); err != nil {
 					return err
 				}
-				progress(int64(len(j.buf)))
 			}
 			return nil
 		})

@@ -109,9 +109,10 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		sent := time.Now()
 		in, err := s.b.Put(ctx, key, body, PutOptions{IfNoneMatch: true})
 		if err == nil {
-			return s.startLease(ctx, name, ttl, info, in.ETag, ""), nil
+			return s.startLease(ctx, name, ttl, info, in.ETag, "", sent), nil
 		}
 		if !errors.Is(err, ErrPrecondition) {
 			return nil, err
@@ -127,9 +128,10 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 		if !cur.Released && age <= cur.TTL() {
 			return nil, &HeldError{Name: name, Holder: cur.Holder, Until: time.Now().Add(cur.TTL() - age)}
 		}
+		sent = time.Now()
 		in, err = s.b.Put(ctx, key, body, PutOptions{IfMatch: cin.ETag})
 		if err == nil {
-			return s.startLease(ctx, name, ttl, info, in.ETag, cur.Holder), nil
+			return s.startLease(ctx, name, ttl, info, in.ETag, cur.Holder, sent), nil
 		}
 		if !errors.Is(err, ErrPrecondition) && !errors.Is(err, ErrNotFound) {
 			return nil, err
@@ -198,11 +200,11 @@ func (s *Store) WaitLease(ctx context.Context, name string, ttl, poll time.Durat
 	}
 }
 
-func (s *Store) startLease(ctx context.Context, name string, ttl time.Duration, info LeaseInfo, etag, from string) *Lease {
+func (s *Store) startLease(ctx context.Context, name string, ttl time.Duration, info LeaseInfo, etag, from string, sent time.Time) *Lease {
 	lctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	l := &Lease{s: s, name: name, ttl: ttl, TakenFrom: from, ctx: lctx, cancel: cancel,
 		stop: make(chan struct{}), done: make(chan struct{}), info: info, etag: etag}
-	go l.renew(ctx)
+	go l.renew(ctx, sent)
 	return l
 }
 
@@ -226,13 +228,17 @@ var errReleased = errors.New("store: lease released")
 
 // renew keeps the lease until Release (stop), the caller's ctx ends
 // (the lease is left to expire), or the lease is lost.
-func (l *Lease) renew(ctx context.Context) {
+//
+// The lease holds until ttl after the storage wrote the last renewal it
+// accepted, which it received after the renewal was sent. The holder gives
+// it up earlier, 2/3 ttl after that send: another machine judges the age
+// by the storage's clock, whose dates may have whole seconds only (S3), so
+// it may see the lease up to a second older than it is.
+func (l *Lease) renew(ctx context.Context, sent time.Time) {
 	defer close(l.done)
 	every := l.ttl / 3
-	// The lease holds until ttl after the last renewal the storage
-	// accepted; that write reached the storage after it was sent.
-	sent := time.Now()
-	deadline := sent.Add(l.ttl)
+	keep := l.ttl * 2 / 3
+	deadline := sent.Add(keep)
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
@@ -245,7 +251,7 @@ func (l *Lease) renew(ctx context.Context) {
 		case <-t.C:
 		}
 		if time.Now().After(deadline) {
-			l.cancel(fmt.Errorf("%s: lease %s: not renewed within its ttl %v: %w", l.s.b, l.name, l.ttl, ErrLeaseLost))
+			l.cancel(fmt.Errorf("%s: lease %s: not renewed within 2/3 of its ttl %v: %w", l.s.b, l.name, l.ttl, ErrLeaseLost))
 			return
 		}
 		l.mu.Lock()
@@ -263,7 +269,7 @@ func (l *Lease) renew(ctx context.Context) {
 			l.mu.Lock()
 			l.info, l.etag = next, in.ETag
 			l.mu.Unlock()
-			deadline = at.Add(l.ttl)
+			deadline = at.Add(keep)
 			t.Reset(every)
 		case errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound):
 			l.cancel(fmt.Errorf("%s: lease %s: taken over by another holder: %w", l.s.b, l.name, ErrLeaseLost))
