@@ -435,87 +435,21 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 	}
 	progress(start)
 
-	nchunks := int((size - start + cs - 1) / cs)
-	type chunk struct {
-		i   int
-		buf []byte
-	}
-	pool := make(chan []byte, s.opt.Parallel+1)
-	for range s.opt.Parallel + 1 {
-		pool <- make([]byte, cs)
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	jobs := make(chan chunk)
-	got := make(chan chunk, s.opt.Parallel+1)
-	g.Go(func() error {
-		defer close(jobs)
-		for i := range nchunks {
-			var buf []byte
-			select {
-			case buf = <-pool:
-			case <-gctx.Done():
-				return gctx.Err()
-			}
-			off := start + int64(i)*cs
-			select {
-			case jobs <- chunk{i, buf[:min(cs, size-off)]}:
-			case <-gctx.Done():
-				return gctx.Err()
-			}
+	err = s.stream(ctx, key, start, size, func(off int64, buf []byte) error {
+		if _, err := f.WriteAt(buf, off); err != nil {
+			return fmt.Errorf("%s: %w", partial, err)
 		}
+		h.Write(buf)
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("%s: fsync: %w", partial, err)
+		}
+		if err := log.Append(journal.Entry{Unit: "chunk", End: h.Size(), State: h.State()}); err != nil {
+			return err
+		}
+		progress(int64(len(buf)))
 		return nil
 	})
-	for range s.opt.Parallel {
-		g.Go(func() error {
-			for c := range jobs {
-				off := start + int64(c.i)*cs
-				if err := s.b.GetRange(gctx, key, off, c.buf); err != nil {
-					return err
-				}
-				if _, err := f.WriteAt(c.buf, off); err != nil {
-					return fmt.Errorf("%s: %w", partial, err)
-				}
-				select {
-				case got <- c:
-				case <-gctx.Done():
-					return gctx.Err()
-				}
-			}
-			return nil
-		})
-	}
-	// The hasher takes chunks in order; a chunk's buffer goes back to the
-	// pool once hashed, so at most Parallel+1 chunks are held.
-	g.Go(func() error {
-		pending := map[int][]byte{}
-		for next := 0; next < nchunks; {
-			select {
-			case c := <-got:
-				pending[c.i] = c.buf
-			case <-gctx.Done():
-				return gctx.Err()
-			}
-			for {
-				buf, ok := pending[next]
-				if !ok {
-					break
-				}
-				delete(pending, next)
-				h.Write(buf)
-				pool <- buf[:cap(buf)]
-				if err := f.Sync(); err != nil {
-					return fmt.Errorf("%s: fsync: %w", partial, err)
-				}
-				if err := log.Append(journal.Entry{Unit: "chunk", End: h.Size(), State: h.State()}); err != nil {
-					return err
-				}
-				progress(int64(len(buf)))
-				next++
-			}
-		}
-		return nil
-	})
-	if err := g.Wait(); err != nil {
+	if err != nil {
 		return err
 	}
 	if sum := digest.New(sumBytes(h)); sum != d || h.Size() != size {
@@ -547,4 +481,105 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 func sumBytes(h *hashing.Writer) []byte {
 	sum := h.Sum()
 	return sum[:]
+}
+
+// stream reads key's bytes from start to size in chunks of the part size,
+// Parallel ranged reads at a time, and hands them to fn in order, from one
+// goroutine; at most Parallel+1 chunks are held. fn must not keep buf.
+func (s *Store) stream(ctx context.Context, key string, start, size int64, fn func(off int64, buf []byte) error) error {
+	cs := s.opt.PartSize
+	nchunks := int((size - start + cs - 1) / cs)
+	type chunk struct {
+		i   int
+		buf []byte
+	}
+	pool := make(chan []byte, s.opt.Parallel+1)
+	for range s.opt.Parallel + 1 {
+		pool <- make([]byte, min(cs, size-start))
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	jobs := make(chan chunk)
+	// got never blocks a reader: it holds as many chunks as there are
+	// buffers.
+	got := make(chan chunk, s.opt.Parallel+1)
+	g.Go(func() error {
+		defer close(jobs)
+		for i := range nchunks {
+			var buf []byte
+			select {
+			case buf = <-pool:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			off := start + int64(i)*cs
+			select {
+			case jobs <- chunk{i, buf[:min(cs, size-off)]}:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		return nil
+	})
+	for range s.opt.Parallel {
+		g.Go(func() error {
+			for c := range jobs {
+				if err := s.b.GetRange(gctx, key, start+int64(c.i)*cs, c.buf); err != nil {
+					return err
+				}
+				got <- c
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		pending := map[int][]byte{}
+		for next := 0; next < nchunks; {
+			select {
+			case c := <-got:
+				pending[c.i] = c.buf
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			for {
+				buf, ok := pending[next]
+				if !ok {
+					break
+				}
+				delete(pending, next)
+				if err := fn(start+int64(next)*cs, buf); err != nil {
+					return err
+				}
+				pool <- buf[:cap(buf)]
+				next++
+			}
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// HashBlob re-reads the blob d (ranged reads, in parallel) and returns the
+// SHA-256 of what the storage holds, and its size.
+func (s *Store) HashBlob(ctx context.Context, d digest.Digest, progress func(int64)) (digest.Digest, int64, error) {
+	if progress == nil {
+		progress = func(int64) {}
+	}
+	key := BlobKey(d)
+	in, err := s.b.Head(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return "", 0, fmt.Errorf("%s: blob %s: %w", s.b, d, ErrBlobMissing)
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	h := hashing.NewWriter(nil)
+	err = s.stream(ctx, key, 0, in.Size, func(off int64, buf []byte) error {
+		h.Write(buf)
+		progress(int64(len(buf)))
+		return nil
+	})
+	if err != nil {
+		return "", 0, err
+	}
+	return digest.New(sumBytes(h)), h.Size(), nil
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/errkind"
 )
 
@@ -40,6 +41,9 @@ type LeaseInfo struct {
 	TTLMs    int64  `json:"ttl_ms"`
 	Seq      int64  `json:"seq"` // renewals
 	Released bool   `json:"released,omitempty"`
+	// Blobs are the blobs the holder stored for what it is making, before
+	// a record names them: gc keeps them while the lease is live.
+	Blobs []digest.Digest `json:"blobs,omitempty"`
 }
 
 // TTL is the lease's ttl.
@@ -82,9 +86,43 @@ type Lease struct {
 	stop   chan struct{}
 	done   chan struct{}
 
-	mu   sync.Mutex
+	// wmu serialises the holder's writes (renewals, Protect, Release):
+	// each replaces exactly the version the one before it wrote.
+	wmu  sync.Mutex
 	info LeaseInfo
 	etag string
+}
+
+// write replaces the lease object with change applied to its content,
+// If-Match the holder's last version.
+func (l *Lease) write(ctx context.Context, change func(*LeaseInfo)) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	next := l.info
+	next.Blobs = append([]digest.Digest(nil), l.info.Blobs...)
+	change(&next)
+	next.Seq++
+	body, _ := json.Marshal(next)
+	in, err := l.s.b.Put(ctx, leaseKey(l.name), body, PutOptions{IfMatch: l.etag})
+	if err != nil {
+		return err
+	}
+	l.info, l.etag = next, in.ETag
+	return nil
+}
+
+// Protect records blobs the holder stored for what it is making, so that
+// gc keeps them while the lease is live, before a record names them.
+func (l *Lease) Protect(ctx context.Context, ds ...digest.Digest) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	err := l.write(ctx, func(i *LeaseInfo) { i.Blobs = append(i.Blobs, ds...) })
+	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
+		err = fmt.Errorf("%s: lease %s: taken over by another holder: %w", l.s.b, l.name, ErrLeaseLost)
+		l.cancel(err)
+	}
+	return err
 }
 
 func leaseKey(name string) string { return "leases/" + name }
@@ -254,21 +292,12 @@ func (l *Lease) renew(ctx context.Context, sent time.Time) {
 			l.cancel(fmt.Errorf("%s: lease %s: not renewed within 2/3 of its ttl %v: %w", l.s.b, l.name, l.ttl, ErrLeaseLost))
 			return
 		}
-		l.mu.Lock()
-		next := l.info
-		next.Seq++
-		body, _ := json.Marshal(next)
-		etag := l.etag
-		l.mu.Unlock()
 		at := time.Now()
 		rctx, cancel := context.WithDeadline(ctx, deadline)
-		in, err := l.s.b.Put(rctx, leaseKey(l.name), body, PutOptions{IfMatch: etag})
+		err := l.write(rctx, func(*LeaseInfo) {})
 		cancel()
 		switch {
 		case err == nil:
-			l.mu.Lock()
-			l.info, l.etag = next, in.ETag
-			l.mu.Unlock()
 			deadline = at.Add(keep)
 			t.Reset(every)
 		case errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound):
@@ -293,14 +322,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	l.mu.Lock()
-	rel := l.info
-	etag := l.etag
-	l.mu.Unlock()
-	rel.Released = true
-	rel.Seq++
-	body, _ := json.Marshal(rel)
-	_, err := l.s.b.Put(ctx, leaseKey(l.name), body, PutOptions{IfMatch: etag})
+	err := l.write(ctx, func(i *LeaseInfo) { i.Released = true })
 	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%s: lease %s: taken over before release: %w", l.s.b, l.name, ErrLeaseLost)
 		l.cancel(err)

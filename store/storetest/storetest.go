@@ -64,6 +64,8 @@ func Run(t *testing.T, h Harness) {
 		{"Leases", testLeases},
 		{"LeaseExpiry", testLeaseExpiry},
 		{"LeaseLost", testLeaseLost},
+		{"Verify", testVerify},
+		{"GC", testGC},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
 	}
@@ -865,5 +867,125 @@ func testLeaseLost(t *testing.T, h Harness) {
 	li, _, ok, err := a.LeaseStatus(ctx, "stage/k3")
 	if err != nil || !ok || li.Holder != "machine-c" {
 		t.Errorf("the new holder's lease: %+v %v %v", li, ok, err)
+	}
+}
+
+func putBlob(t *testing.T, s *store.Store, data []byte) digest.Digest {
+	t.Helper()
+	d := digest.Of(data)
+	if err := s.PutBlob(context.Background(), d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// verify re-hashes what the storage returns and finds a damaged blob and
+// a record whose blob is gone.
+func testVerify(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	small, big := []byte("first output\n"), multipartData(6)
+	d1, d2 := putBlob(t, s, small), putBlob(t, s, big)
+	d3 := putBlob(t, s, []byte("unreferenced\n"))
+	rec := &store.Record{Key: "k", Outputs: []store.Output{{Path: "a", Digest: d1, Size: int64(len(small))}, {Path: "b", Digest: d2, Size: int64(len(big))}}}
+	if _, err := s.CommitRecord(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	var hashed int64
+	rep, err := s.Verify(ctx, func(n int64) { hashed += n })
+	if err != nil || !rep.OK() || rep.Blobs != 3 || rep.Records != 1 || rep.Unreferenced != 1 {
+		t.Fatalf("verify: %+v, %v", rep, err)
+	}
+	if want := int64(len(small) + len(big) + len("unreferenced\n")); hashed != want || rep.Bytes != want {
+		t.Errorf("re-hashed %d bytes, report %d, want %d", hashed, rep.Bytes, want)
+	}
+	h.Damage(t, b, store.BlobKey(d2))
+	if err := b.Delete(ctx, store.BlobKey(d1), ""); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = s.Verify(ctx, nil)
+	if err != nil || rep.OK() || len(rep.Problems) != 2 {
+		t.Fatalf("verify of a damaged store: %+v, %v", rep, err)
+	}
+	var damaged, missing bool
+	for _, p := range rep.Problems {
+		damaged = damaged || p.Blob == d2 && p.Record == "" && strings.Contains(p.What, "hash to")
+		missing = missing || p.Blob == d1 && p.Record == "k" && strings.Contains(p.What, "blob missing")
+	}
+	if !damaged || !missing {
+		t.Errorf("problems: %v", rep.Problems)
+	}
+	_ = d3
+}
+
+// gc removes only blobs no record names, no live lease protects and that
+// are older than the grace period; and unfinished uploads past it.
+func testGC(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	maker := open(t, b, "maker")
+	referenced := putBlob(t, s, []byte("named by a record\n"))
+	if _, err := s.CommitRecord(ctx, &store.Record{Key: "k", Outputs: []store.Output{{Path: "x", Digest: referenced, Size: 18}}}); err != nil {
+		t.Fatal(err)
+	}
+	live, err := maker.AcquireLease(ctx, "stage/making", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Release(ctx)
+	leased := putBlob(t, maker, []byte("being made, no record yet\n"))
+	if err := live.Protect(ctx, leased); err != nil {
+		t.Fatal(err)
+	}
+	done, err := maker.AcquireLease(ctx, "stage/done", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := putBlob(t, maker, []byte("made by a stage that gave up\n"))
+	if err := done.Protect(ctx, released); err != nil {
+		t.Fatal(err)
+	}
+	if err := done.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	garbage := putBlob(t, s, []byte("garbage\n"))
+	if _, err := b.CreateUpload(ctx, store.BlobKey(digest.Of([]byte("abandoned")))); err != nil {
+		t.Fatal(err)
+	}
+
+	// Within the grace period nothing goes.
+	rep, err := s.GC(ctx, store.GCOptions{Grace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.RemovedBlobs != 0 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.KeptYoung != 2 || rep.AbortedUploads != 0 || len(rep.Leases) != 1 {
+		t.Fatalf("gc within the grace period: %+v", rep)
+	}
+	grace := h.LeaseTTL / 4
+	time.Sleep(3 * grace)
+	rep, err = s.GC(ctx, store.GCOptions{Grace: grace, DryRun: true})
+	if err != nil || rep.RemovedBlobs != 2 {
+		t.Fatalf("dry run: %+v, %v", rep, err)
+	}
+	rep, err = s.GC(ctx, store.GCOptions{Grace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.RemovedBlobs != 2 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.AbortedUploads != 1 || rep.Leases[0].Name != "stage/making" {
+		t.Fatalf("gc: %+v", rep)
+	}
+	for d, want := range map[digest.Digest]bool{referenced: true, leased: true, released: false, garbage: false} {
+		if _, ok, err := s.HasBlob(ctx, d); ok != want || err != nil {
+			t.Errorf("blob %s: stored %v (%v), want %v", d.Short(), ok, err, want)
+		}
+	}
+	if err := b.ListUploads(ctx, "", func(u store.Upload) error { return fmt.Errorf("upload %s left", u.ID) }); err != nil {
+		t.Error(err)
+	}
+	u, err := s.DiskUsage(ctx)
+	if err != nil || u.Blobs != 2 || u.Records != 1 || u.UnreferencedBlobs != 1 || u.MissingBlobs != 0 || len(u.Leases) != 1 || u.Leases[0].Holder != "maker" {
+		t.Errorf("du: %+v, %v", u, err)
 	}
 }

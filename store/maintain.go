@@ -1,0 +1,361 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/digest"
+)
+
+// blobs lists the blobs: each digest with its Info. A key under blobs/
+// that is not a digest is returned in bad.
+func (s *Store) blobs(ctx context.Context) (map[digest.Digest]Info, []string, error) {
+	out := map[digest.Digest]Info{}
+	var bad []string
+	prefix := "blobs/" + digest.Algorithm + "/"
+	err := s.b.List(ctx, "blobs/", func(in Info) error {
+		h, ok := strings.CutPrefix(in.Key, prefix)
+		d, err := digest.FromHex(h)
+		if !ok || err != nil {
+			bad = append(bad, in.Key)
+			return nil
+		}
+		out[d] = in
+		return nil
+	})
+	return out, bad, err
+}
+
+// records reads every record; unreadable ones are returned as problems.
+func (s *Store) records(ctx context.Context) ([]*Record, []Problem, error) {
+	var keys []string
+	if err := s.Records(ctx, func(k string) error { keys = append(keys, k); return nil }); err != nil {
+		return nil, nil, err
+	}
+	var recs []*Record
+	var probs []Problem
+	for _, k := range keys {
+		r, err := s.Record(ctx, k)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted since the listing
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil, err
+			}
+			probs = append(probs, Problem{Record: k, What: err.Error()})
+			continue
+		}
+		recs = append(recs, r)
+	}
+	return recs, probs, nil
+}
+
+// liveLeases reads every lease; the live ones (neither released nor
+// expired by the storage's clock) are returned.
+func (s *Store) liveLeases(ctx context.Context) ([]LeaseUse, error) {
+	var names []string
+	if err := s.b.List(ctx, "leases/", func(in Info) error {
+		names = append(names, strings.TrimPrefix(in.Key, "leases/"))
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var live []LeaseUse
+	for _, n := range names {
+		li, until, ok, err := s.LeaseStatus(ctx, n)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			live = append(live, LeaseUse{Name: n, Holder: li.Holder, Until: until, Blobs: li.Blobs})
+		}
+	}
+	return live, nil
+}
+
+// Problem is one thing verify found wrong.
+type Problem struct {
+	Blob   digest.Digest `json:"blob,omitempty"`
+	Record string        `json:"record,omitempty"`
+	What   string        `json:"what"`
+}
+
+func (p Problem) String() string {
+	switch {
+	case p.Record != "":
+		return "record " + p.Record + ": " + p.What
+	case p.Blob != "":
+		return "blob " + string(p.Blob) + ": " + p.What
+	}
+	return p.What
+}
+
+// VerifyReport is what Verify found.
+type VerifyReport struct {
+	Store        string    `json:"store"`
+	Blobs        int       `json:"blobs"`
+	Bytes        int64     `json:"bytes"`
+	Records      int       `json:"records"`
+	Unreferenced int       `json:"unreferenced_blobs"`
+	Problems     []Problem `json:"problems"`
+}
+
+// OK reports whether nothing is wrong.
+func (r *VerifyReport) OK() bool { return len(r.Problems) == 0 }
+
+// Verify re-hashes every blob as the storage returns it (ranged reads)
+// and checks that every record's outputs are stored with their sizes.
+// progress is told of bytes re-hashed.
+func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport, error) {
+	rep := &VerifyReport{Store: s.b.String(), Problems: []Problem{}}
+	blobs, bad, err := s.blobs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range bad {
+		rep.Problems = append(rep.Problems, Problem{What: "object " + k + " under blobs/ is not named by a digest"})
+	}
+	recs, probs, err := s.records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep.Problems = append(rep.Problems, probs...)
+	rep.Records = len(recs) + len(probs)
+	referenced := map[digest.Digest]bool{}
+	for _, r := range recs {
+		for _, o := range r.Outputs {
+			referenced[o.Digest] = true
+			in, ok := blobs[o.Digest]
+			switch {
+			case !ok:
+				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, What: fmt.Sprintf("output %s: %v", o.Path, ErrBlobMissing)})
+			case in.Size != o.Size:
+				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, What: fmt.Sprintf("output %s: blob holds %d bytes, the record says %d", o.Path, in.Size, o.Size)})
+			}
+		}
+	}
+	ds := make([]digest.Digest, 0, len(blobs))
+	for d := range blobs {
+		ds = append(ds, d)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	for _, d := range ds {
+		got, size, err := s.HashBlob(ctx, d, progress)
+		if errors.Is(err, ErrBlobMissing) {
+			continue // removed since the listing (gc)
+		}
+		if err != nil {
+			return nil, err
+		}
+		rep.Blobs++
+		rep.Bytes += size
+		if got != d {
+			rep.Problems = append(rep.Problems, Problem{Blob: d, What: fmt.Sprintf("the storage returns %d bytes that hash to %s: %v", size, got, ErrDigestMismatch)})
+		}
+		if !referenced[d] {
+			rep.Unreferenced++
+		}
+	}
+	return rep, nil
+}
+
+// LeaseUse is a live lease, as du and gc report it.
+type LeaseUse struct {
+	Name   string          `json:"name"`
+	Holder string          `json:"holder"`
+	Until  time.Time       `json:"until"`
+	Blobs  []digest.Digest `json:"blobs,omitempty"`
+}
+
+// Usage is what DiskUsage found.
+type Usage struct {
+	Store             string     `json:"store"`
+	Blobs             int        `json:"blobs"`
+	BlobBytes         int64      `json:"blob_bytes"`
+	Records           int        `json:"records"`
+	UnreferencedBlobs int        `json:"unreferenced_blobs"`
+	UnreferencedBytes int64      `json:"unreferenced_bytes"`
+	MissingBlobs      int        `json:"missing_blobs"` // named by records, not stored
+	Uploads           int        `json:"unfinished_uploads"`
+	Leases            []LeaseUse `json:"live_leases"`
+}
+
+// DiskUsage counts what the store holds, from listings (no data read).
+func (s *Store) DiskUsage(ctx context.Context) (*Usage, error) {
+	u := &Usage{Store: s.b.String(), Leases: []LeaseUse{}}
+	blobs, _, err := s.blobs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	recs, probs, err := s.records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	u.Records = len(recs) + len(probs)
+	referenced := map[digest.Digest]bool{}
+	for _, r := range recs {
+		for _, o := range r.Outputs {
+			if _, ok := blobs[o.Digest]; !ok && !referenced[o.Digest] {
+				u.MissingBlobs++
+			}
+			referenced[o.Digest] = true
+		}
+	}
+	for d, in := range blobs {
+		u.Blobs++
+		u.BlobBytes += in.Size
+		if !referenced[d] {
+			u.UnreferencedBlobs++
+			u.UnreferencedBytes += in.Size
+		}
+	}
+	if err := s.b.ListUploads(ctx, "", func(Upload) error { u.Uploads++; return nil }); err != nil {
+		return nil, err
+	}
+	if u.Leases, err = s.liveLeases(ctx); err != nil {
+		return nil, err
+	}
+	if u.Leases == nil {
+		u.Leases = []LeaseUse{}
+	}
+	return u, nil
+}
+
+// GCOptions set up a GC.
+type GCOptions struct {
+	// Grace: blobs and uploads younger than this (by the storage's clock)
+	// are kept, whatever refers to them: a stage may have stored a blob
+	// and not yet named it in its lease. At least twice the lease ttl the
+	// stages use; DefaultGCGrace when 0.
+	Grace time.Duration
+	// DryRun removes nothing.
+	DryRun bool
+}
+
+// DefaultGCGrace is GCOptions.Grace's default.
+const DefaultGCGrace = time.Hour
+
+// GCReport is what GC did.
+type GCReport struct {
+	Store          string     `json:"store"`
+	Records        int        `json:"records"`
+	RemovedBlobs   int        `json:"removed_blobs"`
+	RemovedBytes   int64      `json:"removed_bytes"`
+	KeptBlobs      int        `json:"kept_blobs"`
+	KeptYoung      int        `json:"kept_young_blobs"`  // unreferenced, within the grace period
+	KeptLeased     int        `json:"kept_leased_blobs"` // unreferenced, named by a live lease
+	AbortedUploads int        `json:"aborted_uploads"`
+	Leases         []LeaseUse `json:"live_leases"`
+	DryRun         bool       `json:"dry_run,omitempty"`
+}
+
+// ErrGCUnsure reports a gc that stopped because it could not read every
+// record: it deletes nothing it cannot prove unreferenced.
+var ErrGCUnsure = errors.New("store: gc stopped: a record could not be read")
+
+// GC removes blobs no record names, no live lease protects and that are
+// older than the grace period, and unfinished uploads older than it. It
+// holds the lease "gc" while it runs. Leases are read before records
+// and records before blobs: a stage that commits its record and releases
+// its lease while gc runs is seen by one of the two.
+func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
+	if opt.Grace <= 0 {
+		opt.Grace = DefaultGCGrace
+	}
+	rep := &GCReport{Store: s.b.String(), DryRun: opt.DryRun}
+	lease, err := s.AcquireLease(ctx, "gc", time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	defer lease.Release(context.WithoutCancel(ctx))
+	ctx = lease.Context()
+
+	live, err := s.liveLeases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep.Leases = []LeaseUse{}
+	protected := map[digest.Digest]bool{}
+	for _, l := range live {
+		if l.Name == "gc" {
+			continue // this one's
+		}
+		rep.Leases = append(rep.Leases, l)
+		for _, d := range l.Blobs {
+			protected[d] = true
+		}
+	}
+	recs, probs, err := s.records(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(probs) > 0 {
+		return nil, fmt.Errorf("%s: %w: %s", s.b, ErrGCUnsure, probs[0])
+	}
+	rep.Records = len(recs)
+	referenced := map[digest.Digest]bool{}
+	for _, r := range recs {
+		for _, o := range r.Outputs {
+			referenced[o.Digest] = true
+		}
+	}
+	blobs, _, err := s.blobs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ds := make([]digest.Digest, 0, len(blobs))
+	for d := range blobs {
+		ds = append(ds, d)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	for _, d := range ds {
+		in := blobs[d]
+		switch {
+		case referenced[d]:
+			rep.KeptBlobs++
+		case protected[d]:
+			rep.KeptLeased++
+		case in.Date.Sub(in.Modified) < opt.Grace:
+			rep.KeptYoung++
+		default:
+			if !opt.DryRun {
+				if err := s.b.Delete(ctx, BlobKey(d), ""); err != nil {
+					return nil, err
+				}
+			}
+			rep.RemovedBlobs++
+			rep.RemovedBytes += in.Size
+		}
+	}
+	// The storage's clock now: the format object's answer.
+	now, err := s.b.Head(ctx, "format")
+	if err != nil {
+		return nil, err
+	}
+	var stale []Upload
+	if err := s.b.ListUploads(ctx, "", func(u Upload) error {
+		if !u.Initiated.IsZero() && now.Date.Sub(u.Initiated) > opt.Grace {
+			stale = append(stale, u)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for _, u := range stale {
+		if !opt.DryRun {
+			if err := s.b.AbortUpload(ctx, u.Key, u.ID); err != nil && !errors.Is(err, ErrNoUpload) {
+				return nil, err
+			}
+		}
+		rep.AbortedUploads++
+	}
+	return rep, lease.Err()
+}
