@@ -37,9 +37,15 @@ type Options struct {
 	// name).
 	Host string
 	// SkipProbe opens the store without probing its conditional writes
-	// (ferry store doctor probes it itself).
+	// (read-only commands; ferry store doctor probes it itself).
 	SkipProbe bool
+	// Existing refuses to make a new store: the format object must be
+	// there (ErrNoStore otherwise).
+	Existing bool
 }
+
+// ErrNoStore reports a location that holds no store (Options.Existing).
+var ErrNoStore = errkind.New(errkind.BadInput, "store: no ferry store there")
 
 // Store is the content-addressed store on a Backend.
 type Store struct {
@@ -100,15 +106,20 @@ type formatObject struct {
 const formatName = "ferry-store"
 
 func (s *Store) checkFormat(ctx context.Context) error {
-	want, _ := json.Marshal(formatObject{Format: formatName, Version: FormatVersion})
-	_, err := s.b.Put(ctx, "format", append(want, '\n'), PutOptions{IfNoneMatch: true})
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, ErrPrecondition) {
-		return err
+	if !s.opt.Existing {
+		want, _ := json.Marshal(formatObject{Format: formatName, Version: FormatVersion})
+		_, err := s.b.Put(ctx, "format", append(want, '\n'), PutOptions{IfNoneMatch: true})
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ErrPrecondition) {
+			return err
+		}
 	}
 	body, _, err := s.b.Get(ctx, "format", 1<<10)
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("%s: %w (no format object)", s.b, ErrNoStore)
+	}
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/pipeline"
+	"github.com/ferry-llm/ferry/store"
 )
 
 func storeCommand() *cli.Command {
@@ -23,7 +24,7 @@ func storeCommand() *cli.Command {
 			{
 				Name:      "verify",
 				Usage:     "re-hash every blob and check every record (exit 3 on damage)",
-				ArgsUsage: "STORE_DIR | PIPELINE.yaml",
+				ArgsUsage: "STORE_DIR | PIPELINE.yaml | s3://BUCKET/PREFIX",
 				Flags: []cli.Flag{
 					jsonFlag("print the result as JSON"),
 				},
@@ -38,7 +39,7 @@ func storeCommand() *cli.Command {
 					"frees an imported file read in place (it removes only the link). A blob cloned from an\n" +
 					"import (reflinks) counts its full size though it shares its blocks with the file. Reads no\n" +
 					"file data and takes no lock.",
-				ArgsUsage: "STORE_DIR | PIPELINE.yaml",
+				ArgsUsage: "STORE_DIR | PIPELINE.yaml | s3://BUCKET/PREFIX",
 				Flags: []cli.Flag{
 					jsonFlag("print the result as JSON"),
 				},
@@ -47,15 +48,18 @@ func storeCommand() *cli.Command {
 			{
 				Name:      "gc",
 				Usage:     "remove blobs no record refers to, and leftover temp files",
-				ArgsUsage: "STORE_DIR | PIPELINE.yaml",
+				ArgsUsage: "STORE_DIR | PIPELINE.yaml | s3://BUCKET/PREFIX",
 				Flags: []cli.Flag{
 					&cli.BoolFlag{Name: "journals", Usage: "also remove the resume state (journals, work dirs) of unfinished stages"},
 					&cli.BoolFlag{Name: "prune-records", Usage: "first drop records no pipeline stage points at (old parameters or inputs)"},
+					&cli.DurationFlag{Name: "grace", Value: store.DefaultGCGrace, Usage: "shared store: keep unreferenced blobs and unfinished uploads younger than this (by the server's clock)"},
+					dryRunFlag("shared store: say what would be removed, remove nothing"),
 					jsonFlag("print the result as JSON"),
 				},
 				Action: storeGC,
 			},
 			storeDoctorCommand(),
+			storeCopyCommand(),
 		},
 	}
 }
@@ -107,6 +111,9 @@ func openStoreArg(c *cli.Context) (*manifest.Store, *manifest.Lock, error) {
 }
 
 func storeVerify(c *cli.Context) error {
+	if arg, ok := sharedStoreArg(c); ok {
+		return sharedVerify(c, arg)
+	}
 	s, lock, err := openStoreArg(c)
 	if err != nil {
 		return err
@@ -143,6 +150,9 @@ func storeVerify(c *cli.Context) error {
 }
 
 func storeGC(c *cli.Context) error {
+	if arg, ok := sharedStoreArg(c); ok {
+		return sharedGC(c, arg)
+	}
 	s, lock, err := openStoreArg(c)
 	if err != nil {
 		return err
@@ -165,6 +175,9 @@ func storeGC(c *cli.Context) error {
 }
 
 func storeDU(c *cli.Context) error {
+	if arg, ok := sharedStoreArg(c); ok {
+		return sharedDU(c, arg)
+	}
 	s, err := loadStoreArg(c)
 	if err != nil {
 		return err

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/ferry-llm/ferry/store"
+	s3store "github.com/ferry-llm/ferry/store/s3"
+)
+
+// The store commands on a shared store (package store): an s3:// URL, or
+// a directory in the shared layout (it has a "format" object, where a
+// pipeline's local store has manifest.json).
+
+// sharedStoreArg reports whether the command's one argument names a
+// shared store.
+func sharedStoreArg(c *cli.Context) (string, bool) {
+	if c.NArg() != 1 {
+		return "", false
+	}
+	arg := c.Args().First()
+	if s3store.IsURL(arg) {
+		return arg, true
+	}
+	if _, err := os.Stat(filepath.Join(arg, "format")); err == nil {
+		if _, err := os.Stat(filepath.Join(arg, "manifest.json")); err != nil {
+			return arg, true
+		}
+	}
+	return "", false
+}
+
+// openShared opens an existing shared store; probe for commands that
+// write (gc), not for those that only read.
+func openShared(c *cli.Context, arg string, probe bool) (*store.Store, error) {
+	b, err := openBackend(c.Context, arg)
+	if err != nil {
+		return nil, err
+	}
+	return store.Open(c.Context, b, store.Options{SkipProbe: !probe, Existing: true})
+}
+
+func sharedVerify(c *cli.Context, arg string) error {
+	s, err := openShared(c, arg, false)
+	if err != nil {
+		return err
+	}
+	pg := newProgress(c, false)
+	bar := pg.New("re-hashing", -1, "task", "store verify")
+	rep, err := s.Verify(c.Context, bar.Add)
+	bar.Close()
+	pg.Close()
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		if err := printJSON(c, rep); err != nil {
+			return err
+		}
+	} else {
+		w := c.App.Writer
+		fmt.Fprintf(w, "store %s: %d blobs (%d bytes) re-hashed, %d records checked, %d unreferenced blobs\n",
+			rep.Store, rep.Blobs, rep.Bytes, rep.Records, rep.Unreferenced)
+		for _, p := range rep.Problems {
+			fmt.Fprintf(w, "  DAMAGED %s\n", p)
+		}
+	}
+	if !rep.OK() {
+		return verifyFailed(fmt.Errorf("store %s: %d problems", rep.Store, len(rep.Problems)))
+	}
+	return nil
+}
+
+func sharedGC(c *cli.Context, arg string) error {
+	for _, f := range []string{"journals", "prune-records"} {
+		if c.Bool(f) {
+			return usageErrorf("%s --%s: not for a shared store (its resume state is each machine's, and records are pruned by no one yet)", commandPath(c), f)
+		}
+	}
+	s, err := openShared(c, arg, true)
+	if err != nil {
+		return err
+	}
+	rep, err := s.GC(c.Context, store.GCOptions{Grace: c.Duration("grace"), DryRun: c.Bool("dry-run")})
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		return printJSON(c, rep)
+	}
+	w := c.App.Writer
+	verb := "removed"
+	if rep.DryRun {
+		verb = "would remove"
+	}
+	fmt.Fprintf(w, "store %s: %s %d blobs (%s) and %d unfinished uploads; kept %d blobs named by records, %d protected by live leases, %d younger than %v\n",
+		rep.Store, verb, rep.RemovedBlobs, sizeText(rep.RemovedBytes), rep.AbortedUploads, rep.KeptBlobs, rep.KeptLeased, rep.KeptYoung, c.Duration("grace"))
+	for _, l := range rep.Leases {
+		fmt.Fprintf(w, "  being made on %s: %s (lease until %s)\n", l.Holder, l.Name, l.Until.Format(time.RFC3339))
+	}
+	return nil
+}
+
+func sharedDU(c *cli.Context, arg string) error {
+	s, err := openShared(c, arg, false)
+	if err != nil {
+		return err
+	}
+	u, err := s.DiskUsage(c.Context)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		return printJSON(c, u)
+	}
+	w := stdout(c)
+	fmt.Fprintf(w, "store %s: %d records, %d blobs (%s), %d unreferenced (%s), %d named by records but missing, %d unfinished uploads\n",
+		u.Store, u.Records, u.Blobs, sizeText(u.BlobBytes), u.UnreferencedBlobs, sizeText(u.UnreferencedBytes), u.MissingBlobs, u.Uploads)
+	for _, l := range u.Leases {
+		fmt.Fprintf(w, "  being made on %s: %s (lease until %s)\n", l.Holder, l.Name, l.Until.Format(time.RFC3339))
+	}
+	return nil
+}
+
+func storeCopyCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "copy",
+		Usage: "copy a shared store's records, their blobs and its refs into another (local directory <-> s3://), resumable, verified",
+		Description: "Each blob is fetched with ranged reads and verified against its digest, then stored in DST\n" +
+			"with its SHA-256 checked by the storage (multipart above 16 MiB); a record is written only\n" +
+			"after its blobs. What DST has is skipped, so a copy run again after Ctrl-C or a kill goes on\n" +
+			"where it stopped. A ref DST holds with another value is kept and reported. DST may be a new\n" +
+			"directory or s3:// prefix.",
+		ArgsUsage: "SRC DST",
+		Flags:     []cli.Flag{jsonFlag("print the result as JSON")},
+		Action:    storeCopy,
+	}
+}
+
+func storeCopy(c *cli.Context) error {
+	if c.NArg() != 2 {
+		return usageErrorf("%s: want SRC and DST (s3://BUCKET/PREFIX or a directory), got %d arguments", commandPath(c), c.NArg())
+	}
+	srcArg, dstArg := c.Args().Get(0), c.Args().Get(1)
+	src, err := openShared(c, srcArg, false)
+	if err != nil {
+		return err
+	}
+	if !s3store.IsURL(dstArg) {
+		if err := os.MkdirAll(dstArg, 0o755); err != nil {
+			return err
+		}
+	}
+	b, err := openBackend(c.Context, dstArg)
+	if err != nil {
+		return err
+	}
+	dst, err := store.Open(c.Context, b, store.Options{})
+	if err != nil {
+		return err
+	}
+	pg := newProgress(c, false)
+	bar := pg.New("copying", -1, "task", "store copy")
+	rep, err := store.Copy(c.Context, src, dst, bar.Add)
+	bar.Close()
+	pg.Close()
+	if err != nil {
+		if ir := interruptedResume(c.Context, err, "what was copied is kept"); ir != nil {
+			return ir
+		}
+		return err
+	}
+	if c.Bool("json") {
+		return printJSON(c, rep)
+	}
+	fmt.Fprintf(c.App.Writer, "%s -> %s: %d records (%d already there), %d blobs copied (%s; %d already there), %d refs (%d already there)\n",
+		rep.From, rep.To, rep.Records, rep.RecordsThere, rep.Blobs, sizeText(rep.Bytes), rep.BlobsThere, rep.Refs, rep.RefsThere)
+	for _, conflict := range rep.RefsConflicts {
+		fmt.Fprintf(c.App.Writer, "  ref %s\n", conflict)
+	}
+	return nil
+}

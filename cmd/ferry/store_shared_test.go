@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/internal/s3test"
+	"github.com/ferry-llm/ferry/store"
+	"github.com/ferry-llm/ferry/store/local"
+)
+
+// A shared store seeded on one machine, copied to a bucket, verified, measured,
+// collected and pulled back, through the CLI against a real versitygw.
+func TestStoreSharedCommands(t *testing.T) {
+	srv := s3test.Start(t, "ferry-cli")
+	srv.Env(t)
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	ctx := context.Background()
+	seed := filepath.Join(t.TempDir(), "seed")
+	b, err := local.New(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(ctx, b, store.Options{CacheDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("weights "), 3<<20) // 24 MiB: multipart
+	cfg := []byte(`{"model_type":"qwen3"}`)
+	var outs []store.Output
+	for i, body := range [][]byte{data, cfg} {
+		d := digest.Of(body)
+		if err := s.PutBlob(ctx, d, bytes.NewReader(body), int64(len(body)), nil); err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, store.Output{Path: []string{"w.safetensors", "config.json"}[i], Digest: d, Size: int64(len(body))})
+	}
+	if _, err := s.CommitRecord(ctx, &store.Record{Key: "k1", Outputs: outs}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(want int, args ...string) string {
+		t.Helper()
+		out, code, err := runFerry(t, args...)
+		if code != want {
+			t.Fatalf("ferry %v: exit %d, want %d: %v\n%s", args, code, want, err, out)
+		}
+		return out
+	}
+	const bucket = "s3://ferry-cli/team"
+	out := run(0, "store", "copy", seed, bucket)
+	if !strings.Contains(out, "1 records (0 already there), 2 blobs copied (25.2 MB; 0 already there)") {
+		t.Errorf("copy: %s", out)
+	}
+	out = run(0, "store", "verify", bucket)
+	if !strings.Contains(out, "store s3://ferry-cli/team: 2 blobs (25165846 bytes) re-hashed, 1 records checked, 0 unreferenced blobs") {
+		t.Errorf("verify: %s", out)
+	}
+	var u store.Usage
+	if err := json.Unmarshal([]byte(run(0, "store", "du", "--json", bucket)), &u); err != nil || u.Blobs != 2 || u.Records != 1 || u.BlobBytes != 25165846 {
+		t.Errorf("du: %+v, %v", u, err)
+	}
+	out = run(0, "store", "gc", "--dry-run", "--grace", "1ns", bucket)
+	if !strings.Contains(out, "would remove 0 blobs") || !strings.Contains(out, "kept 2 blobs named by records") {
+		t.Errorf("gc: %s", out)
+	}
+	run(2, "store", "gc", "--journals", bucket)
+
+	back := filepath.Join(t.TempDir(), "mac")
+	run(0, "store", "copy", bucket, back)
+	run(0, "store", "verify", back)
+	got, err := os.ReadFile(filepath.Join(back, "blobs", "sha256", outs[0].Digest.Hex()))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("pulled blob: %v", err)
+	}
+
+	// A blob damaged on the server's disk: verify exits 3 and names it.
+	if err := os.WriteFile(srv.ObjectPath("ferry-cli", "team/blobs/sha256/"+outs[1].Digest.Hex()), []byte(`{"model_type":"qwen2"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out = run(3, "store", "verify", bucket)
+	if !strings.Contains(out, "DAMAGED blob "+string(outs[1].Digest)) {
+		t.Errorf("verify of a damaged blob: %s", out)
+	}
+	if out, _, err := runFerry(t, "store", "verify", "s3://ferry-cli/nothing-here"); err == nil || !strings.Contains(err.Error(), "no ferry store there") {
+		t.Errorf("verify of an empty prefix: %v\n%s", err, out)
+	}
+}
