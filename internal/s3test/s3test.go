@@ -143,7 +143,8 @@ func start(bin, root, dir string) (*Server, error) {
 		log:       &syncBuffer{},
 		done:      make(chan struct{}),
 	}
-	s.cmd = exec.Command(bin, "--port", "127.0.0.1:"+strconv.Itoa(port), "--quiet", "posix", root)
+	// Keep-alive, as S3 services serve: a client reuses its connections.
+	s.cmd = exec.Command(bin, "--port", "127.0.0.1:"+strconv.Itoa(port), "--quiet", "--keep-alive", "posix", root)
 	s.cmd.Dir = dir
 	// Only what the server needs: no AWS_* or VGW_* settings of the user's.
 	s.cmd.Env = []string{

@@ -29,6 +29,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -57,6 +58,21 @@ type Backend struct {
 	bucket   string
 	prefix   string // "" or ending in "/"
 	endpoint string // for messages: the custom endpoint, or "AWS"
+	retries  atomic.Int64
+}
+
+// Retries is how many requests (and cut-off answers) were tried again.
+func (b *Backend) Retries() int64 { return b.retries.Load() }
+
+// countingRetryer counts the retries its retryer grants.
+type countingRetryer struct {
+	aws.Retryer
+	n *atomic.Int64
+}
+
+func (r countingRetryer) RetryDelay(attempt int, err error) (time.Duration, error) {
+	r.n.Add(1)
+	return r.Retryer.RetryDelay(attempt, err)
 }
 
 var _ store.Backend = (*Backend)(nil)
@@ -81,16 +97,38 @@ func ParseURL(u string) (bucket, prefix string, err error) {
 // IsURL reports whether s names an S3 store.
 func IsURL(s string) bool { return strings.HasPrefix(s, "s3://") }
 
+// Options tune the connection; the zero value is the default.
+type Options struct {
+	// StallTimeout ends a connection that delivers no byte for this long
+	// (a stalled link, a server that hung), and the request is retried
+	// (DefaultStallTimeout when 0).
+	StallTimeout time.Duration
+}
+
+// DefaultStallTimeout is Options.StallTimeout's default.
+const DefaultStallTimeout = time.Minute
+
 // Open connects to the store at url ("s3://BUCKET/PREFIX") with the
 // standard settings, and checks that the credentials work and the bucket
 // exists: a wrong setting is an error here, not at the first write.
-func Open(ctx context.Context, url string) (*Backend, error) {
+func Open(ctx context.Context, url string) (*Backend, error) { return OpenWith(ctx, url, Options{}) }
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, url string, opt Options) (*Backend, error) {
 	bucket, prefix, err := ParseURL(url)
 	if err != nil {
 		return nil, err
 	}
+	if opt.StallTimeout <= 0 {
+		opt.StallTimeout = DefaultStallTimeout
+	}
+	httpClient := awshttp.NewBuildableClient().
+		WithReadTimeout(opt.StallTimeout).
+		WithDialerOptions(func(d *net.Dialer) { d.Timeout = 15 * time.Second })
+	b := &Backend{bucket: bucket, prefix: prefix, endpoint: "AWS S3"}
 	cfg, err := config.LoadDefaultConfig(ctx,
-		config.WithRetryer(newRetryer),
+		config.WithHTTPClient(httpClient),
+		config.WithRetryer(func() aws.Retryer { return countingRetryer{newRetryer(), &b.retries} }),
 		config.WithRequestChecksumCalculation(aws.RequestChecksumCalculationWhenRequired),
 		config.WithResponseChecksumValidation(aws.ResponseChecksumValidationWhenRequired),
 	)
@@ -100,7 +138,6 @@ func Open(ctx context.Context, url string) (*Backend, error) {
 	if cfg.Region == "" {
 		cfg.Region = DefaultRegion
 	}
-	b := &Backend{bucket: bucket, prefix: prefix, endpoint: "AWS S3"}
 	b.c = s3api.NewFromConfig(cfg, func(o *s3api.Options) {
 		if o.BaseEndpoint != nil {
 			o.UsePathStyle = true
@@ -274,23 +311,37 @@ func (b *Backend) Get(ctx context.Context, key string, max int64) ([]byte, store
 		Modified: aws.ToTime(out.LastModified), Date: date(out.ResultMetadata)}, nil
 }
 
-// GetRange implements store.Backend.
+// GetRange implements store.Backend. A body cut off midway (a dropped
+// connection: the SDK retries requests, not the reading of an answer) is
+// asked again for what is missing, a few times.
 func (b *Backend) GetRange(ctx context.Context, key string, off int64, buf []byte) error {
-	if len(buf) == 0 {
-		return nil
-	}
-	out, err := b.c.GetObject(ctx, &s3api.GetObjectInput{Bucket: &b.bucket, Key: aws.String(b.prefix + key),
-		Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+int64(len(buf))-1))})
-	if err != nil {
-		return b.classify("get", key, err)
-	}
-	defer out.Body.Close()
-	n, err := io.ReadFull(out.Body, buf)
-	if err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return fmt.Errorf("get %s: %d of %d bytes at %d: %w", b.where(key), n, len(buf), off, io.ErrUnexpectedEOF)
+	got := 0
+	for attempt := 0; got < len(buf); attempt++ {
+		start := off + int64(got)
+		out, err := b.c.GetObject(ctx, &s3api.GetObjectInput{Bucket: &b.bucket, Key: aws.String(b.prefix + key),
+			Range: aws.String(fmt.Sprintf("bytes=%d-%d", start, off+int64(len(buf))-1))})
+		if err != nil {
+			return b.classify("get", key, err)
 		}
-		return b.classify("get", key, err)
+		if cl := aws.ToInt64(out.ContentLength); cl < int64(len(buf)-got) {
+			out.Body.Close()
+			return fmt.Errorf("get %s: %d of %d bytes at %d: %w", b.where(key), got+int(cl), len(buf), off, io.ErrUnexpectedEOF)
+		}
+		n, err := io.ReadFull(out.Body, buf[got:])
+		out.Body.Close()
+		got += n
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || attempt >= 5 {
+			return b.classify("get", key, err)
+		}
+		b.retries.Add(1)
+		select {
+		case <-time.After(time.Duration(100<<attempt) * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	return nil
 }
