@@ -1,0 +1,141 @@
+package s3_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/internal/s3test"
+	"github.com/ferry-llm/ferry/store"
+	s3store "github.com/ferry-llm/ferry/store/s3"
+)
+
+// killParts is how many parts the killed upload must have made durable.
+const killParts = 2
+
+// A process uploading a blob to S3 is killed with SIGKILL once its
+// journal holds two parts; the next upload of the blob, in another
+// process, stores only the parts the first did not, and the blob is whole.
+func TestUploadKilled(t *testing.T) {
+	if os.Getenv("FERRY_KILL_CHILD") != "" {
+		uploadChild(t)
+		return
+	}
+	srv := s3test.Start(t, "ferry-kill")
+	srv.Env(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "blob")
+	r := rand.New(rand.NewPCG(3, 4))
+	data := make([]byte, 8*store.MinPartSize+999)
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := digest.Of(data)
+	cache := filepath.Join(dir, "cache")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestUploadKilled$")
+	cmd.Env = append(os.Environ(), "FERRY_KILL_CHILD="+src, "FERRY_KILL_CACHE="+cache, "FERRY_KILL_DIGEST="+string(d))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	jp := filepath.Join(cache, "uploads", d.Hex())
+	deadline := time.Now().Add(30 * time.Second)
+	for partsIn(jp) < killParts {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the child journaled no %d parts in 30 s:\n%s", killParts, out.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	journaled := partsIn(jp)
+	nparts := int64(len(data)+store.MinPartSize-1) / store.MinPartSize
+	if int64(journaled) >= nparts-1 {
+		t.Fatalf("the child was killed too late (%d parts journaled)", journaled)
+	}
+
+	ctx := context.Background()
+	b, err := s3store.Open(ctx, "s3://ferry-kill/p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := &partCounter{Backend: b}
+	s, err := store.Open(ctx, cb, store.Options{CacheDir: cache, PartSize: store.MinPartSize, Parallel: 1, SkipProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := s.HasBlob(ctx, d); ok {
+		t.Fatal("the killed upload completed")
+	}
+	if err := s.PutFile(ctx, d, src, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := cb.n.Load(); got > nparts-int64(journaled) {
+		t.Errorf("the resumed upload stored %d parts; %d of %d were journaled durable before the kill", got, journaled, nparts)
+	}
+	t.Logf("killed with %d of %d parts journaled; the resume stored %d", journaled, nparts, cb.n.Load())
+	if v, err := s.Verify(ctx, nil); err != nil || !v.OK() || v.Blobs != 1 {
+		t.Fatalf("verify: %+v, %v", v, err)
+	}
+}
+
+func uploadChild(t *testing.T) {
+	ctx := context.Background()
+	b, err := s3store.Open(ctx, "s3://ferry-kill/p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(ctx, b, store.Options{CacheDir: os.Getenv("FERRY_KILL_CACHE"), PartSize: store.MinPartSize, Parallel: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := digest.Digest(os.Getenv("FERRY_KILL_DIGEST"))
+	// Slowed down after each part so that the kill lands mid-upload.
+	err = s.PutFile(ctx, d, os.Getenv("FERRY_KILL_CHILD"), func(int64) { time.Sleep(200 * time.Millisecond) })
+	t.Fatalf("the child finished (%v) before it was killed", err)
+}
+
+// partsIn counts the part lines of an upload journal.
+func partsIn(path string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"unit":"part `) {
+			n++
+		}
+	}
+	return n
+}
+
+type partCounter struct {
+	store.Backend
+	n atomic.Int64
+}
+
+func (c *partCounter) UploadPart(ctx context.Context, key, id string, n int, body []byte, sum [32]byte) (store.Part, error) {
+	p, err := c.Backend.UploadPart(ctx, key, id, n, body, sum)
+	if err == nil {
+		c.n.Add(1)
+	}
+	return p, err
+}
