@@ -70,6 +70,23 @@ type Backend interface {
 	ListUploads(ctx context.Context, prefix string, fn func(Upload) error) error
 }
 
+// Optional fast paths a backend may offer, found by type assertion; the
+// store falls back to the Backend methods without them.
+
+// FilePutter stores a file as key, create-only, more cheaply than by
+// reading it into parts (store/local: a reflink clone or an in-kernel
+// copy). The bytes stored must hash to sum: ErrBadDigest otherwise, and
+// nothing is stored.
+type FilePutter interface {
+	PutFile(ctx context.Context, key, path string, sum [32]byte) (Info, error)
+}
+
+// FileGetter copies key into the new file dst (a clone where it can);
+// the store verifies what it wrote before anything reads it.
+type FileGetter interface {
+	GetFile(ctx context.Context, key, dst string) error
+}
+
 // Info is what the storage says of an object.
 type Info struct {
 	Key      string

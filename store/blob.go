@@ -361,6 +361,26 @@ func (s *Store) PutFile(ctx context.Context, d digest.Digest, path string, progr
 	if err != nil {
 		return err
 	}
+	if fp, ok := s.b.(FilePutter); ok && d.Validate() == nil {
+		_, err := fp.PutFile(ctx, BlobKey(d), path, sumOf(d))
+		if errors.Is(err, ErrPrecondition) {
+			ok, herr := s.existing(ctx, d, fi.Size())
+			if herr != nil {
+				return herr
+			}
+			if !ok {
+				return fmt.Errorf("blob %s: create refused, yet the blob is not there: %w", d.Short(), err)
+			}
+			err = nil
+		}
+		if errors.Is(err, ErrBadDigest) {
+			return fmt.Errorf("%s: its bytes are not blob %s: %w", path, d.Short(), ErrDigestMismatch)
+		}
+		if err == nil && progress != nil {
+			progress(fi.Size())
+		}
+		return err
+	}
 	if err := s.PutBlob(ctx, d, f, fi.Size(), progress); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
@@ -403,6 +423,9 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 	size := in.Size
 	cs := s.opt.PartSize
 	partial := dst + ".partial"
+	if fg, ok := s.b.(FileGetter); ok {
+		return s.fetchFile(ctx, fg, d, key, dst, size, progress)
+	}
 	jp := partial + ".journal"
 	ref := fmt.Sprintf("get %s size %d chunk %d from %s", d, size, cs, s.b)
 	log, entries, _, err := journal.Open(jp, ref)
@@ -582,4 +605,27 @@ func (s *Store) HashBlob(ctx context.Context, d digest.Digest, progress func(int
 		return "", 0, err
 	}
 	return digest.New(sumBytes(h)), h.Size(), nil
+}
+
+// fetchFile is FetchBlob through a FileGetter: the copy is hashed before
+// it gets its name.
+func (s *Store) fetchFile(ctx context.Context, fg FileGetter, d digest.Digest, key, dst string, size int64, progress func(int64)) error {
+	partial := dst + ".partial"
+	if err := fg.GetFile(ctx, key, partial); err != nil {
+		os.Remove(partial)
+		return err
+	}
+	sum, n, err := hashing.File(ctx, partial, progress)
+	if err != nil {
+		os.Remove(partial)
+		return err
+	}
+	if got := digest.New(sum[:]); got != d || n != size {
+		os.Remove(partial)
+		return fmt.Errorf("%s: blob %s: the storage returned %d bytes that hash to %s; nothing kept: %w", s.b, d, n, got.Short(), ErrDigestMismatch)
+	}
+	if err := os.Rename(partial, dst); err != nil {
+		return err
+	}
+	return fsutil.SyncDir(filepath.Dir(dst))
 }

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/store"
 )
 
@@ -37,7 +38,11 @@ type Backend struct {
 	root string
 }
 
-var _ store.Backend = (*Backend)(nil)
+var (
+	_ store.Backend    = (*Backend)(nil)
+	_ store.FilePutter = (*Backend)(nil)
+	_ store.FileGetter = (*Backend)(nil)
+)
 
 // Hidden directories under the root; keys never start with a dot.
 const (
@@ -607,4 +612,74 @@ func (b *Backend) ListUploads(ctx context.Context, prefix string, fn func(store.
 		}
 	}
 	return nil
+}
+
+// copyFile makes dst a copy of src: a reflink clone where the file system
+// has them, else a copy (copy_file_range on Linux), fsynced.
+func copyFile(src, dst string) error {
+	if err := fsutil.Clone(src, dst); err == nil {
+		f, err := os.Open(dst)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return f.Sync()
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// PutFile implements store.FilePutter: the file is cloned or copied into
+// a temp file, which is hashed and then linked into place create-only.
+func (b *Backend) PutFile(ctx context.Context, key, path string, sum [32]byte) (store.Info, error) {
+	p, err := b.path(key)
+	if err != nil {
+		return store.Info{}, err
+	}
+	f, err := os.CreateTemp(filepath.Join(b.root, tmpDir), "file-*")
+	if err != nil {
+		return store.Info{}, err
+	}
+	tmp := f.Name()
+	f.Close()
+	defer os.Remove(tmp)
+	if err := copyFile(path, tmp); err != nil {
+		return store.Info{}, fmt.Errorf("%s: %w", path, err)
+	}
+	got, _, err := hashing.File(ctx, tmp, nil)
+	if err != nil {
+		return store.Info{}, err
+	}
+	if got != sum {
+		return store.Info{}, fmt.Errorf("%s from %s: %w", key, path, store.ErrBadDigest)
+	}
+	return b.place(key, p, tmp, store.PutOptions{IfNoneMatch: true})
+}
+
+// GetFile implements store.FileGetter: a clone or a copy of key's file.
+func (b *Backend) GetFile(ctx context.Context, key, dst string) error {
+	p, err := b.path(key)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+		return notFound(key)
+	}
+	os.Remove(dst)
+	return copyFile(p, dst)
 }

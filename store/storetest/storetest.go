@@ -55,6 +55,7 @@ func Run(t *testing.T, h Harness) {
 		{"Race", testRace},
 		{"SmallBlob", testSmallBlob},
 		{"MultipartBlob", testMultipartBlob},
+		{"PutFile", testPutFile},
 		{"UploadResume", testUploadResume},
 		{"UploadSourceChanged", testUploadSourceChanged},
 		{"DownloadResume", testDownloadResume},
@@ -987,5 +988,44 @@ func testGC(t *testing.T, h Harness) {
 	u, err := s.DiskUsage(ctx)
 	if err != nil || u.Blobs != 2 || u.Records != 1 || u.UnreferencedBlobs != 1 || u.MissingBlobs != 0 || len(u.Leases) != 1 || u.Leases[0].Holder != "maker" {
 		t.Errorf("du: %+v, %v", u, err)
+	}
+}
+
+// PutFile stores a file (through a backend's fast path where it has one)
+// only when its bytes are the digest's, and fetches back the same bytes.
+func testPutFile(t *testing.T, h Harness) {
+	ctx := context.Background()
+	s := open(t, h.New(t), "a")
+	dir := t.TempDir()
+	for _, data := range [][]byte{[]byte("a file\n"), multipartData(7)} {
+		p := filepath.Join(dir, "f")
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		d := digest.Of(data)
+		if err := s.PutFile(ctx, digest.Of([]byte("other")), p, nil); !errors.Is(err, store.ErrDigestMismatch) {
+			t.Errorf("%d bytes under another digest: %v", len(data), err)
+		}
+		if _, ok, _ := s.HasBlob(ctx, digest.Of([]byte("other"))); ok {
+			t.Fatal("stored under a digest that is not its bytes'")
+		}
+		var reported int64
+		if err := s.PutFile(ctx, d, p, func(n int64) { reported += n }); err != nil {
+			t.Fatal(err)
+		}
+		if reported != int64(len(data)) {
+			t.Errorf("progress: %d of %d bytes", reported, len(data))
+		}
+		if err := s.PutFile(ctx, d, p, nil); err != nil {
+			t.Errorf("again: %v", err)
+		}
+		out := filepath.Join(dir, "out")
+		os.Remove(out)
+		if err := s.FetchBlob(ctx, d, out, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+			t.Errorf("%d bytes: fetched bytes differ", len(data))
+		}
 	}
 }
