@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/internal/journal"
+	"github.com/ferry-llm/ferry/internal/lockfile"
 )
 
 // ErrDigestMismatch reports bytes whose SHA-256 is not the digest they were
@@ -144,6 +146,19 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	}
 	jp := s.uploadJournal(d)
 	if err := os.MkdirAll(filepath.Dir(jp), 0o755); err != nil {
+		return err
+	}
+	// One upload of a blob at a time on this machine (two stages making
+	// the same bytes): the other waits, then finds the blob there.
+	lock, err := lockfile.Wait(ctx, jp+".lock", "upload of blob "+d.Short(), "store put", 365*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
+	if ok, err := s.existing(ctx, d, size); ok || err != nil {
+		if ok {
+			progress(size)
+		}
 		return err
 	}
 	ref := fmt.Sprintf("put %s size %d part %d to %s", d, size, ps, s.b)
@@ -423,6 +438,11 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 	size := in.Size
 	cs := s.opt.PartSize
 	partial := dst + ".partial"
+	lock, err := lockfile.Wait(ctx, partial+".lock", "download of blob "+d.Short()+" to "+dst, "store fetch", 365*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
 	if fg, ok := s.b.(FileGetter); ok {
 		return s.fetchFile(ctx, fg, d, key, dst, size, progress)
 	}

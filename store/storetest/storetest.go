@@ -56,6 +56,7 @@ func Run(t *testing.T, h Harness) {
 		{"SmallBlob", testSmallBlob},
 		{"MultipartBlob", testMultipartBlob},
 		{"PutFile", testPutFile},
+		{"SameBlobAtOnce", testSameBlobAtOnce},
 		{"UploadResume", testUploadResume},
 		{"UploadSourceChanged", testUploadSourceChanged},
 		{"DownloadResume", testDownloadResume},
@@ -1027,5 +1028,44 @@ func testPutFile(t *testing.T, h Harness) {
 		if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
 			t.Errorf("%d bytes: fetched bytes differ", len(data))
 		}
+	}
+}
+
+// Four goroutines of one machine storing the same multipart blob at once
+// (two stages that make the same bytes), and four fetching it to one
+// file: all succeed, one upload is made, the bytes are whole.
+func testSameBlobAtOnce(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	data := multipartData(8)
+	d := digest.Of(data)
+	dst := filepath.Join(t.TempDir(), "out")
+	for _, do := range []func() error{
+		func() error { return s.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil) },
+		func() error { return s.FetchBlob(ctx, d, dst, nil) },
+	} {
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for range 4 {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs <- do() }()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, data) {
+		t.Fatal("fetched bytes differ")
+	}
+	if err := b.ListUploads(ctx, "", func(u store.Upload) error { return fmt.Errorf("upload %s left", u.ID) }); err != nil {
+		t.Error(err)
+	}
+	if m, _ := filepath.Glob(dst + ".*"); len(m) != 0 {
+		t.Errorf("left behind: %v", m)
 	}
 }
