@@ -136,8 +136,11 @@ func storeCopyCommand() *cli.Command {
 			"where it stopped. A ref DST holds with another value is kept and reported. DST may be a new\n" +
 			"directory or s3:// prefix.",
 		ArgsUsage: "SRC DST",
-		Flags:     []cli.Flag{jsonFlag("print the result as JSON")},
-		Action:    storeCopy,
+		Flags: []cli.Flag{
+			jsonFlag("print the result as JSON"),
+			&cli.StringFlag{Name: "cache", Usage: "this machine's resume state (upload journals, partial blobs); default: the user cache directory's ferry/store"},
+		},
+		Action: storeCopy,
 	}
 }
 
@@ -159,7 +162,7 @@ func storeCopy(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	dst, err := store.Open(c.Context, b, store.Options{})
+	dst, err := store.Open(c.Context, b, store.Options{CacheDir: c.String("cache")})
 	if err != nil {
 		return err
 	}

@@ -53,7 +53,7 @@ func TestStoreSharedCommands(t *testing.T) {
 		return out
 	}
 	const bucket = "s3://ferry-cli/team"
-	out := run(0, "store", "copy", seed, bucket)
+	out := run(0, "store", "copy", "--cache", filepath.Join(t.TempDir(), "cache"), seed, bucket)
 	if !strings.Contains(out, "1 records (0 already there), 2 blobs copied (25.2 MB; 0 already there)") {
 		t.Errorf("copy: %s", out)
 	}
