@@ -245,16 +245,20 @@ const DefaultGCGrace = time.Hour
 
 // GCReport is what GC did.
 type GCReport struct {
-	Store          string     `json:"store"`
-	Records        int        `json:"records"`
-	RemovedBlobs   int        `json:"removed_blobs"`
-	RemovedBytes   int64      `json:"removed_bytes"`
-	KeptBlobs      int        `json:"kept_blobs"`
-	KeptYoung      int        `json:"kept_young_blobs"`  // unreferenced, within the grace period
-	KeptLeased     int        `json:"kept_leased_blobs"` // unreferenced, named by a live lease
-	AbortedUploads int        `json:"aborted_uploads"`
-	Leases         []LeaseUse `json:"live_leases"`
-	DryRun         bool       `json:"dry_run,omitempty"`
+	Store          string `json:"store"`
+	Records        int    `json:"records"`
+	RemovedBlobs   int    `json:"removed_blobs"`
+	RemovedBytes   int64  `json:"removed_bytes"`
+	KeptBlobs      int    `json:"kept_blobs"`
+	KeptYoung      int    `json:"kept_young_blobs"`  // unreferenced, within the grace period
+	KeptLeased     int    `json:"kept_leased_blobs"` // unreferenced, named by a live lease
+	AbortedUploads int    `json:"aborted_uploads"`
+	// RemovedLeases: released or expired leases past the grace period,
+	// removed by a delete conditional on the version read (only where the
+	// probe found conditional deletes honoured).
+	RemovedLeases int        `json:"removed_leases"`
+	Leases        []LeaseUse `json:"live_leases"`
+	DryRun        bool       `json:"dry_run,omitempty"`
 }
 
 // ErrGCUnsure reports a gc that stopped because it could not read every
@@ -280,6 +284,9 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 
 	live, err := s.liveLeases(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.removeOldLeases(ctx, opt, rep); err != nil {
 		return nil, err
 	}
 	rep.Leases = []LeaseUse{}
@@ -358,4 +365,53 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		rep.AbortedUploads++
 	}
 	return rep, lease.Err()
+}
+
+// removeOldLeases deletes lease objects that are released or expired and
+// were last written more than the grace period ago, each by a delete
+// conditional on the version read: a machine taking the lease over at the
+// same moment replaces that version, and then the delete is refused (or
+// the takeover is, and it creates the lease anew). Storage that ignores
+// conditional deletes keeps its leases.
+func (s *Store) removeOldLeases(ctx context.Context, opt GCOptions, rep *GCReport) error {
+	if s.probe == nil {
+		s.probe = Probe(ctx, s.b)
+	}
+	if !s.probe.ConditionalDelete {
+		return nil
+	}
+	var names []string
+	if err := s.b.List(ctx, "leases/", func(in Info) error {
+		names = append(names, strings.TrimPrefix(in.Key, "leases/"))
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, n := range names {
+		if n == "gc" {
+			continue
+		}
+		li, in, err := s.readLease(ctx, n)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		age := in.Date.Sub(in.Modified)
+		if !li.Released && age <= li.TTL() || age < opt.Grace {
+			continue
+		}
+		if !opt.DryRun {
+			err := s.b.Delete(ctx, leaseKey(n), in.ETag)
+			if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
+				continue // taken over meanwhile
+			}
+			if err != nil {
+				return err
+			}
+		}
+		rep.RemovedLeases++
+	}
+	return nil
 }

@@ -51,6 +51,8 @@ var ErrNoStore = errkind.New(errkind.BadInput, "store: no ferry store there")
 type Store struct {
 	b   Backend
 	opt Options
+	// probe is what Open's probe found (nil with SkipProbe).
+	probe *ProbeReport
 }
 
 // ErrNotShareable reports storage that failed the conditional-write probe:
@@ -86,6 +88,7 @@ func Open(ctx context.Context, b Backend, opt Options) (*Store, error) {
 		if err := rep.Err(); err != nil {
 			return nil, err
 		}
+		s.probe = rep
 	}
 	if err := s.checkFormat(ctx); err != nil {
 		return nil, err

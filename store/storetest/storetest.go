@@ -814,8 +814,10 @@ func testLeaseExpiry(t *testing.T, h Harness) {
 	a, bb := open(t, b, "machine-a"), open(t, b, "machine-b")
 	ttl := h.LeaseTTL
 	actx, die := context.WithCancel(context.Background())
-	if _, err := a.AcquireLease(actx, "stage/k2", ttl); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"stage/k2", "stage/k2b"} {
+		if _, err := a.AcquireLease(actx, name, ttl); err != nil {
+			t.Fatal(err)
+		}
 	}
 	died := time.Now()
 	die()
@@ -837,6 +839,41 @@ func testLeaseExpiry(t *testing.T, h Harness) {
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+
+	// 32 takers of another lease that expired with the first, at once:
+	// one wins.
+	racer := open(t, b, "racer")
+	var wins atomic.Int64
+	var wg, tried sync.WaitGroup
+	start, raced := make(chan struct{}), make(chan struct{})
+	for i := range racers {
+		wg.Add(1)
+		tried.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			l, err := racer.AcquireLease(ctx, "stage/k2b", time.Minute)
+			tried.Done()
+			switch {
+			case err == nil:
+				wins.Add(1)
+				if l.TakenFrom != "machine-a" {
+					t.Errorf("racer %d took it from %q", i, l.TakenFrom)
+				}
+				defer l.Release(ctx) // after every racer tried
+				<-raced
+			case !errors.Is(err, store.ErrLeaseHeld):
+				t.Errorf("racer %d: %v", i, err)
+			}
+		}()
+	}
+	close(start)
+	tried.Wait()
+	close(raced)
+	wg.Wait()
+	if wins.Load() != 1 {
+		t.Errorf("%d of %d racers took over the expired lease, want 1", wins.Load(), racers)
 	}
 }
 
@@ -962,7 +999,7 @@ func testGC(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.RemovedBlobs != 0 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.KeptYoung != 2 || rep.AbortedUploads != 0 || len(rep.Leases) != 1 {
+	if rep.RemovedBlobs != 0 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.KeptYoung != 2 || rep.AbortedUploads != 0 || len(rep.Leases) != 1 || rep.RemovedLeases != 0 {
 		t.Fatalf("gc within the grace period: %+v", rep)
 	}
 	grace := h.LeaseTTL / 4
@@ -975,8 +1012,14 @@ func testGC(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.RemovedBlobs != 2 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.AbortedUploads != 1 || rep.Leases[0].Name != "stage/making" {
+	if rep.RemovedBlobs != 2 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.AbortedUploads != 1 || rep.Leases[0].Name != "stage/making" || rep.RemovedLeases != 1 {
 		t.Fatalf("gc: %+v", rep)
+	}
+	if _, _, _, err := s.LeaseStatus(ctx, "stage/done"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the released lease is still there: %v", err)
+	}
+	if _, _, ok, err := s.LeaseStatus(ctx, "stage/making"); !ok || err != nil {
+		t.Errorf("the live lease: %v %v", ok, err)
 	}
 	for d, want := range map[digest.Digest]bool{referenced: true, leased: true, released: false, garbage: false} {
 		if _, ok, err := s.HasBlob(ctx, d); ok != want || err != nil {
