@@ -150,11 +150,11 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	}
 	// One upload of a blob at a time on this machine (two stages making
 	// the same bytes): the other waits, then finds the blob there.
-	lock, err := lockfile.Wait(ctx, jp+".lock", "upload of blob "+d.Short(), "store put", 365*24*time.Hour)
+	unlock, err := machineLock(ctx, jp+".lock", "upload of blob "+d.Short(), "store put")
 	if err != nil {
 		return err
 	}
-	defer lock.Unlock()
+	defer unlock()
 	if ok, err := s.existing(ctx, d, size); ok || err != nil {
 		if ok {
 			progress(size)
@@ -438,11 +438,11 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 	size := in.Size
 	cs := s.opt.PartSize
 	partial := dst + ".partial"
-	lock, err := lockfile.Wait(ctx, partial+".lock", "download of blob "+d.Short()+" to "+dst, "store fetch", 365*24*time.Hour)
+	unlock, err := machineLock(ctx, partial+".lock", "download of blob "+d.Short()+" to "+dst, "store fetch")
 	if err != nil {
 		return err
 	}
-	defer lock.Unlock()
+	defer unlock()
 	if fg, ok := s.b.(FileGetter); ok {
 		return s.fetchFile(ctx, fg, d, key, dst, size, progress)
 	}
@@ -648,4 +648,26 @@ func (s *Store) fetchFile(ctx context.Context, fg FileGetter, d digest.Digest, k
 		return err
 	}
 	return fsutil.SyncDir(filepath.Dir(dst))
+}
+
+// pathLocks serialise the goroutines of this process that take one lock
+// file: internal/lockfile excludes processes.
+var pathLocks sync.Map // path → chan struct{} (capacity 1)
+
+// machineLock takes the lock file at path for this machine, waiting for
+// the goroutine or process that holds it, and returns its release.
+func machineLock(ctx context.Context, path, what, command string) (func(), error) {
+	v, _ := pathLocks.LoadOrStore(path, make(chan struct{}, 1))
+	ch := v.(chan struct{})
+	select {
+	case ch <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	l, err := lockfile.Wait(ctx, path, what, command, 365*24*time.Hour)
+	if err != nil {
+		<-ch
+		return nil, err
+	}
+	return func() { l.Unlock(); <-ch }, nil
 }
