@@ -99,6 +99,16 @@ func DamageFile(t *testing.T, p string) {
 	}
 }
 
+// noUploads fails t if b holds an unfinished upload.
+func noUploads(t *testing.T, b store.Backend) {
+	t.Helper()
+	if err := b.ListUploads(context.Background(), "", func(u store.Upload) error {
+		return fmt.Errorf("upload %s of %s left", u.ID, u.Key)
+	}); err != nil {
+		t.Error(err)
+	}
+}
+
 func open(t *testing.T, b store.Backend, host string, mod ...func(*store.Options)) *store.Store {
 	t.Helper()
 	opt := store.Options{CacheDir: filepath.Join(t.TempDir(), "cache"), Host: host, PartSize: store.MinPartSize, Parallel: 2}
@@ -484,9 +494,7 @@ func testMultipartBlob(t *testing.T, h Harness) {
 	if size, ok, err := s.HasBlob(ctx, d); !ok || err != nil || size != int64(len(data)) {
 		t.Fatalf("HasBlob: %d %v %v", size, ok, err)
 	}
-	if err := b.ListUploads(ctx, "", func(u store.Upload) error { return fmt.Errorf("upload %s of %s left", u.ID, u.Key) }); err != nil {
-		t.Error(err)
-	}
+	noUploads(t, b)
 	dst := filepath.Join(t.TempDir(), "out")
 	if err := s.FetchBlob(ctx, d, dst, nil); err != nil {
 		t.Fatal(err)
@@ -609,9 +617,7 @@ func testUploadSourceChanged(t *testing.T, h Harness) {
 	if _, ok, _ := s.HasBlob(ctx, d); ok {
 		t.Fatal("a changing source became a blob")
 	}
-	if err := b.ListUploads(ctx, "", func(u store.Upload) error { return fmt.Errorf("upload %s of %s left", u.ID, u.Key) }); err != nil {
-		t.Error(err)
-	}
+	noUploads(t, b)
 }
 
 // A download killed after k chunks resumes after them.
@@ -1028,9 +1034,7 @@ func testGC(t *testing.T, h Harness) {
 			t.Errorf("blob %s: stored %v (%v), want %v", d.Short(), ok, err, want)
 		}
 	}
-	if err := b.ListUploads(ctx, "", func(u store.Upload) error { return fmt.Errorf("upload %s left", u.ID) }); err != nil {
-		t.Error(err)
-	}
+	noUploads(t, b)
 	u, err := s.DiskUsage(ctx)
 	if err != nil || u.Blobs != 2 || u.Records != 1 || u.UnreferencedBlobs != 1 || u.MissingBlobs != 0 || len(u.Leases) != 1 || u.Leases[0].Holder != "maker" {
 		t.Errorf("du: %+v, %v", u, err)
@@ -1107,9 +1111,7 @@ func testSameBlobAtOnce(t *testing.T, h Harness) {
 	if got, _ := os.ReadFile(dst); !bytes.Equal(got, data) {
 		t.Fatal("fetched bytes differ")
 	}
-	if err := b.ListUploads(ctx, "", func(u store.Upload) error { return fmt.Errorf("upload %s left", u.ID) }); err != nil {
-		t.Error(err)
-	}
+	noUploads(t, b)
 	if m, _ := filepath.Glob(dst + ".*"); len(m) != 0 {
 		t.Errorf("left behind: %v", m)
 	}
