@@ -1,11 +1,9 @@
 package merge
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -32,31 +30,15 @@ func TestGoldenPEFTVisionLanguage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	f, err := os.Open("testdata/reference/qwen35vl/merged_dora.tensors.sha256")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	sums := peftSums(t, "testdata/reference/qwen35vl/merged_dora.tensors.sha256")
 	peft := map[string]bool{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") || line == "" {
-			continue
-		}
-		var sum, dtype, shape, name string
-		fields := strings.Fields(line)
-		sum, dtype, name = fields[0], fields[1], fields[len(fields)-1]
-		shape = strings.Join(fields[2:len(fields)-1], " ")
+	for name, want := range sums {
 		peft[name] = true
 		info, data := readTensor(t, got, name)
 		h := sha256.Sum256(data)
-		if hex.EncodeToString(h[:]) != sum || fmt.Sprint(info.DType) != dtype || fmt.Sprint(info.Shape) != shape {
-			t.Errorf("%s: %s %v sha256 %x; PEFT's %s %s %s", name, info.DType, info.Shape, h[:6], dtype, shape, sum[:12])
+		if hex.EncodeToString(h[:]) != want.sum || fmt.Sprint(info.DType) != want.dtype || fmt.Sprint(info.Shape) != want.shape {
+			t.Errorf("%s: %s %v sha256 %x; PEFT's %s %s %s", name, info.DType, info.Shape, h[:6], want.dtype, want.shape, want.sum[:12])
 		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	if len(peft) != 89 {
 		t.Fatalf("%d PEFT tensors listed, want 89", len(peft))
