@@ -6,6 +6,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"io"
 	"os"
 	"path/filepath"
@@ -182,6 +183,12 @@ func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
 		case "store":
 			if v.Kind != yaml.ScalarNode || v.Value == "" {
 				return nil, fail(v.Line, "store must be a directory path")
+			}
+			if scheme, _, ok := strings.Cut(v.Value, "://"); ok && !strings.Contains(scheme, "/") {
+				// Not a directory named "s3:": a store on an object store,
+				// which pipelines cannot use yet.
+				return nil, fmt.Errorf("%s:%d: store %s: a pipeline on a %s:// store is %w yet (issue 29; ferry store doctor, copy, verify, gc and du work on one): keep the store a directory and copy it there with 'ferry store copy DIR %s'",
+					name, v.Line, v.Value, scheme, errkind.ErrNotBuilt, v.Value)
 			}
 			p, err := ResolvePath(absDir, v.Value)
 			if err != nil {
