@@ -44,6 +44,10 @@ type localDest struct {
 	dirty map[string]bool // directories holding renames not yet fsynced
 }
 
+// localSmallWriters bounds the writers of small files to a local
+// directory.
+var localSmallWriters = 8
+
 // localVerifier is what reports call the local destination's check.
 const localVerifier = "re-read"
 

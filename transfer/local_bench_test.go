@@ -18,7 +18,8 @@ import (
 // renaming) and with cp -r followed by sync -f (GNU: syncfs of the
 // destination's file system), into a fresh directory each. It reports
 // seconds per run and x-cp, cp + sync's time / ferry's (above 1: ferry is
-// faster). Target: ≥ 1/1.3 (ferry ≤ 1.3× cp + sync).
+// faster). Target: ≥ 1/1.3 (ferry ≤ 1.3× cp + sync). FERRY_LOCAL_WRITERS
+// sets the writers of small files (default localSmallWriters).
 func BenchmarkTransferLocal(b *testing.B) {
 	size := int64(1 << 30)
 	if v := os.Getenv("FERRY_LOCAL_SIZE"); v != "" {
@@ -27,6 +28,13 @@ func BenchmarkTransferLocal(b *testing.B) {
 			b.Fatalf("FERRY_LOCAL_SIZE=%q", v)
 		}
 		size = n
+	}
+	if v := os.Getenv("FERRY_LOCAL_WRITERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("FERRY_LOCAL_WRITERS=%q", v)
+		}
+		localSmallWriters = n
 	}
 	files := 5000
 	if v := os.Getenv("FERRY_TREE_FILES"); v != "" {
