@@ -65,7 +65,7 @@ type model struct {
 	ropeParams  map[string]any
 	outType     OutType
 	inventory   []*invEntry
-	firstMatrix tensor.DType // dtype of the first ≥2-D tensor, for auto
+	autoDType tensor.DType // dtype of the first ≥2-D BF16 or F16 tensor, for auto
 	warnings    []string
 }
 
@@ -287,8 +287,12 @@ func (m *model) setup() error {
 			return err
 		}
 		m.inventory = append(m.inventory, e)
-		if m.firstMatrix == "" && len(ti.Shape) >= 2 {
-			m.firstMatrix = ti.DType
+		// --outtype auto: ModelBase.__init__ (34af94c) scans the tensors in
+		// this order past 1-D ones and past any matrix that is neither
+		// BF16 nor F16 (an F32 embedding, say); the first BF16 or F16
+		// matrix decides, F16 when there is none.
+		if m.autoDType == "" && len(ti.Shape) >= 2 && (ti.DType == tensor.BF16 || ti.DType == tensor.F16) {
+			m.autoDType = ti.DType
 		}
 		return nil
 	})
@@ -298,7 +302,7 @@ func (m *model) setup() error {
 	m.outType = m.opts.OutType
 	if m.outType == OutAuto {
 		m.outType = OutF16
-		if m.firstMatrix == tensor.BF16 {
+		if m.autoDType == tensor.BF16 {
 			m.outType = OutBF16
 		}
 	}
