@@ -106,7 +106,7 @@ type upload struct {
 }
 
 func newHost(ctx context.Context, d Destination, p *Plan, o *Options) *host {
-	h := &host{d: d, o: o, p: p, ep: newEndpoint(d, o), parent: ctx, state: map[string]*fileState{},
+	h := &host{d: d, o: o, p: p, ep: newEndpoint(d, o, p), parent: ctx, state: map[string]*fileState{},
 		fr: make([]*FileReport, len(p.Files)), ups: make([]*upload, len(p.Files))}
 	h.ctx, h.cancel = context.WithCancel(ctx)
 	h.rep = HostReport{Destination: d.Name, Host: d.Host, Dir: d.Dir}
@@ -301,7 +301,7 @@ func (p *Plan) small(f *File) bool { return f.Size <= p.ChunkSize }
 // begin surveys the destination and decides what each file needs.
 func (h *host) begin(pre *preflights) error {
 	ctx := h.ctx
-	if !h.d.Local { // a local directory: no route or interface to check
+	if !h.d.Local && !h.d.S3 { // a local directory, a bucket: no route or interface to check
 		if err := pre.check(ctx, h.d); err != nil {
 			return err
 		}
@@ -815,6 +815,9 @@ func readSmall(ctx context.Context, f *File, i int, hs []*host, b *budget) {
 	j := &job{data: make([]byte, f.Size), bytes: f.Size, b: b}
 	j.refs.Store(int32(len(hs)))
 	err := readWhole(f, j.data)
+	if hookSourceRead != nil {
+		hookSourceRead(f.Rel, 0)
+	}
 	if err == nil && j.digest() != f.Digest {
 		err = fmt.Errorf("%s: %w: it was %s when planned, its bytes read for sending are %s", f.Path, ErrSourceChanged, f.Digest.Short(), j.digest().Short())
 	}
@@ -833,6 +836,10 @@ func readSmall(ctx context.Context, f *File, i int, hs []*host, b *budget) {
 		}
 	}
 }
+
+// hookSourceRead, set only by tests, is told of each piece of a source
+// read for sending (a small file whole, a chunk of a larger one).
+var hookSourceRead func(rel string, off int64)
 
 // readWhole reads the file planned as f into data (its planned size),
 // checking that it is still the file planned.
@@ -944,6 +951,9 @@ func readLarge(ctx context.Context, f *File, i int, hs []*host, b *budget, hashe
 			return
 		}
 		j := &job{rf: rf, idx: idx, off: off, data: b.chunk(size), bytes: size, b: b, pooled: true}
+		if hookSourceRead != nil {
+			hookSourceRead(f.Rel, off)
+		}
 		if _, err := lf.ReadAt(j.data, off); err != nil {
 			b.release(j.data, size)
 			if err == io.EOF {
