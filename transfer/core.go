@@ -226,6 +226,14 @@ func Run(ctx context.Context, p *Plan, dests []Destination, o Options) (*Report,
 		if err := h.ep.flush(context.WithoutCancel(ctx)); err != nil && h.err() == nil {
 			h.fail("", err)
 		}
+		if r, ok := h.ep.(restamper); ok {
+			for rel, mt := range r.restamp(context.WithoutCancel(ctx)) {
+				if x, ok := h.idx.get(rel); ok {
+					x.Mtime = mt
+					h.idx.put(rel, x)
+				}
+			}
+		}
 		h.ep.closeAll()
 		if h.prog != nil {
 			h.prog.Close()

@@ -64,6 +64,16 @@ type endpoint interface {
 	flush(ctx context.Context) error
 }
 
+// restamper is an endpoint that learns only at the end of a run the
+// exact mtimes of files it committed (an object store, whose put answers
+// no Last-Modified): the record of what was verified takes them, so that
+// the next run trusts those files by their listing.
+type restamper interface {
+	restamp(ctx context.Context) map[string]int64
+}
+
+var _ restamper = (*s3Dest)(nil)
+
 var (
 	_ endpoint = (*sftpDest)(nil)
 	_ endpoint = (*localDest)(nil)

@@ -73,6 +73,8 @@ type s3Dest struct {
 	ups       map[string]*s3Upload // multipart uploads under way, by rel
 	others    map[string]*s3Upload // those of files other plans send, kept
 	puts      map[string]s3Put     // small files put this run, by rel
+	committed map[string]string    // small files committed this run: their ETags
+	roots     []string             // what list listed
 	statePath string
 }
 
@@ -95,6 +97,7 @@ type s3Part struct {
 type s3Put struct {
 	sum  [32]byte
 	date time.Time
+	etag string
 }
 
 // S3 limits on multipart uploads.
@@ -114,7 +117,7 @@ const (
 )
 
 func newS3Dest(d Destination, o *Options, p *Plan) *s3Dest {
-	s := &s3Dest{d: d, o: o, cs: p.ChunkSize, byRel: map[string]*File{}, ups: map[string]*s3Upload{}, others: map[string]*s3Upload{}, puts: map[string]s3Put{}}
+	s := &s3Dest{d: d, o: o, cs: p.ChunkSize, byRel: map[string]*File{}, ups: map[string]*s3Upload{}, others: map[string]*s3Upload{}, puts: map[string]s3Put{}, committed: map[string]string{}}
 	s.bucket, s.prefix, s.openErr = s3client.ParseURL(d.Dir)
 	for i := range p.Files {
 		s.byRel[p.Files[i].Rel] = &p.Files[i]
@@ -191,7 +194,7 @@ func (s *s3Dest) checkPlan(cs int64) error {
 // list lists the objects under the roots, and the uploads an earlier run
 // left (as REL.partial, of the size the upload was begun for).
 func (s *s3Dest) list(ctx context.Context, roots, dirs []string, probe bool) (map[string]entry, bool, error) {
-	c, err := s.client(ctx)
+	_, err := s.client(ctx)
 	if err != nil {
 		return nil, false, err
 	}
@@ -202,27 +205,63 @@ func (s *s3Dest) list(ctx context.Context, roots, dirs []string, probe bool) (ma
 	if err := s.loadState(ctx, m); err != nil {
 		return nil, false, err
 	}
+	s.roots = roots
+	err = s.listRoots(ctx, roots, func(rel string, o types.Object) {
+		m[rel] = entry{kind: 'f', size: aws.ToInt64(o.Size), alloc: -1, mtime: aws.ToTime(o.LastModified).Unix()}
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return m, false, nil
+}
+
+// listRoots calls fn with each object under the roots (ListObjectsV2:
+// one request per 1000 keys).
+func (s *s3Dest) listRoots(ctx context.Context, roots []string, fn func(rel string, o types.Object)) error {
 	for _, r := range roots {
 		if strings.HasSuffix(r, ".partial") {
 			continue // uploads under way are not objects: loadState listed them
 		}
-		p := s3api.NewListObjectsV2Paginator(c.API, &s3api.ListObjectsV2Input{Bucket: &s.bucket, Prefix: aws.String(c.Key(r))})
+		p := s3api.NewListObjectsV2Paginator(s.c.API, &s3api.ListObjectsV2Input{Bucket: &s.bucket, Prefix: aws.String(s.c.Key(r))})
 		for p.HasMorePages() {
 			s.requests.Add(1)
 			page, err := p.NextPage(ctx)
 			if err != nil {
-				return nil, false, s.classify("listing", r, err)
+				return s.classify("listing", r, err)
 			}
 			for _, o := range page.Contents {
-				rel := strings.TrimPrefix(aws.ToString(o.Key), c.Prefix)
+				rel := strings.TrimPrefix(aws.ToString(o.Key), s.c.Prefix)
 				if (rel != r && !strings.HasPrefix(rel, r+"/")) || strings.HasSuffix(rel, "/") {
 					continue
 				}
-				m[rel] = entry{kind: 'f', size: aws.ToInt64(o.Size), alloc: -1, mtime: aws.ToTime(o.LastModified).Unix()}
+				fn(rel, o)
 			}
 		}
 	}
-	return m, false, nil
+	return nil
+}
+
+// restamp lists again, once at the end of a run that put small files, the
+// Last-Modified of each object still holding the ETag its put answered
+// (a put's answer carries none): the next run's listing then shows what
+// the record holds, and the files are trusted without a HEAD each.
+func (s *s3Dest) restamp(ctx context.Context) map[string]int64 {
+	s.mu.Lock()
+	done := maps.Clone(s.committed)
+	s.mu.Unlock()
+	if len(done) == 0 || s.c == nil {
+		return nil
+	}
+	out := map[string]int64{}
+	err := s.listRoots(ctx, s.roots, func(rel string, o types.Object) {
+		if etag, ok := done[rel]; ok && etag != "" && etag == aws.ToString(o.ETag) {
+			out[rel] = aws.ToTime(o.LastModified).Unix()
+		}
+	})
+	if err != nil {
+		s.o.Log.Debug("transfer: relisting for mtimes", "dest", s.d.Name, "err", err)
+	}
+	return out
 }
 
 // loadState reads the uploads an earlier run left, keeps those the server
@@ -363,6 +402,7 @@ func (s *s3Dest) putSmall(ctx context.Context, slot int, rel string, data []byte
 		body = s3WriteHook(rel, 0, data)
 	}
 	var date time.Time
+	var etag string
 	took, err := s.sendChecked("put", rel, sum, func() (*string, error) {
 		out, err := s.api().PutObject(ctx, &s3api.PutObjectInput{Bucket: &s.bucket, Key: aws.String(s.c.Key(rel)),
 			Body: bytes.NewReader(body), ContentLength: aws.Int64(int64(len(body))),
@@ -370,14 +410,14 @@ func (s *s3Dest) putSmall(ctx context.Context, slot int, rel string, data []byte
 		if err != nil {
 			return nil, err
 		}
-		date = s3client.Date(out.ResultMetadata)
+		date, etag = s3client.Date(out.ResultMetadata), aws.ToString(out.ETag)
 		return out.ChecksumSHA256, nil
 	})
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	s.puts[rel] = s3Put{sum: took, date: date}
+	s.puts[rel] = s3Put{sum: took, date: date, etag: etag}
 	s.mu.Unlock()
 	if prog != nil {
 		prog.Add(int64(len(data)))
@@ -604,11 +644,14 @@ func (s *s3Dest) commit(ctx context.Context, slot int, rel string, perm fs.FileM
 		s.mu.Lock()
 		p, ok := s.puts[rel]
 		delete(s.puts, rel)
+		if ok {
+			s.committed[rel] = p.etag
+		}
 		s.mu.Unlock()
 		if !ok {
 			return 0, fmt.Errorf("%s: nothing was put", s.remote(rel))
 		}
-		return p.date.Unix(), nil
+		return p.date.Unix(), nil // the answer's Date; restamp learns Last-Modified
 	}
 	if err := s.listParts(ctx, rel, u); err != nil {
 		return 0, err

@@ -77,6 +77,11 @@ func TestS3DestMixed(t *testing.T) {
 			t.Errorf("rerun: %s: OK %v, sent %d", h.Destination, h.OK, h.Sent)
 		}
 	}
+	// The connection's check and one listing: every object is trusted by
+	// the Last-Modified the first run relisted (a put answers none).
+	if n := rep.Hosts[2].Requests; n > 2 {
+		t.Errorf("rerun: %d S3 requests, want 2 (open, one listing)", n)
+	}
 	if len(reads) != 0 {
 		t.Errorf("the rerun read %d pieces of the sources", len(reads))
 	}
