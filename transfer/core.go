@@ -1354,7 +1354,7 @@ func (h *host) writeChunkJob(cj chunkJob, slot int) {
 	}
 	h.o.Log.Debug("transfer: sending chunk", "dest", h.d.Name, "file", u.f.Rel, "chunk", j.idx, "offset", j.off, "bytes", len(j.data))
 	t := time.Now()
-	err := h.ep.writeChunk(h.ctx, slot, u.f.Rel, j.off, j.data, h.prog)
+	err := h.ep.writeChunk(h.ctx, slot, u.f.Rel, j.off, j.data, j.digest, h.prog)
 	if err != nil {
 		h.fail(u.f.Rel, err)
 		return
@@ -1610,7 +1610,7 @@ func (h *host) resend(u *upload, i int, want digest.Digest) error {
 	if want != "" && want != sum {
 		return fmt.Errorf("%s: %w: chunk %d at offset %d", f.Path, ErrSourceChanged, i, off)
 	}
-	if err := h.ep.rewriteChunk(h.ctx, h.ep.slotOf(u.i), f.Rel, off, data); err != nil {
+	if err := h.ep.rewriteChunk(h.ctx, h.ep.slotOf(u.i), f.Rel, off, data, func() digest.Digest { return sum }); err != nil {
 		return err
 	}
 	h.sent.Add(int64(len(data)))

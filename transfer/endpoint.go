@@ -41,11 +41,15 @@ type endpoint interface {
 	mkdirs(ctx context.Context, dirs []string, m map[string]entry, top bool) error
 	space(ctx context.Context) (free int64, known bool, err error)
 
+	// putSmall writes a whole file whose bytes, data, the core checked
+	// to be the plan's (their sha256 is the File's Digest).
 	putSmall(ctx context.Context, slot int, rel string, data []byte, sync bool, prog progress.Reporter) error
 	createPartial(ctx context.Context, slot int, rel string, size int64) error
-	writeChunk(ctx context.Context, slot int, rel string, off int64, data []byte, prog progress.Reporter) error
+	// writeChunk and rewriteChunk write a chunk; sum gives its sha256
+	// (computed once for every destination: call it only where needed).
+	writeChunk(ctx context.Context, slot int, rel string, off int64, data []byte, sum func() digest.Digest, prog progress.Reporter) error
 	closePartial(rel string)
-	rewriteChunk(ctx context.Context, slot int, rel string, off int64, data []byte) error
+	rewriteChunk(ctx context.Context, slot int, rel string, off int64, data []byte, sum func() digest.Digest) error
 
 	// hashFiles verifies many written files at once (durable first) and
 	// gives their mtimes where known; rangeHash hashes one chunk there.
