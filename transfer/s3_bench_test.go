@@ -26,7 +26,10 @@ import (
 // (the SDK's defaults: the payload hashed for the signature, no checksum
 // header), into a fresh prefix each run. It reports seconds per run, MB/s
 // and x-put, the single stream's time / ferry's (above 1: ferry is
-// faster). Target: ≥ 1 on loopback.
+// faster). Target: ≥ 1 on loopback. On the 2-core dev machine (client and
+// server sharing it with other work, load average 3 to 6), one run each:
+// the 2 GB file in 13.2 s (151 MB/s) against PutObject's 19.8 s
+// (101 MB/s), x-put 1.50; the 5000 files in 5.7 s against 7.3 s, 1.28.
 func BenchmarkTransferS3(b *testing.B) {
 	size := envInt(b, "FERRY_S3_SIZE", 2e9)
 	if size > 5<<30 {
