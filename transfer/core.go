@@ -106,7 +106,7 @@ type upload struct {
 }
 
 func newHost(ctx context.Context, d Destination, p *Plan, o *Options) *host {
-	h := &host{d: d, o: o, p: p, ep: newEndpoint(d, o), parent: ctx, state: map[string]*fileState{},
+	h := &host{d: d, o: o, p: p, ep: newEndpoint(d, o, p), parent: ctx, state: map[string]*fileState{},
 		fr: make([]*FileReport, len(p.Files)), ups: make([]*upload, len(p.Files))}
 	h.ctx, h.cancel = context.WithCancel(ctx)
 	h.rep = HostReport{Destination: d.Name, Host: d.Host, Dir: d.Dir}
@@ -226,6 +226,14 @@ func Run(ctx context.Context, p *Plan, dests []Destination, o Options) (*Report,
 		if err := h.ep.flush(context.WithoutCancel(ctx)); err != nil && h.err() == nil {
 			h.fail("", err)
 		}
+		if r, ok := h.ep.(restamper); ok {
+			for rel, mt := range r.restamp(context.WithoutCancel(ctx)) {
+				if x, ok := h.idx.get(rel); ok {
+					x.Mtime = mt
+					h.idx.put(rel, x)
+				}
+			}
+		}
 		h.ep.closeAll()
 		if h.prog != nil {
 			h.prog.Close()
@@ -301,7 +309,7 @@ func (p *Plan) small(f *File) bool { return f.Size <= p.ChunkSize }
 // begin surveys the destination and decides what each file needs.
 func (h *host) begin(pre *preflights) error {
 	ctx := h.ctx
-	if !h.d.Local { // a local directory: no route or interface to check
+	if !h.d.Local && !h.d.S3 { // a local directory, a bucket: no route or interface to check
 		if err := pre.check(ctx, h.d); err != nil {
 			return err
 		}
@@ -815,6 +823,9 @@ func readSmall(ctx context.Context, f *File, i int, hs []*host, b *budget) {
 	j := &job{data: make([]byte, f.Size), bytes: f.Size, b: b}
 	j.refs.Store(int32(len(hs)))
 	err := readWhole(f, j.data)
+	if hookSourceRead != nil {
+		hookSourceRead(f.Rel, 0)
+	}
 	if err == nil && j.digest() != f.Digest {
 		err = fmt.Errorf("%s: %w: it was %s when planned, its bytes read for sending are %s", f.Path, ErrSourceChanged, f.Digest.Short(), j.digest().Short())
 	}
@@ -833,6 +844,10 @@ func readSmall(ctx context.Context, f *File, i int, hs []*host, b *budget) {
 		}
 	}
 }
+
+// hookSourceRead, set only by tests, is told of each piece of a source
+// read for sending (a small file whole, a chunk of a larger one).
+var hookSourceRead func(rel string, off int64)
 
 // readWhole reads the file planned as f into data (its planned size),
 // checking that it is still the file planned.
@@ -944,6 +959,9 @@ func readLarge(ctx context.Context, f *File, i int, hs []*host, b *budget, hashe
 			return
 		}
 		j := &job{rf: rf, idx: idx, off: off, data: b.chunk(size), bytes: size, b: b, pooled: true}
+		if hookSourceRead != nil {
+			hookSourceRead(f.Rel, off)
+		}
 		if _, err := lf.ReadAt(j.data, off); err != nil {
 			b.release(j.data, size)
 			if err == io.EOF {
@@ -1336,7 +1354,7 @@ func (h *host) writeChunkJob(cj chunkJob, slot int) {
 	}
 	h.o.Log.Debug("transfer: sending chunk", "dest", h.d.Name, "file", u.f.Rel, "chunk", j.idx, "offset", j.off, "bytes", len(j.data))
 	t := time.Now()
-	err := h.ep.writeChunk(h.ctx, slot, u.f.Rel, j.off, j.data, h.prog)
+	err := h.ep.writeChunk(h.ctx, slot, u.f.Rel, j.off, j.data, j.digest, h.prog)
 	if err != nil {
 		h.fail(u.f.Rel, err)
 		return
@@ -1592,7 +1610,7 @@ func (h *host) resend(u *upload, i int, want digest.Digest) error {
 	if want != "" && want != sum {
 		return fmt.Errorf("%s: %w: chunk %d at offset %d", f.Path, ErrSourceChanged, i, off)
 	}
-	if err := h.ep.rewriteChunk(h.ctx, h.ep.slotOf(u.i), f.Rel, off, data); err != nil {
+	if err := h.ep.rewriteChunk(h.ctx, h.ep.slotOf(u.i), f.Rel, off, data, func() digest.Digest { return sum }); err != nil {
 		return err
 	}
 	h.sent.Add(int64(len(data)))

@@ -91,7 +91,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 // sameTree fails unless every file under want has the same bytes under got
 // and every link the same target.
-func sameTree(t testing.TB, want, got string) {
+func sameTree(t testing.TB, want, got string) { t.Helper(); sameTreeOf(t, want, got, false) }
+
+// sameTreeOf is sameTree where, with copiesLinks, a link under want is
+// matched by a file under got holding what it points to.
+func sameTreeOf(t testing.TB, want, got string, copiesLinks bool) {
 	t.Helper()
 	err := filepath.Walk(want, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {
@@ -100,6 +104,12 @@ func sameTree(t testing.TB, want, got string) {
 		rel, _ := filepath.Rel(want, p)
 		q := filepath.Join(got, rel)
 		switch {
+		case fi.Mode()&os.ModeSymlink != 0 && copiesLinks:
+			a, _ := os.ReadFile(p)
+			b, err := os.ReadFile(q)
+			if err != nil || !bytes.Equal(a, b) {
+				t.Errorf("%s: not a copy of what the link points to (%v)", rel, err)
+			}
 		case fi.Mode()&os.ModeSymlink != 0:
 			a, _ := os.Readlink(p)
 			b, err := os.Readlink(q)

@@ -243,8 +243,8 @@ func (l *localDest) createPartial(ctx context.Context, slot int, rel string, siz
 	return nil
 }
 
-func (l *localDest) writeChunk(ctx context.Context, slot int, rel string, off int64, data []byte, prog progress.Reporter) error {
-	if err := l.rewriteChunk(ctx, slot, rel, off, data); err != nil {
+func (l *localDest) writeChunk(ctx context.Context, slot int, rel string, off int64, data []byte, sum func() digest.Digest, prog progress.Reporter) error {
+	if err := l.rewriteChunk(ctx, slot, rel, off, data, sum); err != nil {
 		return err
 	}
 	if prog != nil {
@@ -254,7 +254,7 @@ func (l *localDest) writeChunk(ctx context.Context, slot int, rel string, off in
 }
 
 // rewriteChunk writes data at off into rel's partial (durable at flush).
-func (l *localDest) rewriteChunk(ctx context.Context, slot int, rel string, off int64, data []byte) error {
+func (l *localDest) rewriteChunk(ctx context.Context, slot int, rel string, off int64, data []byte, sum func() digest.Digest) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

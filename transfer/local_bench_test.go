@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 )
@@ -21,29 +20,11 @@ import (
 // faster). Target: ≥ 1/1.3 (ferry ≤ 1.3× cp + sync). FERRY_LOCAL_WRITERS
 // sets the writers of small files (default localSmallWriters).
 func BenchmarkTransferLocal(b *testing.B) {
-	size := int64(1 << 30)
-	if v := os.Getenv("FERRY_LOCAL_SIZE"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 1 {
-			b.Fatalf("FERRY_LOCAL_SIZE=%q", v)
-		}
-		size = n
-	}
+	size := envInt(b, "FERRY_LOCAL_SIZE", 1<<30)
 	if v := os.Getenv("FERRY_LOCAL_WRITERS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("FERRY_LOCAL_WRITERS=%q", v)
-		}
-		localSmallWriters = n
+		localSmallWriters = int(envInt(b, "FERRY_LOCAL_WRITERS", 0))
 	}
-	files := 5000
-	if v := os.Getenv("FERRY_TREE_FILES"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("FERRY_TREE_FILES=%q", v)
-		}
-		files = n
-	}
+	files := int(envInt(b, "FERRY_TREE_FILES", 5000))
 	for _, c := range []struct {
 		name string
 		make func(b *testing.B, src string)

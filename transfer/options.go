@@ -26,6 +26,11 @@ type Destination struct {
 	// written directly, verified by reading it again, no Dial, no
 	// PreFlight.
 	Local bool
+	// S3 says Dir is "s3://BUCKET/PREFIX": objects under the prefix,
+	// written by puts and multipart uploads with their SHA-256, no Dial,
+	// no PreFlight. Settings are read as every S3 tool reads them
+	// (AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_PROFILE …).
+	S3 bool
 }
 
 // Options tune Run.

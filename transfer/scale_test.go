@@ -40,6 +40,7 @@ type childDest struct {
 	Key     string `json:"key"`      // the client's private key file
 	HostKey string `json:"host_key"` // authorized_keys form
 	Local   bool   `json:"local"`    // a local directory: no SSH
+	S3      bool   `json:"s3"`       // Dir is s3://BUCKET/PREFIX (settings from the environment)
 }
 
 func init() {
@@ -70,8 +71,8 @@ func runChild(cs childSpec) error {
 	}
 	var dests []Destination
 	for _, d := range cs.Dests {
-		if d.Local {
-			dests = append(dests, Destination{Name: d.Name, Dir: d.Dir, Local: true})
+		if d.Local || d.S3 {
+			dests = append(dests, Destination{Name: d.Name, Dir: d.Dir, Local: d.Local, S3: d.S3})
 			continue
 		}
 		dial, err := keyDialer(d)

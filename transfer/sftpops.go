@@ -374,7 +374,7 @@ func (s *sftpDest) createPartial(ctx context.Context, slot int, rel string, size
 
 // writeChunk writes data at off into rel's partial from slot, and makes it
 // durable (fsync@openssh.com) before it returns.
-func (s *sftpDest) writeChunk(ctx context.Context, slot int, rel string, off int64, data []byte, prog progress.Reporter) error {
+func (s *sftpDest) writeChunk(ctx context.Context, slot int, rel string, off int64, data []byte, sum func() digest.Digest, prog progress.Reporter) error {
 	part := s.remote(rel) + ".partial"
 	return s.do(ctx, slot, fmt.Sprintf("write %s at %d", part, off), func(c *session) error {
 		pf, err := c.open(part)
@@ -573,7 +573,7 @@ func (s *sftpDest) readBackChunk(ctx context.Context, slot int, rel string, size
 
 // rewriteChunk writes data at off into rel's partial (a repair), durable
 // before it returns.
-func (s *sftpDest) rewriteChunk(ctx context.Context, slot int, rel string, off int64, data []byte) error {
+func (s *sftpDest) rewriteChunk(ctx context.Context, slot int, rel string, off int64, data []byte, sum func() digest.Digest) error {
 	part := s.remote(rel) + ".partial"
 	return s.do(ctx, slot, fmt.Sprintf("repair %s at %d", part, off), func(c *session) error {
 		pf, err := c.sftp.OpenFile(part, os.O_WRONLY)

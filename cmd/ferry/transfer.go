@@ -21,8 +21,8 @@ import (
 func transferCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "transfer",
-		Usage:     "copy files and directories to hosts over SSH and to local directories: parallel, sha256-verified, resumable",
-		ArgsUsage: "SRC... DEST... (DEST: [user@]HOST:DIR, or a local directory: /mnt/x, ./x, file:///mnt/x)",
+		Usage:     "copy files and directories to hosts over SSH, to local directories and to S3 buckets: parallel, sha256-verified, resumable",
+		ArgsUsage: "SRC... DEST... (DEST: [user@]HOST:DIR, a local directory: /mnt/x, ./x, file:///mnt/x, or s3://BUCKET/PREFIX)",
 		Description: `Each source (a file, or a directory sent as DIR/<its name>) goes to every
 destination. Every file is hashed (sha256) before it is sent (a file
 unchanged since an earlier run, by size, mtime and inode, keeps the digest
@@ -44,8 +44,16 @@ report say which failed.
 A local destination (a disk, an external drive, an NFS or SMB mount) gets
 the same: NAME.partial written at its offsets and fsynced, verified by
 reading it again (past the page cache on a network file system), renamed,
-journaled and resumed alike. Destinations start at the first HOST:DIR or
-file:// argument and may mix kinds; with none, the last argument is the one
+journaled and resumed alike. An S3 destination (s3://BUCKET/PREFIX; the
+endpoint, region and credentials read as every S3 tool reads them:
+AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_PROFILE,
+~/.aws/config) gets a file of one chunk as one put and a larger one as a
+multipart upload whose parts are the chunks (--chunk-size at least 5MiB),
+each with its SHA-256, which the server checks; the upload resumes from
+the parts the server lists, completes only when every part matches, and
+the object records the file's sha256 (x-amz-meta-ferry-sha256), which
+--verify checks by reading the object again. Destinations start at the
+first HOST:DIR, file:// or s3:// argument and may mix kinds; with none, the last argument is the one
 destination (ferry transfer model/ /Volumes/T7/models). The first part of a split GGUF
 (NAME-00001-of-0000N.gguf) brings every part of it.`,
 		Flags: []cli.Flag{
@@ -82,7 +90,7 @@ func runTransfer(c *cli.Context) error {
 	srcs, dsts := splitTransferArgs(c.Args().Slice())
 	var err error
 	if len(srcs) == 0 || len(dsts) == 0 {
-		return usageErrorf("transfer: want SRC... DEST... (DEST: [user@]HOST:DIR, or a local directory)")
+		return usageErrorf("transfer: want SRC... DEST... (DEST: [user@]HOST:DIR, a local directory, or s3://BUCKET/PREFIX)")
 	}
 	if srcs, err = withSplitParts(srcs); err != nil {
 		return err
@@ -112,7 +120,7 @@ func runTransfer(c *cli.Context) error {
 		}
 	}
 	var dialer *sshconn.Dialer
-	if slices.ContainsFunc(dsts, func(d string) bool { _, local := transfer.LocalDir(d); return !local }) {
+	if slices.ContainsFunc(dsts, func(d string) bool { _, local := transfer.LocalDir(d); return !local && !transfer.IsS3(d) }) {
 		if dialer, err = sshconn.NewDialer(so); err != nil {
 			return err
 		}
@@ -180,6 +188,15 @@ func transferDestinations(d *sshconn.Dialer, args []string) ([]transfer.Destinat
 	seen := map[string]bool{}
 	var out []transfer.Destination
 	for _, a := range args {
+		if transfer.IsS3(a) {
+			u := strings.TrimRight(a, "/")
+			if seen[u] {
+				return nil, usageErrorf("transfer: destination %s given twice", a)
+			}
+			seen[u] = true
+			out = append(out, transfer.Destination{Name: u, Dir: u, S3: true})
+			continue
+		}
 		if dir, ok := transfer.LocalDir(a); ok {
 			abs, err := localDestDir(dir)
 			if err != nil {

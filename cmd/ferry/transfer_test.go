@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 
+	"github.com/ferry-llm/ferry/internal/s3test"
 	"github.com/ferry-llm/ferry/internal/sshdtest"
 	"github.com/ferry-llm/ferry/transfer"
 )
@@ -484,5 +485,37 @@ func TestTransferCLILocal(t *testing.T) {
 	}
 	if rep := transferReport(t, r); len(rep.Hosts) != 1 || rep.Hosts[0].Sent != 0 || rep.Hosts[0].Dir != local {
 		t.Errorf("local rerun: %+v", rep)
+	}
+}
+
+// ferry transfer to an S3 prefix beside a local directory: both get the
+// files, settings read from the standard AWS_* variables; a bucket that
+// does not exist fails that destination alone, exit 2, naming it.
+func TestTransferCLIS3(t *testing.T) {
+	srv := s3test.Start(t, "cli")
+	srv.Env(t)
+	src := filepath.Join(t.TempDir(), "model")
+	want := writeRandom(t, filepath.Join(src, "model.gguf"), 6<<20+5, 4)
+	writeRandom(t, filepath.Join(src, "config.json"), 300, 5)
+	local, state := t.TempDir(), t.TempDir()
+	r := execFerry(t, nil, "transfer", "--state-dir", state, "--json", "--chunk-size", "5MiB", src, "s3://cli/m", local)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	rep := transferReport(t, r)
+	if len(rep.Hosts) != 2 || !rep.Hosts[0].OK || !rep.Hosts[1].OK || rep.Hosts[0].Dir != "s3://cli/m" {
+		t.Fatalf("report: %+v", rep)
+	}
+	for _, p := range []string{srv.ObjectPath("cli", "m/model/model.gguf"), filepath.Join(local, "model", "model.gguf")} {
+		if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: file differs (%v)", p, err)
+		}
+	}
+	r = execFerry(t, nil, "transfer", "--state-dir", state, "--json", src, "s3://nosuchbucket/m", t.TempDir())
+	if r.code != 2 || !strings.Contains(r.stderr, "s3://nosuchbucket/m") || !strings.Contains(r.stderr, "does not exist") {
+		t.Errorf("missing bucket: exit %d, stderr %q; want 2 naming the destination", r.code, r.stderr)
+	}
+	if rep := transferReport(t, r); len(rep.Hosts) != 2 || rep.Hosts[0].OK || !rep.Hosts[1].OK {
+		t.Errorf("missing bucket: want the local directory done: %+v", rep)
 	}
 }

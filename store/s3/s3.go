@@ -2,20 +2,10 @@
 // (AWS S3, Cloudflare R2, Backblaze B2, Ceph RGW, MinIO, versitygw …) at
 // s3://BUCKET/PREFIX.
 //
-// Endpoint, region and credentials are read the way every S3 tool reads
-// them (aws-sdk-go-v2's config): AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL,
-// AWS_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE,
-// ~/.aws/config and ~/.aws/credentials. A custom endpoint is addressed
-// path-style (http://host/bucket/key), which every S3-compatible server
-// serves. Checksums are sent only where ferry gives them (SHA-256 on every
-// put and part, so the server rejects a body that does not match), never
-// the SDK's default CRC32 trailers, which several S3-compatible servers
-// refuse.
-//
-// Errors carry errkind kinds: wrong credentials and an unreachable
-// endpoint are usage errors, a missing bucket is bad input, none of them
-// retried; throttling, 5xx answers and dropped connections are retried by
-// the SDK and then Retryable.
+// The connection (settings read as every S3 tool reads them, explicit
+// SHA-256 checksums only) and the classification of errors are
+// internal/s3client's, shared with transfer's S3 destination; this
+// package maps the answers the store acts on to its sentinels.
 package s3
 
 import (
@@ -26,87 +16,46 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
-	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/config"
 	s3api "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
-	"github.com/aws/smithy-go"
 	smithymiddleware "github.com/aws/smithy-go/middleware"
-	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/s3client"
 	"github.com/ferry-llm/ferry/store"
 )
 
-// DefaultRegion is used when no setting names one: what S3-compatible
-// servers answer for, and AWS's default.
-const DefaultRegion = "us-east-1"
+// DefaultRegion is used when no setting names one.
+const DefaultRegion = s3client.DefaultRegion
 
 // Backend is a bucket and a key prefix.
 type Backend struct {
 	c        *s3api.Client
+	cl       *s3client.Client
 	bucket   string
 	prefix   string // "" or ending in "/"
-	endpoint string // for messages: the custom endpoint, or "AWS"
-	retries  atomic.Int64
+	endpoint string // for messages: the custom endpoint, or "AWS S3"
 }
 
 // Retries is how many requests (and cut-off answers) were tried again.
-func (b *Backend) Retries() int64 { return b.retries.Load() }
-
-// countingRetryer counts the retries its retryer grants.
-type countingRetryer struct {
-	aws.Retryer
-	n *atomic.Int64
-}
-
-func (r countingRetryer) RetryDelay(attempt int, err error) (time.Duration, error) {
-	r.n.Add(1)
-	return r.Retryer.RetryDelay(attempt, err)
-}
+func (b *Backend) Retries() int64 { return b.cl.Retries() }
 
 var _ store.Backend = (*Backend)(nil)
 
 // ParseURL splits "s3://BUCKET[/PREFIX]".
-func ParseURL(u string) (bucket, prefix string, err error) {
-	rest, ok := strings.CutPrefix(u, "s3://")
-	if !ok {
-		return "", "", errkind.Errorf(errkind.Usage, "%q: not an s3:// URL", u)
-	}
-	bucket, prefix, _ = strings.Cut(rest, "/")
-	if bucket == "" {
-		return "", "", errkind.Errorf(errkind.Usage, "%q: no bucket (want s3://BUCKET/PREFIX)", u)
-	}
-	prefix = strings.Trim(prefix, "/")
-	if prefix != "" {
-		prefix += "/"
-	}
-	return bucket, prefix, nil
-}
+func ParseURL(u string) (bucket, prefix string, err error) { return s3client.ParseURL(u) }
 
 // IsURL reports whether s names an S3 store.
-func IsURL(s string) bool { return strings.HasPrefix(s, "s3://") }
+func IsURL(s string) bool { return s3client.IsURL(s) }
 
 // Options tune the connection; the zero value is the default.
-type Options struct {
-	// StallTimeout ends a connection that delivers no byte for this long
-	// (a stalled link, a server that hung), and the request is retried
-	// (DefaultStallTimeout when 0).
-	StallTimeout time.Duration
-}
+type Options = s3client.Options
 
 // DefaultStallTimeout is Options.StallTimeout's default.
-const DefaultStallTimeout = time.Minute
+const DefaultStallTimeout = s3client.DefaultStallTimeout
 
 // Open connects to the store at url ("s3://BUCKET/PREFIX") with the
 // standard settings, and checks that the credentials work and the bucket
@@ -115,84 +64,14 @@ func Open(ctx context.Context, url string) (*Backend, error) { return OpenWith(c
 
 // OpenWith is Open with options.
 func OpenWith(ctx context.Context, url string, opt Options) (*Backend, error) {
-	bucket, prefix, err := ParseURL(url)
+	cl, err := s3client.Open(ctx, url, opt)
 	if err != nil {
 		return nil, err
 	}
-	if opt.StallTimeout <= 0 {
-		opt.StallTimeout = DefaultStallTimeout
-	}
-	httpClient := awshttp.NewBuildableClient().
-		WithReadTimeout(opt.StallTimeout).
-		WithDialerOptions(func(d *net.Dialer) { d.Timeout = 15 * time.Second })
-	b := &Backend{bucket: bucket, prefix: prefix, endpoint: "AWS S3"}
-	cfg, err := config.LoadDefaultConfig(ctx,
-		config.WithHTTPClient(httpClient),
-		config.WithRetryer(func() aws.Retryer { return countingRetryer{newRetryer(), &b.retries} }),
-		config.WithRequestChecksumCalculation(aws.RequestChecksumCalculationWhenRequired),
-		config.WithResponseChecksumValidation(aws.ResponseChecksumValidationWhenRequired),
-	)
-	if err != nil {
-		return nil, errkind.Errorf(errkind.Usage, "%s: S3 settings (AWS_* variables, AWS_PROFILE, ~/.aws/config): %w", url, err)
-	}
-	if cfg.Region == "" {
-		cfg.Region = DefaultRegion
-	}
-	b.c = s3api.NewFromConfig(cfg, func(o *s3api.Options) {
-		if o.BaseEndpoint != nil {
-			o.UsePathStyle = true
-			b.endpoint = *o.BaseEndpoint
-		}
-	})
-	if _, err := cfg.Credentials.Retrieve(ctx); err != nil {
-		return nil, errkind.Errorf(errkind.Usage, "%s: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with ~/.aws/credentials): %w", url, err)
-	}
-	// A listing, not a HEAD: its error answers carry a code (a HEAD's
-	// carry only a status, and some servers answer 404 to unknown keys).
-	if _, err := b.c.ListObjectsV2(ctx, &s3api.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(prefix), MaxKeys: aws.Int32(1)}); err != nil {
-		return nil, b.classify("open", "", err)
-	}
-	return b, nil
+	return &Backend{c: cl.API, cl: cl, bucket: cl.Bucket, prefix: cl.Prefix, endpoint: cl.Endpoint}, nil
 }
 
-// newRetryer is the SDK's standard retryer with more attempts, no retry
-// quota (a long transfer over a flaky link must not run out of retries
-// for good), racing conditional writes (409) retried, and nothing retried
-// that will not pass by itself: a refused connection or an unknown host.
-func newRetryer() aws.Retryer {
-	return retry.NewStandard(func(o *retry.StandardOptions) {
-		o.MaxAttempts = 6
-		o.MaxBackoff = 5 * time.Second
-		o.RateLimiter = ratelimit.None
-		o.Retryables = append([]retry.IsErrorRetryable{
-			retry.IsErrorRetryableFunc(func(err error) aws.Ternary {
-				if unreachable(err) {
-					return aws.FalseTernary
-				}
-				var ae smithy.APIError
-				if errors.As(err, &ae) && ae.ErrorCode() == "ConditionalRequestConflict" {
-					return aws.TrueTernary
-				}
-				return aws.UnknownTernary
-			}),
-		}, o.Retryables...)
-	})
-}
-
-// unreachable reports an error of connecting at all: refused, no route,
-// no such host. A connection that drops later is not one.
-func unreachable(err error) bool {
-	var dns *net.DNSError
-	if errors.As(err, &dns) {
-		return dns.IsNotFound
-	}
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
-}
-
-func (b *Backend) String() string {
-	return "s3://" + b.bucket + "/" + strings.TrimSuffix(b.prefix, "/")
-}
+func (b *Backend) String() string { return b.cl.String() }
 
 // Endpoint is the server the backend talks to, for messages.
 func (b *Backend) Endpoint() string { return b.endpoint }
@@ -203,82 +82,33 @@ func (b *Backend) Bucket() string { return b.bucket }
 // ObjectKey is the bucket's key of the store's object key.
 func (b *Backend) ObjectKey(key string) string { return b.prefix + key }
 
-func (b *Backend) where(key string) string { return "s3://" + b.bucket + "/" + b.prefix + key }
+func (b *Backend) where(key string) string { return b.cl.Where(key) }
 
 // classify wraps an SDK error with where it happened, the store's
 // sentinel for it and its errkind kind.
 func (b *Backend) classify(op, key string, err error) error {
-	if err == nil {
-		return nil
+	err = b.cl.Classify(op, key, err)
+	var e *s3client.Error
+	if !errors.As(err, &e) {
+		return err
 	}
-	where := b.where(key)
-	if key == "" {
-		where = b.String()
+	switch e.Code {
+	case s3client.Precondition:
+		return fmt.Errorf("%s %s: %w", e.Op, e.Where, store.ErrPrecondition)
+	case s3client.NoUpload:
+		return fmt.Errorf("%s %s: %w", e.Op, e.Where, store.ErrNoUpload)
+	case s3client.NotFound:
+		return fmt.Errorf("%s %s: %w", e.Op, e.Where, store.ErrNotFound)
+	case s3client.BadDigest:
+		return fmt.Errorf("%s %s: %w (%v)", e.Op, e.Where, store.ErrBadDigest, e.Err)
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%s %s: %w", op, where, err)
-	}
-	if unreachable(err) {
-		var cause error = err
-		var oe *net.OpError
-		if errors.As(err, &oe) {
-			cause = oe
-		}
-		return errkind.Errorf(errkind.Usage, "%s %s: cannot reach the S3 endpoint %s (check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL): %v", op, where, b.endpoint, cause)
-	}
-	code, status, msg := "", 0, ""
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		code, msg = ae.ErrorCode(), ae.ErrorMessage()
-	}
-	var re *awshttp.ResponseError
-	if errors.As(err, &re) {
-		status = re.HTTPStatusCode()
-	}
-	switch {
-	case code == "PreconditionFailed" || status == http.StatusPreconditionFailed:
-		return fmt.Errorf("%s %s: %w", op, where, store.ErrPrecondition)
-	case code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" || code == "AccessDenied" ||
-		code == "XAdminUserNotFound" || // versitygw: an access key it does not know
-		code == "InvalidToken" || code == "ExpiredToken" || status == http.StatusForbidden || status == http.StatusUnauthorized:
-		return errkind.Errorf(errkind.Usage, "%s %s: %s refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE): %s %s", op, where, b.endpoint, cmpOr(code, http.StatusText(status)), msg)
-	case code == "NoSuchBucket":
-		return errkind.Errorf(errkind.BadInput, "%s %s: bucket %q does not exist at %s", op, where, b.bucket, b.endpoint)
-	case code == "NoSuchUpload":
-		return fmt.Errorf("%s %s: %w", op, where, store.ErrNoUpload)
-	case code == "NoSuchKey" || status == http.StatusNotFound && key != "":
-		return fmt.Errorf("%s %s: %w", op, where, store.ErrNotFound)
-	case code == "BadDigest" || code == "XAmzContentSHA256Mismatch" || code == "InvalidDigest":
-		return fmt.Errorf("%s %s: %w (%v)", op, where, store.ErrBadDigest, err)
-	case status == http.StatusNotFound && (code == "" || code == "NotFound"):
-		return errkind.Errorf(errkind.BadInput, "%s %s: bucket %q does not exist at %s", op, where, b.bucket, b.endpoint)
-	case status >= 500 || status == http.StatusTooManyRequests || code == "SlowDown" || code == "ConditionalRequestConflict":
-		return errkind.Errorf(errkind.Retryable, "%s %s: %w", op, where, err)
-	case status == 0:
-		// No HTTP answer: the connection broke mid-request.
-		return errkind.Errorf(errkind.Retryable, "%s %s: %w", op, where, err)
-	}
-	return fmt.Errorf("%s %s: %w", op, where, err)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
+	return err
 }
 
 // date is the server's clock when it answered: the response's Date.
-func date(md smithymiddleware.Metadata) time.Time {
-	if r, ok := awsmiddleware.GetRawResponse(md).(*smithyhttp.Response); ok {
-		if t, err := http.ParseTime(r.Header.Get("Date")); err == nil {
-			return t
-		}
-	}
-	return time.Time{}
-}
+func date(md smithymiddleware.Metadata) time.Time { return s3client.Date(md) }
 
-func b64(sum []byte) *string { return aws.String(base64.StdEncoding.EncodeToString(sum)) }
+func b64(sum []byte) *string { return s3client.B64(sum) }
 
 // Head implements store.Backend.
 func (b *Backend) Head(ctx context.Context, key string) (store.Info, error) {
@@ -311,39 +141,10 @@ func (b *Backend) Get(ctx context.Context, key string, max int64) ([]byte, store
 		Modified: aws.ToTime(out.LastModified), Date: date(out.ResultMetadata)}, nil
 }
 
-// GetRange implements store.Backend. A body cut off midway (a dropped
-// connection: the SDK retries requests, not the reading of an answer) is
-// asked again for what is missing, a few times.
+// GetRange implements store.Backend (s3client's GetRange: a body cut off
+// midway is asked again for what is missing).
 func (b *Backend) GetRange(ctx context.Context, key string, off int64, buf []byte) error {
-	got := 0
-	for attempt := 0; got < len(buf); attempt++ {
-		start := off + int64(got)
-		out, err := b.c.GetObject(ctx, &s3api.GetObjectInput{Bucket: &b.bucket, Key: aws.String(b.prefix + key),
-			Range: aws.String(fmt.Sprintf("bytes=%d-%d", start, off+int64(len(buf))-1))})
-		if err != nil {
-			return b.classify("get", key, err)
-		}
-		if cl := aws.ToInt64(out.ContentLength); cl < int64(len(buf)-got) {
-			out.Body.Close()
-			return fmt.Errorf("get %s: %d of %d bytes at %d: %w", b.where(key), got+int(cl), len(buf), off, io.ErrUnexpectedEOF)
-		}
-		n, err := io.ReadFull(out.Body, buf[got:])
-		out.Body.Close()
-		got += n
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil || attempt >= 5 {
-			return b.classify("get", key, err)
-		}
-		b.retries.Add(1)
-		select {
-		case <-time.After(time.Duration(100<<attempt) * time.Millisecond):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
+	return b.cl.GetRange(ctx, key, off, buf, b.classify)
 }
 
 func conditions(opt store.PutOptions) (ifNoneMatch, ifMatch *string) {
