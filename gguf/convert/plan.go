@@ -57,16 +57,16 @@ type model struct {
 	opts Options
 	fam  family
 
-	hfArch      string
-	numHidden   int64 // num_hidden_layers (the trunk)
-	blockCount  int64 // block_count written (trunk + MTP when kept)
-	nMTP        int64 // MTP layers kept
-	mtpTensors  int   // mtp.* tensors seen in the checkpoint
-	ropeParams  map[string]any
-	outType     OutType
-	inventory   []*invEntry
-	autoDType tensor.DType // dtype of the first ≥2-D BF16 or F16 tensor, for auto
-	warnings    []string
+	hfArch     string
+	numHidden  int64 // num_hidden_layers (the trunk)
+	blockCount int64 // block_count written (trunk + MTP when kept)
+	nMTP       int64 // MTP layers kept
+	mtpTensors int   // mtp.* tensors seen in the checkpoint
+	ropeParams map[string]any
+	outType    OutType
+	inventory  []*invEntry
+	autoDType  tensor.DType // dtype of the first ≥2-D BF16 or F16 tensor, for auto
+	warnings   []string
 }
 
 // invEntry is a checkpoint tensor after the converter's name filters.
