@@ -322,6 +322,9 @@ func parseStage(file, dir string, n *yaml.Node, kinds *Kinds) (*StageSpec, error
 		s, err := kind.New(p)
 		if err != nil {
 			var se *SpecError
+			if errors.Is(err, errkind.ErrNotBuilt) {
+				return nil, err // a parameter value asks for what is not built: said with its line
+			}
 			if !errors.As(err, &se) {
 				err = &SpecError{File: file, Line: p.line, Stage: st.Name, Msg: err.Error()}
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"path"
 	"path/filepath"
 	"sort"
@@ -123,6 +124,11 @@ func newTransfer(p *Params) (Stage, error) {
 	}
 	seen := map[string]bool{}
 	for _, to := range s.To {
+		if scheme, _, ok := strings.Cut(to, "://"); ok && scheme != "file" && !strings.Contains(scheme, "/") {
+			// Not HOST:DIR with a host named like a scheme.
+			return nil, errkind.Mark(errkind.NotBuilt, fmt.Errorf("%v: a transfer stage to a %s:// destination is %w yet (ferry transfer SRC %s works; issue 30)",
+				p.Errorf("to", "%s", to), scheme, errkind.ErrNotBuilt, to))
+		}
 		if dir, ok := transfer.LocalDir(to); ok {
 			abs, err := ResolvePath(p.Dir(), dir)
 			if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -313,5 +314,22 @@ stages:
 	}
 	if a := rep.Stages[1].Action; a != "skip" {
 		t.Errorf("second run: %s, want skip", a)
+	}
+}
+
+// An s3:// destination in a transfer stage is refused as not built (the
+// CLI has it; the stage does not yet), not taken for a host named s3.
+func TestTransferStageS3NotBuilt(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "model", "a.bin"), "weights")
+	_, err := Parse(filepath.Join(dir, "p.yaml"), dir, []byte(`name: x
+stages:
+  - name: model
+    import: { path: model }
+  - name: shipped
+    transfer: { from: [model], to: ["s3://bucket/models"] }
+`))
+	if !errors.Is(err, errkind.ErrNotBuilt) || errkind.Of(err) != errkind.NotBuilt || !strings.Contains(err.Error(), "p.yaml:6") || !strings.Contains(err.Error(), "ferry transfer SRC s3://bucket/models") {
+		t.Errorf("err %v (kind %v)", err, errkind.Of(err))
 	}
 }
