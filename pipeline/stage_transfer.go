@@ -66,11 +66,12 @@ type transferStage struct {
 	dests []stageDest // in the order of To
 }
 
-// stageDest is one destination of the stage: an SSH target, or a local
-// directory (absolute).
+// stageDest is one destination of the stage: an SSH target, a local
+// directory (absolute) or an S3 prefix.
 type stageDest struct {
 	ssh   *sshconn.Target
 	local string
+	s3    string // s3://BUCKET/PREFIX
 }
 
 // SSHSettings are the SSH client settings a transfer stage reaches its
@@ -124,10 +125,19 @@ func newTransfer(p *Params) (Stage, error) {
 	}
 	seen := map[string]bool{}
 	for _, to := range s.To {
+		if transfer.IsS3(to) {
+			u := strings.TrimRight(to, "/")
+			if seen[u] {
+				return nil, p.Errorf("to", "%s given twice", to)
+			}
+			seen[u] = true
+			s.dests = append(s.dests, stageDest{s3: u})
+			continue
+		}
 		if scheme, _, ok := strings.Cut(to, "://"); ok && scheme != "file" && !strings.Contains(scheme, "/") {
 			// Not HOST:DIR with a host named like a scheme.
-			return nil, errkind.Mark(errkind.NotBuilt, fmt.Errorf("%v: a transfer stage to a %s:// destination is %w yet (ferry transfer SRC %s works; issue 30)",
-				p.Errorf("to", "%s", to), scheme, errkind.ErrNotBuilt, to))
+			return nil, errkind.Mark(errkind.NotBuilt, fmt.Errorf("%v: a transfer stage to a %s:// destination is %w (s3://BUCKET/PREFIX, HOST:DIR and local directories are)",
+				p.Errorf("to", "%s", to), scheme, errkind.ErrNotBuilt))
 		}
 		if dir, ok := transfer.LocalDir(to); ok {
 			abs, err := ResolvePath(p.Dir(), dir)
@@ -296,7 +306,11 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	var dialer *sshconn.Dialer
 	var dests []transfer.Destination
 	for _, sd := range s.dests {
-		if sd.ssh == nil {
+		switch {
+		case sd.s3 != "":
+			dests = append(dests, transfer.Destination{Name: sd.s3, Dir: sd.s3, S3: true})
+			continue
+		case sd.ssh == nil:
 			dests = append(dests, transfer.Destination{Name: sd.local, Dir: sd.local, Local: true})
 			continue
 		}
