@@ -289,14 +289,7 @@ stages:
 			t.Errorf("%s: %q, %v", d, b, err)
 		}
 	}
-	store, err := manifest.Load(filepath.Join(dir, ".ferry"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(store.BlobPath(rep.Stages[1].Outputs[0].Digest))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := stageRecord(t, dir, rep, 1)
 	var rec struct {
 		Destinations []struct {
 			Destination string
@@ -344,14 +337,7 @@ stages:
 			t.Errorf("%s: %q, %v", p, b, err)
 		}
 	}
-	store, err := manifest.Load(filepath.Join(dir, ".ferry"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(store.BlobPath(rep.Stages[1].Outputs[0].Digest))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := stageRecord(t, dir, rep, 1)
 	var rec struct {
 		Destinations []struct {
 			Destination string
@@ -377,4 +363,19 @@ stages:
 	if !errors.Is(err, errkind.ErrNotBuilt) || errkind.Of(err) != errkind.NotBuilt || !strings.Contains(err.Error(), "p.yaml:6") {
 		t.Errorf("gs://: %v (kind %v)", err, errkind.Of(err))
 	}
+}
+
+// stageRecord is the bytes of stage i's first output in the store of the
+// pipeline in dir (a transfer stage's transfer-record.json).
+func stageRecord(t *testing.T, dir string, rep *Report, i int) []byte {
+	t.Helper()
+	store, err := manifest.Load(filepath.Join(dir, ".ferry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(store.BlobPath(rep.Stages[i].Outputs[0].Digest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
