@@ -129,6 +129,9 @@ func runTransfer(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := localDestsOutsideSources(srcs, dests); err != nil {
+		return err
+	}
 	state := c.String("state-dir")
 	if state == "" {
 		if state, err = transferStateDir(); err != nil {
@@ -221,6 +224,43 @@ func transferDestinations(d *sshconn.Dialer, args []string) ([]transfer.Destinat
 			Dial: func(ctx context.Context) (*ssh.Client, error) { return d.Dial(ctx, t) }})
 	}
 	return out, nil
+}
+
+// localDestsOutsideSources refuses a local destination inside a source
+// directory (each run would copy the last run's copy again, one level
+// deeper, as cp -r refuses "a directory into itself"), and one where a
+// source would land on itself.
+func localDestsOutsideSources(srcs []string, dests []transfer.Destination) error {
+	real := func(p string) string {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return p
+		}
+		if r, err := filepath.EvalSymlinks(abs); err == nil {
+			return r
+		}
+		return abs
+	}
+	within := func(p, dir string) bool {
+		rel, err := filepath.Rel(dir, p)
+		return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+	}
+	for _, d := range dests {
+		if !d.Local {
+			continue
+		}
+		dd := real(d.Dir)
+		for _, s := range srcs {
+			ss := real(s)
+			if within(dd, ss) {
+				return usageErrorf("transfer: destination %s is inside source %s: each run would copy the last run's copy again", d.Dir, s)
+			}
+			if filepath.Join(dd, filepath.Base(ss)) == ss {
+				return usageErrorf("transfer: source %s would be copied onto itself in %s", s, d.Dir)
+			}
+		}
+	}
+	return nil
 }
 
 // localDestDir makes a local destination's path absolute ("~" expanded:

@@ -478,6 +478,17 @@ func TestTransferCLILocal(t *testing.T) {
 	if ents, _ := os.ReadDir(ro); len(ents) != 0 {
 		t.Errorf("the read-only destination holds %d entries", len(ents))
 	}
+	// A local destination inside the source, or where the source would
+	// land on itself: refused before anything is hashed or written.
+	for dst, want := range map[string]string{filepath.Join(src, "backup"): "is inside source", filepath.Dir(src): "onto itself"} {
+		r = execFerry(t, nil, "transfer", "--state-dir", state, src, dst)
+		if r.code != exitBadInput || !strings.Contains(r.stderr, want) {
+			t.Errorf("destination %s: exit %d, stderr %q", dst, r.code, r.stderr)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(src, "backup")); err == nil {
+		t.Error("the refused destination was made")
+	}
 	// The local directory alone, last: nothing to send.
 	r = execFerry(t, nil, "transfer", "--state-dir", state, "--json", src, local)
 	if r.code != 0 {
