@@ -21,7 +21,12 @@ const (
 	// SIGTERM): Seconds it ran, Reason what it left to resume.
 	EventInterrupted EventType = "interrupted"
 	EventBlocked     EventType = "blocked" // a stage cannot run: an input did not complete
-	EventEnd         EventType = "end"     // the run ended (Report, Error)
+	// Another machine holds the stage's lease on the shared store: Reason
+	// "being made on HOST, lease until T", Holder and Until. Sent again
+	// when the holder or the time changes; the stage then skips (its
+	// record appeared) or runs (the lease ended without one).
+	EventWaiting EventType = "waiting"
+	EventEnd     EventType = "end" // the run ended (Report, Error)
 )
 
 // Event is one thing that happened in a run, for displays and for the
@@ -48,6 +53,10 @@ type Event struct {
 	Rate  float64 `json:"rate,omitempty"`
 	ETA   float64 `json:"eta,omitempty"`
 	Error string  `json:"error,omitempty"`
+	// Holder and Until: who holds the lease of a waiting stage, and until
+	// when unless renewed.
+	Holder string     `json:"holder,omitempty"`
+	Until  *time.Time `json:"until,omitempty"`
 	// Report is the run's report (end).
 	Report *Report `json:"report,omitempty"`
 }

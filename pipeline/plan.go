@@ -91,6 +91,9 @@ func Plan(spec *Spec, opts Options) (*Report, error) {
 		return nil, err
 	}
 	r := newRunner(spec, store, opts)
+	if r.shared, err = openSharedRead(context.Background(), spec); err != nil {
+		return nil, err
+	}
 	sel, forced, err := r.selection()
 	if err != nil {
 		return nil, err
@@ -102,7 +105,7 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 	spec, store := r.spec, r.store
 	views := &planViews{store: store}
 	defer views.close()
-	rep := &Report{Pipeline: spec.Name, Store: spec.Store, Vars: spec.Vars}
+	rep := r.report()
 	state := map[string]StageReport{}
 	inputs := map[string]*Input{}
 	previews := map[string]string{} // stage → Preview of its plan
@@ -185,6 +188,19 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 				return nil, fmt.Errorf("stage %s: %w", st.Name, err)
 			}
 			sr.Action, sr.Reason, sr.Key, sr.Cause = d.action, d.reason, d.key, d.cause
+			if d.action == ActionRun && !forced[st.Name] && r.shared != nil && shareable(st) {
+				in, host, err := r.planShared(ctx, st, d.key)
+				if err != nil {
+					return nil, fmt.Errorf("stage %s: %w", st.Name, err)
+				}
+				if in != nil {
+					sr.Action, sr.Reason, sr.Cause, sr.Host = ActionFetch, madeOn(host, r.spec.Shared, 0), "", host
+					sr.Reason = strings.Replace(sr.Reason, "; fetched from", "; a run fetches it from", 1)
+					sr.Outputs = in.Outputs
+					inputs[st.Name] = in
+					break
+				}
+			}
 			if d.rec != nil {
 				sr.Outputs = d.rec.Outputs
 				in := r.recordInput(st, d.rec)
@@ -221,6 +237,17 @@ func (r *runner) planWithViews(ctx context.Context, views *planViews, st *StageS
 		return nil, nil
 	}
 	var vins []Input
+	var fetched []string
+	for _, in := range ins {
+		if in.fetched {
+			fetched = append(fetched, in.Stage)
+		}
+	}
+	if len(fetched) > 0 {
+		// Its inputs are in the shared store, not here yet: planned when
+		// the run has fetched them.
+		return &StagePlan{Summary: "checked after " + strings.Join(fetched, ", ") + " fetched"}, nil
+	}
 	for _, in := range ins {
 		if in.Outputs != nil {
 			v, err := views.view(in)

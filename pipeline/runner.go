@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/store"
 )
 
 // Options select and tune a run or plan.
@@ -48,6 +49,12 @@ type Options struct {
 	// level: the events say the same.
 	Events func(Event)
 	Log    *slog.Logger
+	// LeaseTTL is the ttl of the stage leases taken on a shared store
+	// (0: the pipeline file's lease_ttl, else DefaultLeaseTTL).
+	LeaseTTL time.Duration
+	// Host names this machine in the shared store's leases and records
+	// (default: the host name).
+	Host string
 	// SSH is how transfer stages reach their hosts, over what the
 	// pipeline file says (ferry pipeline run's --ssh-config, --known-hosts
 	// and -i).
@@ -69,6 +76,7 @@ const (
 	ActionFailed      Action = "failed"       // (run) it ran and failed
 	ActionInterrupted Action = "interrupted"  // (run) it was running when the run was cancelled (Ctrl-C, SIGTERM); it resumes where it stopped
 	ActionInvalid     Action = "invalid"      // (plan) its planner says it cannot run (Error says why)
+	ActionFetch       Action = "fetch"        // (plan) another machine made it: a run fetches its outputs from the shared store
 )
 
 // StageReport is one stage's line in a plan or a run.
@@ -88,6 +96,10 @@ type StageReport struct {
 	// Resumable is what an interrupted stage left for the next run to
 	// continue from (journals, work dir), in bytes.
 	Resumable int64 `json:"resumable_bytes,omitempty"`
+	// Host is the machine that made the outputs of a stage fetched from
+	// the shared store; Waited the seconds the run waited for its lease.
+	Host   string  `json:"host,omitempty"`
+	Waited float64 `json:"waited_seconds,omitempty"`
 	// Plan is what the stage's planner says it will make, or, for a stage
 	// whose inputs are not made yet, "checked after <stage> runs".
 	Plan string `json:"plan,omitempty"`
@@ -95,10 +107,12 @@ type StageReport struct {
 
 // Report is the result of Plan or Run.
 type Report struct {
-	Pipeline string        `json:"pipeline"`
-	Store    string        `json:"store"`
-	Vars     []Var         `json:"vars,omitempty"`
-	Stages   []StageReport `json:"stages"`
+	Pipeline string `json:"pipeline"`
+	Store    string `json:"store"`
+	// Cache is this machine's local store when Store is a shared one.
+	Cache  string        `json:"cache,omitempty"`
+	Vars   []Var         `json:"vars,omitempty"`
+	Stages []StageReport `json:"stages"`
 }
 
 type decision struct {
@@ -116,6 +130,9 @@ type runner struct {
 	store *manifest.Store
 	opts  Options
 	log   *slog.Logger
+	// shared is the store several machines share (nil: none); store is
+	// then this machine's cache of it.
+	shared *sharedStore
 
 	keyMu    sync.Mutex
 	keyLocks map[string]*sync.Mutex
@@ -451,6 +468,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if err := store.ClearTemp(); err != nil {
 		return nil, err
 	}
+	if r.shared, err = openShared(ctx, spec, r.opts); err != nil {
+		return nil, err
+	}
 	// Inputs from outside the selection must exist before anything runs.
 	outside := map[string]*Input{}
 	for _, st := range spec.Stages {
@@ -463,6 +483,18 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			}
 			ds := spec.Lookup(dep.Name)
 			in, err := r.existingInput(ds)
+			if err != nil && r.shared != nil {
+				// Made on another machine: its latest record in the
+				// shared store, fetched here.
+				rec, host, serr := r.sharedInput(ctx, ds)
+				if serr != nil {
+					return nil, fmt.Errorf("stage %s needs %s: %w", st.Name, dep.Name, serr)
+				}
+				if rec != nil {
+					r.log.Info("input fetched from the shared store", "stage", dep.Name, "host", host, "outputs", len(rec.Outputs))
+					in, err = r.recordInput(ds, rec), nil
+				}
+			}
 			if err != nil {
 				return nil, fmt.Errorf("stage %s needs %s: %w", st.Name, dep.Name, err)
 			}
@@ -478,7 +510,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	// it cannot run stops the run before any stage starts.
 	planOpts := r.opts
 	planOpts.Verify = false
-	if _, err := newRunner(spec, store, planOpts).plan(ctx, sel, forced); err != nil {
+	pr := newRunner(spec, store, planOpts)
+	pr.shared = r.shared
+	if _, err := pr.plan(ctx, sel, forced); err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, &InterruptedError{Err: cerr}
 		}
@@ -560,7 +594,12 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		}()
 	}
 	wg.Wait()
-	rep := &Report{Pipeline: spec.Name, Store: spec.Store, Vars: spec.Vars}
+	// Outputs still being shared behind the run: the run ends when every
+	// stage it made is in the shared store (or says why not).
+	if err := r.shared.wait(); err != nil {
+		stageErrs[""] = err
+	}
+	rep := r.report()
 	for _, st := range spec.Stages {
 		sr, ok := reports[st.Name]
 		if !ok {
@@ -575,6 +614,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		if e := stageErrs[st.Name]; e != nil && (ctx.Err() == nil || reports[st.Name].Action == ActionFailed) {
 			errs = append(errs, e)
 		}
+	}
+	if e := stageErrs[""]; e != nil && ctx.Err() == nil {
+		errs = append(errs, e)
 	}
 	if cerr := ctx.Err(); cerr != nil {
 		ie := &InterruptedError{Failed: errs, Err: cerr}
@@ -596,6 +638,15 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	}
 	r.emit(end)
 	return rep, err
+}
+
+// report is an empty report of the run's pipeline.
+func (r *runner) report() *Report {
+	rep := &Report{Pipeline: r.spec.Name, Store: r.spec.Store, Vars: r.spec.Vars}
+	if r.spec.Shared != "" {
+		rep.Store, rep.Cache = r.spec.Shared, r.spec.Store
+	}
+	return rep
 }
 
 // cancelledBeforeStart is the reason of a stage that a cancelled run
@@ -647,6 +698,42 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		return sr, nil, err
 	}
 	sr.Key, sr.Reason, sr.Cause = d.key, d.reason, d.cause
+	var lease *store.Lease
+	if r.shared != nil && shareable(st) {
+		switch {
+		case d.action == ActionSkip:
+			// Up to date here: shared unless the shared store has it.
+			r.publish(ctx, st, d.rec, nil)
+		default:
+			var rec *manifest.Record
+			var host string
+			if !forced {
+				if rec, host, err = r.fromShared(ctx, st, d); err != nil {
+					sr.Action, sr.Error = ActionFailed, err.Error()
+					return sr, nil, err
+				}
+			}
+			var waited time.Duration
+			if rec == nil {
+				lease, rec, host, waited, err = r.leaseStage(ctx, st, d, forced)
+				sr.Waited = waited.Seconds()
+				if err != nil {
+					sr.Action, sr.Error = ActionFailed, err.Error()
+					return sr, nil, err
+				}
+			}
+			if rec != nil {
+				d.action, d.rec, d.cause, d.reason = ActionSkip, rec, "", madeOn(host, r.spec.Shared, waited)
+				sr.Reason, sr.Cause, sr.Host = d.reason, "", host
+			}
+		}
+	}
+	runCtx := ctx
+	if lease != nil {
+		var done func()
+		ctx, done = underLease(ctx, lease)
+		defer done()
+	}
 	if d.action == ActionSkip {
 		sr.Action, sr.Outputs, sr.Cause = ActionSkip, d.rec.Outputs, ""
 		// Journals left by a run killed after its commit are garbage now.
@@ -687,7 +774,19 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	rec, err := r.execute(ctx, st, d, ins, forced)
 	sr.Seconds = time.Since(start).Seconds()
 	if err != nil {
+		if lease != nil {
+			if lerr := lease.Err(); lerr != nil {
+				err = fmt.Errorf("%w (its work is kept: the next run resumes it)", lerr)
+			} else if rerr := lease.Release(context.WithoutCancel(ctx)); rerr != nil {
+				r.log.Warn("could not release a stage lease (it expires after its ttl)", "stage", st.Name, "err", rerr)
+			}
+		}
 		return sr, nil, err // runStage says whether it failed or was interrupted
+	}
+	if lease != nil {
+		// Shared behind the run; the lease is released once the record
+		// is in the shared store.
+		r.publish(runCtx, st, rec, lease)
 	}
 	sr.Outputs = rec.Outputs
 	if err := r.store.MakeView(sr.View, rec.Outputs); err != nil {

@@ -4,15 +4,20 @@
 package pipeline
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/ferry-llm/ferry/internal/errkind"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/s3client"
 
 	"gopkg.in/yaml.v3"
 )
@@ -22,11 +27,19 @@ const maxSpecSize = 1 << 20
 
 // Spec is a parsed, checked pipeline file.
 type Spec struct {
-	Name   string
-	File   string // absolute path of the file
-	Dir    string // its directory: relative paths start here
-	Store  string // absolute store directory
-	Stages []*StageSpec
+	Name string
+	File string // absolute path of the file
+	Dir  string // its directory: relative paths start here
+	// Store is the absolute directory of the local store: the store
+	// itself, or, when Shared is set, this machine's cache of it (views,
+	// work dirs, resume journals, blobs fetched or made here).
+	Store string
+	// Shared is the store several machines share ("s3://BUCKET/PREFIX"),
+	// "" for a pipeline on a local store only.
+	Shared string
+	// LeaseTTL is the pipeline file's lease_ttl (0: the default).
+	LeaseTTL time.Duration
+	Stages   []*StageSpec
 	// Kinds are the stage kinds the file was parsed with; runs use them.
 	Kinds *Kinds
 	// Vars are the file's variables with the values this parse used.
@@ -55,6 +68,43 @@ func (s *Spec) KindOf(st *StageSpec) Kind {
 
 // Lookup returns the stage called name, or nil.
 func (s *Spec) Lookup(name string) *StageSpec { return s.byName[name] }
+
+// DefaultCache is the local cache of the shared store url when no --cache
+// is given: a directory of its own under the user cache directory
+// (~/.cache/ferry/stores/… on Linux, ~/Library/Caches/ferry/stores/… on a
+// Mac), named after the url so two buckets never share one.
+func DefaultCache(url string) (string, error) {
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no user cache directory for its local cache (give --cache DIR): %w", err)
+	}
+	name := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' {
+			return r
+		}
+		return '_'
+	}, strings.TrimPrefix(url, "s3://"))
+	if len(name) > 64 {
+		name = name[:64]
+	}
+	sum := sha256.Sum256([]byte(url))
+	return filepath.Join(d, "ferry", "stores", name+"-"+hex.EncodeToString(sum[:6])), nil
+}
+
+// UseCache makes dir the local cache of a pipeline on a shared store
+// (ferry pipeline run --cache); a usage error for a pipeline whose store
+// is a directory.
+func (s *Spec) UseCache(dir string) error {
+	if s.Shared == "" {
+		return errkind.Errorf(errkind.Usage, "--cache %s: the store of %s is the directory %s, which needs no cache (--cache is for store: s3://…)", dir, s.File, s.Store)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	s.Store = abs
+	return nil
+}
 
 // ViewDir is where the stage's outputs appear.
 func (s *Spec) ViewDir(st *StageSpec) string {
@@ -182,26 +232,41 @@ func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
 			spec.Name = v.Value
 		case "store":
 			if v.Kind != yaml.ScalarNode || v.Value == "" {
-				return nil, fail(v.Line, "store must be a directory path")
+				return nil, fail(v.Line, "store must be a directory path or s3://BUCKET/PREFIX")
 			}
 			if scheme, _, ok := strings.Cut(v.Value, "://"); ok && !strings.Contains(scheme, "/") {
-				// Not a directory named "s3:": a store on an object store,
-				// which pipelines cannot use yet.
-				return nil, fmt.Errorf("%s:%d: store %s: a pipeline on a %s:// store is %w yet (issue 29; ferry store doctor, copy, verify, gc and du work on one): keep the store a directory and copy it there with 'ferry store copy DIR %s'",
-					name, v.Line, v.Value, scheme, errkind.ErrNotBuilt, v.Value)
+				if scheme != "s3" {
+					return nil, fmt.Errorf("%s:%d: store %s: a pipeline on a %s:// store is %w (only s3://BUCKET/PREFIX and directories)",
+						name, v.Line, v.Value, scheme, errkind.ErrNotBuilt)
+				}
+				if _, _, err := s3client.ParseURL(v.Value); err != nil {
+					return nil, fail(v.Line, "store: %v", err)
+				}
+				cache, err := DefaultCache(v.Value)
+				if err != nil {
+					return nil, fail(v.Line, "store %s: %v", v.Value, err)
+				}
+				spec.Shared, spec.Store = v.Value, cache
+				break
 			}
 			p, err := ResolvePath(absDir, v.Value)
 			if err != nil {
 				return nil, fail(v.Line, "store: %v", err)
 			}
 			spec.Store = p
+		case "lease_ttl":
+			d, err := time.ParseDuration(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil || d < 100*time.Millisecond {
+				return nil, fail(v.Line, "lease_ttl must be a duration of at least 100ms, like 2m or 30s")
+			}
+			spec.LeaseTTL = d
 		case "stages":
 			if v.Kind != yaml.SequenceNode {
 				return nil, fail(v.Line, "stages must be a list")
 			}
 			stagesNode = v
 		default:
-			return nil, fail(k.Line, "unknown key %q (expected name, store, vars, stages)", k.Value)
+			return nil, fail(k.Line, "unknown key %q (expected name, store, lease_ttl, vars, stages)", k.Value)
 		}
 	}
 	if spec.Name == "" {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 )
@@ -137,13 +138,43 @@ func FuzzSpec(f *testing.F) {
 	})
 }
 
-// A store on an object store (store: s3://…) is not built for pipelines
-// yet: said so, with the line, before anything runs; a directory whose
-// name has a colon stays a directory.
+// store: s3://BUCKET/PREFIX is a shared store with a local cache under
+// the user cache directory (one per URL); another scheme is not built,
+// said with its line; lease_ttl is checked; a directory whose name has a
+// colon stays a directory.
 func TestParseObjectStore(t *testing.T) {
-	_, err := Parse("p.yaml", "/d", []byte("name: x\nstore: s3://bucket/prefix\nstages:\n  - name: a\n    import: { path: p }\n"))
-	if err == nil || !errors.Is(err, errkind.ErrNotBuilt) || !strings.HasPrefix(err.Error(), "p.yaml:2: store s3://bucket/prefix") || !strings.Contains(err.Error(), "ferry store copy") {
-		t.Errorf("s3:// store: %v", err)
+	t.Setenv("XDG_CACHE_HOME", "/cache")
+	for _, tc := range []struct {
+		store, extra string
+		shared       string
+		cache        string
+		ttl          time.Duration
+		err          string
+		notBuilt     bool
+	}{
+		{store: "s3://bucket/prefix", shared: "s3://bucket/prefix", cache: "/cache/ferry/stores/bucket_prefix-"},
+		{store: "s3://bucket", extra: "lease_ttl: 30s\n", shared: "s3://bucket", cache: "/cache/ferry/stores/bucket-", ttl: 30 * time.Second},
+		{store: "s3://bucket", extra: "lease_ttl: 1ms\n", err: "p.yaml:3: lease_ttl must be a duration of at least 100ms"},
+		{store: "s3://", err: "p.yaml:2: store: "},
+		{store: "gs://bucket/p", err: "p.yaml:2: store gs://bucket/p: a pipeline on a gs:// store is not built", notBuilt: true},
+	} {
+		spec, err := Parse("p.yaml", "/d", []byte("name: x\nstore: "+tc.store+"\n"+tc.extra+"stages:\n  - name: a\n    import: { path: p }\n"))
+		if tc.err != "" {
+			if err == nil || !strings.HasPrefix(err.Error(), tc.err) || errors.Is(err, errkind.ErrNotBuilt) != tc.notBuilt {
+				t.Errorf("%s %s: %v, want %q", tc.store, tc.extra, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || spec.Shared != tc.shared || !strings.HasPrefix(spec.Store, tc.cache) || spec.LeaseTTL != tc.ttl {
+			t.Errorf("%s %s: %v, shared %q cache %q ttl %v", tc.store, tc.extra, err, spec.Shared, spec.Store, spec.LeaseTTL)
+			continue
+		}
+		if err := spec.UseCache("/elsewhere/c"); err != nil || spec.Store != "/elsewhere/c" {
+			t.Errorf("UseCache: %v, %q", err, spec.Store)
+		}
+	}
+	if spec, err := Parse("p.yaml", "/d", []byte("name: x\nstages:\n  - name: a\n    import: { path: p }\n")); err != nil || spec.UseCache("/c") == nil {
+		t.Errorf("--cache on a local store must be refused: %v", err)
 	}
 	spec, err := Parse("p.yaml", "/d", []byte("name: x\nstore: ./a://b\nstages:\n  - name: a\n    import: { path: p }\n"))
 	if err != nil || spec.Store != "/d/a:/b" {

@@ -53,6 +53,8 @@ type Input struct {
 	Outputs []manifest.Output
 	Digest  manifest.Digest // OutputsDigest of Outputs
 	Key     string          // key of the record that made them
+	// fetched: (plan) the outputs are in the shared store, not here yet.
+	fetched bool
 }
 
 // Progress receives a running stage's byte counts.

@@ -35,6 +35,7 @@ func pipelineCommand() *cli.Command {
 		&cli.StringFlag{Name: "from", Usage: "re-run stage `NAME` and every stage that depends on it"},
 		&cli.BoolFlag{Name: "verify", Usage: "re-hash recorded outputs instead of trusting their size/mtime/inode stamps"},
 		jsonFlag("print the result as JSON"),
+		cacheFlag(),
 	}
 	return &cli.Command{
 		Name:  "pipeline",
@@ -53,6 +54,8 @@ func pipelineCommand() *cli.Command {
 					&cli.StringFlag{Name: "ssh-config", Usage: "transfer stages read only this ssh_config (\"none\": no config), over the pipeline file's ssh_config"},
 					&cli.StringFlag{Name: "known-hosts", Usage: "the known_hosts file transfer stages check, over the pipeline file's known_hosts"},
 					&cli.StringSliceFlag{Name: "identity", Aliases: []string{"i"}, Usage: "identity file (private key) transfer stages try before the config's (repeatable), over the pipeline file's identity"},
+					&cli.DurationFlag{Name: "lease-ttl", Usage: "on a shared store (store: s3://…): how long a stage's lease holds without renewal (renewed every third of it; a machine that dies is taken over after it), over the file's lease_ttl", DefaultText: pipeline.DefaultLeaseTTL.String()},
+					&cli.StringFlag{Name: "machine", EnvVars: []string{"FERRY_MACHINE"}, Usage: "this machine's `NAME` in a shared store's leases and records (\"being made on NAME\")", DefaultText: "the host name"},
 				),
 				Action: pipelineRun,
 			},
@@ -67,7 +70,7 @@ func pipelineCommand() *cli.Command {
 				Name:      "status",
 				Usage:     "show each stage's state, outputs, sizes and digests",
 				ArgsUsage: "FILE.yaml",
-				Flags:     []cli.Flag{newVarFlag(), jsonFlag("print the result as JSON")},
+				Flags:     []cli.Flag{newVarFlag(), jsonFlag("print the result as JSON"), cacheFlag()},
 				Action:    pipelineStatus,
 			},
 		},
@@ -91,7 +94,22 @@ func loadSpec(c *cli.Context) (*pipeline.Spec, error) {
 			vars[k] = val
 		}
 	}
-	return pipeline.Load(c.Args().First(), pipeline.WithKinds(stageKinds()), pipeline.WithVars(vars))
+	spec, err := pipeline.Load(c.Args().First(), pipeline.WithKinds(stageKinds()), pipeline.WithVars(vars))
+	if err != nil {
+		return nil, err
+	}
+	if d := c.String("cache"); d != "" {
+		if err := spec.UseCache(d); err != nil {
+			return nil, err
+		}
+	}
+	return spec, nil
+}
+
+// cacheFlag is --cache, the local cache of a pipeline on a shared store.
+func cacheFlag() cli.Flag {
+	return &cli.StringFlag{Name: "cache", Usage: "on a shared store (store: s3://…): this machine's local store `DIR` (views, work dirs, resume journals, the blobs made or fetched here)",
+		DefaultText: "a directory per store under the user cache directory"}
 }
 
 // pipelineSpec is the pipeline file that run and plan load, and the
@@ -115,6 +133,8 @@ func pipelineOptions(c *cli.Context) (pipeline.Options, error) {
 		Workers:  c.Int("jobs"),
 		Stages:   c.Int("stages"),
 		LockWait: c.Duration("lock-wait"),
+		LeaseTTL: c.Duration("lease-ttl"),
+		Host:     c.String("machine"),
 		Log:      slog.Default(),
 		SSH:      pipeline.SSHSettings{Config: c.String("ssh-config"), KnownHosts: c.String("known-hosts"), Identity: c.StringSlice("identity")},
 	}
@@ -205,7 +225,11 @@ func printReport(c *cli.Context, rep *pipeline.Report, ran bool) error {
 	if c.Bool("json") {
 		return printJSON(c, rep)
 	}
-	fmt.Fprintf(w, "pipeline %s (store %s)\n", rep.Pipeline, rep.Store)
+	if rep.Cache != "" {
+		fmt.Fprintf(w, "pipeline %s (store %s, cache %s)\n", rep.Pipeline, rep.Store, rep.Cache)
+	} else {
+		fmt.Fprintf(w, "pipeline %s (store %s)\n", rep.Pipeline, rep.Store)
+	}
 	printVars(w, rep.Vars)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, s := range rep.Stages {

@@ -58,7 +58,9 @@ func (d *display) event(e pipeline.Event) {
 	case pipeline.EventStart:
 		d.pg.Println(fmt.Sprintf("pipeline %s: %s", d.name, plural(e.Total, "stage")))
 	case pipeline.EventSkip:
-		d.pg.Println(fmt.Sprintf("  = %s: up to date, %s, %s", step, plural(len(e.Outputs), "output"), pipeline.FormatBytes(e.Bytes)))
+		d.pg.Println(fmt.Sprintf("  = %s: %s, %s, %s", step, e.Reason, plural(len(e.Outputs), "output"), pipeline.FormatBytes(e.Bytes)))
+	case pipeline.EventWaiting:
+		d.pg.Println(fmt.Sprintf("  … %s: waiting (%s)", step, e.Reason))
 	case pipeline.EventRun:
 		d.pg.Println(fmt.Sprintf("  > %s: %s", step, e.Reason))
 	case pipeline.EventDone:

@@ -1,0 +1,445 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/ferry-llm/ferry/internal/s3test"
+	"github.com/ferry-llm/ferry/pipeline"
+)
+
+// sharedMachine is one "machine" of a shared-store test: a directory of
+// its own with a copy of the bundled model and the demo pipeline file (so
+// its imports read other paths than the other machine's, and its out:
+// views land in its own directory), and a cache of its own.
+type sharedMachine struct {
+	name, dir, file, cache string
+}
+
+// newSharedMachine writes the demo pipeline under root/name on store.
+func newSharedMachine(t *testing.T, root, name, store string) sharedMachine {
+	t.Helper()
+	m := sharedMachine{name: name, dir: filepath.Join(root, name)}
+	models := filepath.Join(m.dir, "models")
+	for _, sub := range []string{"base", "adapter-dora"} {
+		copyTree(t, filepath.Join("..", "..", "testdata", "models", "qwen35-tiny", sub), filepath.Join(models, sub))
+	}
+	body, err := os.ReadFile(filepath.Join("..", "..", "pipelines", "demo.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.ReplaceAll(string(body), "../testdata/models/qwen35-tiny/", "models/")
+	s = strings.Replace(s, "store: .ferry", "store: "+store, 1)
+	m.file = filepath.Join(m.dir, "demo.yaml")
+	if err := os.WriteFile(m.file, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.cache = filepath.Join(m.dir, "cache")
+	return m
+}
+
+func copyTree(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		out := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(out, 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(out, b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startRun starts `ferry pipeline run --events` of m; its events arrive
+// on the returned channel, which is closed when stdout ends.
+func (m sharedMachine) startRun(t *testing.T, extra ...string) (*exec.Cmd, <-chan pipeline.Event, *bytes.Buffer) {
+	t.Helper()
+	args := append([]string{"pipeline", "run", "--events", "--cache", m.cache, "--machine", m.name, "-j", "2"}, extra...)
+	args = append(args, m.file)
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan pipeline.Event, 256)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var e pipeline.Event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				ch <- e
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	return cmd, ch, &errb
+}
+
+// collect reads every event of a run and waits for it to end.
+func collect(t *testing.T, m sharedMachine, cmd *exec.Cmd, ch <-chan pipeline.Event, errb *bytes.Buffer) ([]pipeline.Event, int) {
+	t.Helper()
+	var evs []pipeline.Event
+	for e := range ch {
+		evs = append(evs, e)
+	}
+	err := cmd.Wait()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("machine %s: %v", m.name, err)
+	}
+	if code != 0 {
+		t.Logf("machine %s: exit %d, stderr:\n%s", m.name, code, errb)
+	}
+	return evs, code
+}
+
+// byStage maps stage → the events of that stage, as "event reason".
+func byStage(evs []pipeline.Event, kinds ...pipeline.EventType) map[string][]pipeline.Event {
+	out := map[string][]pipeline.Event{}
+	for _, e := range evs {
+		for _, k := range kinds {
+			if e.Event == k && e.Stage != "" {
+				out[e.Stage] = append(out[e.Stage], e)
+			}
+		}
+	}
+	return out
+}
+
+// viewFiles reads every file of the pipeline's out: views under dir/out,
+// through their links.
+func viewFiles(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	root := filepath.Join(dir, "out")
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := os.Stat(p)
+		if err != nil || fi.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		files[rel] = b
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+func sameFiles(t *testing.T, what string, got, want map[string][]byte) {
+	t.Helper()
+	var names []string
+	for n := range want {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(got) != len(want) || len(want) == 0 {
+		t.Errorf("%s: %d files, want %d", what, len(got), len(want))
+	}
+	for _, n := range names {
+		if !bytes.Equal(got[n], want[n]) {
+			t.Errorf("%s: %s differs from the local-store run's", what, n)
+		}
+	}
+}
+
+// Two machines, one store: two `ferry pipeline run` processes with caches,
+// work dirs and model copies of their own, started together on the same
+// pipeline against one s3:// store on a real versitygw. Every stage but
+// the imports (each machine reads its own files) runs exactly once in
+// total; the other machine waits on the lease or finds the record, and
+// skips naming the machine that made it; the outputs are byte-identical to
+// a local-store run's; `ferry store verify` passes; a second run of each
+// machine runs nothing.
+func TestPipelineSharedTwoMachines(t *testing.T) {
+	srv := s3test.Start(t, "ferry-two")
+	srv.Env(t)
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	const url = "s3://ferry-two/team"
+	root := t.TempDir()
+	a := newSharedMachine(t, root, "machine-a", url)
+	b := newSharedMachine(t, root, "machine-b", url)
+
+	cmdA, chA, errA := a.startRun(t, "--lease-ttl", "3s")
+	cmdB, chB, errB := b.startRun(t, "--lease-ttl", "3s")
+	type result struct {
+		evs  []pipeline.Event
+		code int
+	}
+	resB := make(chan result, 1)
+	go func() {
+		evs, code := collect(t, b, cmdB, chB, errB)
+		resB <- result{evs, code}
+	}()
+	evA, codeA := collect(t, a, cmdA, chA, errA)
+	rb := <-resB
+	if codeA != 0 || rb.code != 0 {
+		t.Fatalf("exit codes %d and %d", codeA, rb.code)
+	}
+	runs := map[string]int{}
+	for _, evs := range [][]pipeline.Event{evA, rb.evs} {
+		for st, es := range byStage(evs, pipeline.EventRun) {
+			runs[st] += len(es)
+		}
+	}
+	skips := map[string][]pipeline.Event{}
+	for m, evs := range map[string][]pipeline.Event{a.name: evA, b.name: rb.evs} {
+		for st, es := range byStage(evs, pipeline.EventSkip) {
+			for _, e := range es {
+				if !strings.Contains(e.Reason, "made on machine-") || strings.Contains(e.Reason, "made on "+m) {
+					t.Errorf("machine %s: stage %s skipped with %q, want the other machine named", m, st, e.Reason)
+				}
+				skips[st] = append(skips[st], e)
+			}
+		}
+	}
+	for _, st := range []string{"merged", "f16", "quants", "checked"} {
+		if runs[st] != 1 || len(skips[st]) != 1 {
+			t.Errorf("stage %s ran %d times and was skipped %d times across both machines, want 1 and 1", st, runs[st], len(skips[st]))
+		}
+	}
+	for _, st := range []string{"base", "adapter"} {
+		if runs[st] != 2 {
+			t.Errorf("import %s ran %d times, want once per machine", st, runs[st])
+		}
+	}
+
+	// The same pipeline on a local store: the same bytes everywhere.
+	loc := newSharedMachine(t, root, "local", ".ferry")
+	if r := execFerry(t, nil, "pipeline", "run", "-j", "2", loc.file); r.code != 0 {
+		t.Fatalf("local run: exit %d\n%s", r.code, r.stderr)
+	}
+	want := viewFiles(t, loc.dir)
+	sameFiles(t, "machine-a", viewFiles(t, a.dir), want)
+	sameFiles(t, "machine-b", viewFiles(t, b.dir), want)
+
+	if r := execFerry(t, nil, "store", "verify", url); r.code != 0 || !strings.Contains(r.stdout, " 0 unreferenced blobs") {
+		t.Fatalf("store verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// Again on each machine: all up to date, nothing run or fetched.
+	for _, m := range []sharedMachine{a, b} {
+		cmd, ch, errb := m.startRun(t)
+		evs, code := collect(t, m, cmd, ch, errb)
+		if code != 0 {
+			t.Fatalf("second run on %s: exit %d", m.name, code)
+		}
+		if n := len(byStage(evs, pipeline.EventRun)); n != 0 {
+			t.Errorf("second run on %s ran %d stages", m.name, n)
+		}
+		for st, es := range byStage(evs, pipeline.EventSkip) {
+			if es[0].Reason != "up to date" {
+				t.Errorf("second run on %s: stage %s: %q, want up to date", m.name, st, es[0].Reason)
+			}
+		}
+	}
+}
+
+// kill -9 of a machine while it holds the merge lease: the other machine
+// waits (being made on the dead one, lease until T), takes the lease over
+// after its ttl, runs the merge and finishes; `ferry store verify`
+// passes; the killed machine's next run fetches what the other made.
+func TestPipelineSharedTakeover(t *testing.T) {
+	srv := s3test.Start(t, "ferry-kill")
+	srv.Env(t)
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	const url = "s3://ferry-kill/team"
+	root := t.TempDir()
+	a := newSharedMachine(t, root, "machine-a", url)
+	b := newSharedMachine(t, root, "machine-b", url)
+
+	cmdA, chA, errA := a.startRun(t, "--lease-ttl", "2s")
+	stopped := false
+	for e := range chA {
+		if e.Event == pipeline.EventRun && e.Stage == "merged" {
+			// Frozen at once (it holds the lease and renews it no more),
+			// then killed: a machine that died mid-merge.
+			if err := cmdA.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			stopped = true
+			break
+		}
+	}
+	if !stopped {
+		collect(t, a, cmdA, chA, errA)
+		t.Fatalf("machine-a never started the merge")
+	}
+	ctx := context.Background()
+	cl := srv.Client()
+	if _, err := cl.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("ferry-kill"), Key: aws.String("team/refs/pipelines/demo/merged")}); err == nil {
+		t.Fatalf("the merge was shared before machine-a could be stopped: the test needs a slower merge")
+	}
+	leases := 0
+	p := s3.NewListObjectsV2Paginator(cl, &s3.ListObjectsV2Input{Bucket: aws.String("ferry-kill"), Prefix: aws.String("team/leases/stage/")})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases += len(page.Contents)
+	}
+	if leases != 1 {
+		t.Fatalf("%d stage leases while machine-a merges, want 1", leases)
+	}
+	cmdA.Process.Kill()
+	collect(t, a, cmdA, chA, errA)
+
+	start := time.Now()
+	cmdB, chB, errB := b.startRun(t, "--lease-ttl", "2s")
+	evB, code := collect(t, b, cmdB, chB, errB)
+	if code != 0 {
+		t.Fatalf("machine-b: exit %d", code)
+	}
+	waits := byStage(evB, pipeline.EventWaiting)["merged"]
+	if len(waits) == 0 || waits[0].Holder != "machine-a" || !strings.HasPrefix(waits[0].Reason, "being made on machine-a, lease until ") || waits[0].Until == nil {
+		t.Fatalf("machine-b's waiting events for merged: %+v", waits)
+	}
+	if n := len(byStage(evB, pipeline.EventRun)["merged"]); n != 1 {
+		t.Fatalf("machine-b ran merged %d times, want 1 (after taking the lease over)", n)
+	}
+	t.Logf("machine-b took over and finished in %v", time.Since(start).Round(time.Millisecond))
+	if r := execFerry(t, nil, "store", "verify", url); r.code != 0 {
+		t.Fatalf("store verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// machine-a comes back: what machine-b made is fetched, not run.
+	cmdA, chA, errA = a.startRun(t, "--lease-ttl", "2s")
+	evA, code := collect(t, a, cmdA, chA, errA)
+	if code != 0 {
+		t.Fatalf("machine-a again: exit %d", code)
+	}
+	for _, st := range []string{"merged", "f16", "quants", "checked"} {
+		es := byStage(evA, pipeline.EventSkip)[st]
+		if len(es) != 1 || !strings.HasPrefix(es[0].Reason, "made on machine-b") {
+			t.Errorf("machine-a again: stage %s: %v, want skipped as made on machine-b", st, es)
+		}
+	}
+	sameFiles(t, "machine-a", viewFiles(t, a.dir), viewFiles(t, b.dir))
+}
+
+// A machine that ran the pipeline on a local store seeds the bucket by
+// running it once against the bucket with its old store as the cache:
+// nothing re-runs, everything is uploaded. Another machine's plan then
+// shows those stages as fetch, and a machine without the model files runs
+// one stage with --only, its input taken from the bucket.
+func TestPipelineSharedSeedPlanOnly(t *testing.T) {
+	srv := s3test.Start(t, "ferry-seed")
+	srv.Env(t)
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	const url = "s3://ferry-seed/team"
+	root := t.TempDir()
+	gpu := newSharedMachine(t, root, "gpu", ".ferry")
+	if r := execFerry(t, nil, "pipeline", "run", "-j", "2", gpu.file); r.code != 0 {
+		t.Fatalf("local run: exit %d\n%s", r.code, r.stderr)
+	}
+	body, err := os.ReadFile(gpu.file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gpu.file, bytes.Replace(body, []byte("store: .ferry"), []byte("store: "+url), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gpu.cache = filepath.Join(gpu.dir, ".ferry")
+	cmd, ch, errb := gpu.startRun(t)
+	evs, code := collect(t, gpu, cmd, ch, errb)
+	if code != 0 {
+		t.Fatalf("seeding run: exit %d", code)
+	}
+	if n := len(byStage(evs, pipeline.EventRun)); n != 0 {
+		t.Errorf("seeding run ran %d stages, want none", n)
+	}
+
+	mac := newSharedMachine(t, root, "mac", url)
+	// Keys follow the imported bytes: the plan knows them once this
+	// machine has imported its files.
+	for _, st := range []string{"base", "adapter"} {
+		if r := execFerry(t, nil, "pipeline", "run", "--only", st, "--cache", mac.cache, mac.file); r.code != 0 {
+			t.Fatalf("--only %s: exit %d\n%s", st, r.code, r.stderr)
+		}
+	}
+	r := execFerry(t, nil, "pipeline", "plan", "--json", "--cache", mac.cache, mac.file)
+	if r.code != 0 {
+		t.Fatalf("plan: exit %d\n%s", r.code, r.stderr)
+	}
+	var rep pipeline.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]pipeline.Action{"base": pipeline.ActionSkip, "adapter": pipeline.ActionSkip,
+		"merged": pipeline.ActionFetch, "f16": pipeline.ActionFetch, "quants": pipeline.ActionFetch, "checked": pipeline.ActionFetch}
+	for _, s := range rep.Stages {
+		if s.Action != want[s.Stage] || s.Action == pipeline.ActionFetch && s.Host != "gpu" {
+			t.Errorf("plan: %s: %s (%s) host %q, want %s made on gpu", s.Stage, s.Action, s.Reason, s.Host, want[s.Stage])
+		}
+	}
+	if rep.Store != url || rep.Cache != mac.cache {
+		t.Errorf("plan: store %q cache %q", rep.Store, rep.Cache)
+	}
+
+	// A machine without the model files: only the quants, their input
+	// from the bucket.
+	mac = newSharedMachine(t, root, "mac2", url)
+	if err := os.RemoveAll(filepath.Join(mac.dir, "models")); err != nil {
+		t.Fatal(err)
+	}
+	cmd, ch, errb = mac.startRun(t, "--only", "quants")
+	evs, code = collect(t, mac, cmd, ch, errb)
+	if code != 0 {
+		t.Fatalf("--only quants: exit %d", code)
+	}
+	if es := byStage(evs, pipeline.EventSkip)["quants"]; len(es) != 1 || !strings.HasPrefix(es[0].Reason, "made on gpu") {
+		t.Errorf("--only quants: %v", es)
+	}
+	got, want2 := viewFiles(t, mac.dir), viewFiles(t, gpu.dir)
+	for n, b := range got {
+		if !bytes.Equal(b, want2[n]) {
+			t.Errorf("%s differs from the seeding machine's", n)
+		}
+	}
+	if _, ok := got[filepath.Join("quants", "Merged-3.7M-Q4_K_M.gguf")]; !ok {
+		t.Errorf("the Mac has no quants view: %d files", len(got))
+	}
+}

@@ -1,0 +1,434 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/store"
+	s3store "github.com/ferry-llm/ferry/store/s3"
+)
+
+// A pipeline on a shared store (store: s3://BUCKET/PREFIX) runs against
+// two stores: the shared one, where finished stages are records and blobs
+// every machine reads, and this machine's local store, its cache (the
+// spec's Store: views, work dirs, resume journals, the blobs it made or
+// fetched, import stamps). Stages see only the local one; the runner moves
+// stages between them:
+//
+//   - a stage whose key has a record in the shared store is not run: its
+//     outputs are fetched (ranged reads, verified before use) into the
+//     cache and it is skipped, naming the machine that made it;
+//   - otherwise the runner takes the stage key's lease, so that of the
+//     machines that want the stage one makes it and the others wait
+//     ("being made on HOST, lease until T"); a waiter that gets the lease
+//     looks for the record again and, finding it, skips;
+//   - the holder runs the stage under the lease (a lost lease cancels it;
+//     what it wrote stays resumable), stores its outputs as blobs, commits
+//     the record, points refs/pipelines/<pipeline>/<stage> at it and only
+//     then releases the lease. This happens behind the run: the stages
+//     after it start at once on the local copy;
+//   - a stage up to date in the cache whose record the shared store lacks
+//     is shared the same way (a store seeded late, or wiped).
+//
+// Imports stay on the machine: they read this machine's files (their
+// record holds paths and stamps) and their bytes are usually the base
+// model every machine already has; what the stages after them make is
+// keyed by the imported bytes' digests, so it is shared whatever
+// directory each machine imported from.
+
+// DefaultLeaseTTL is a stage lease's ttl when neither --lease-ttl nor
+// lease_ttl: says: a machine that dies holding one is taken over this long
+// after its last renewal.
+const DefaultLeaseTTL = 2 * time.Minute
+
+// sharedStore is the shared store of a run.
+type sharedStore struct {
+	s   *store.Store
+	ttl time.Duration
+	// poll is how often a waiter looks at a held lease again.
+	poll time.Duration
+
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	errs []error
+}
+
+// openShared opens the shared store of spec (nil when it has none),
+// probing its conditional writes: a server that ignores them is refused
+// before anything runs.
+func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, error) {
+	if spec.Shared == "" {
+		return nil, nil
+	}
+	b, err := s3store.Open(ctx, spec.Shared)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", spec.Shared, err)
+	}
+	s, err := store.Open(ctx, b, store.Options{
+		CacheDir: filepath.Join(spec.Store, "shared"),
+		Host:     opts.Host,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", spec.Shared, err)
+	}
+	ttl := opts.LeaseTTL
+	if ttl == 0 {
+		ttl = spec.LeaseTTL
+	}
+	if ttl == 0 {
+		ttl = DefaultLeaseTTL
+	}
+	return &sharedStore{s: s, ttl: ttl, poll: min(max(ttl/8, 50*time.Millisecond), 2*time.Second)}, nil
+}
+
+// openSharedRead opens the shared store of spec for plan and status,
+// which write nothing: no probe, and a store not made yet is none.
+func openSharedRead(ctx context.Context, spec *Spec) (*sharedStore, error) {
+	if spec.Shared == "" {
+		return nil, nil
+	}
+	b, err := s3store.Open(ctx, spec.Shared)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", spec.Shared, err)
+	}
+	s, err := store.Open(ctx, b, store.Options{CacheDir: filepath.Join(spec.Store, "shared"), SkipProbe: true, Existing: true})
+	if errors.Is(err, store.ErrNoStore) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", spec.Shared, err)
+	}
+	return &sharedStore{s: s, ttl: DefaultLeaseTTL}, nil
+}
+
+// planShared is the input a plan sees for st when the shared store has a
+// record of key: its outputs, not fetched (plan writes nothing).
+func (r *runner) planShared(ctx context.Context, st *StageSpec, key string) (*Input, string, error) {
+	srec, err := r.shared.s.Record(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	outs := make([]manifest.Output, len(srec.Outputs))
+	for i, o := range srec.Outputs {
+		outs[i] = manifest.Output{Path: o.Path, Digest: o.Digest, Size: o.Size}
+	}
+	return &Input{Stage: st.Name, Dir: r.spec.ViewDir(st), Outputs: outs, Digest: manifest.OutputsDigest(outs), Key: key, fetched: true}, srec.Host, nil
+}
+
+// shareable says whether st's records go to the shared store.
+func shareable(st *StageSpec) bool { return st.Kind != "import" }
+
+func leaseName(key string) string { return "stage/" + key }
+
+func refName(pipeline, stage string) string { return "pipelines/" + pipeline + "/" + stage }
+
+// sharedMeta is what a shared record keeps beside its outputs: what made
+// it, for people and for the machines that fetch it. Nothing in it is a
+// path or a machine's fact.
+type sharedMeta struct {
+	Pipeline     string           `json:"pipeline"`
+	Stage        string           `json:"stage"`
+	Kind         string           `json:"kind"`
+	KindVersion  string           `json:"kind_version,omitempty"`
+	FerryVersion string           `json:"ferry_version,omitempty"`
+	Params       json.RawMessage  `json:"params"`
+	Inputs       []manifest.Input `json:"inputs,omitempty"`
+	Started      time.Time        `json:"started"`
+	Finished     time.Time        `json:"finished"`
+}
+
+// fromShared looks for st's key in the shared store; when a record is
+// there it fetches the outputs into the local store, commits the record
+// there too and returns it with the machine that made it.
+func (r *runner) fromShared(ctx context.Context, st *StageSpec, d decision) (*manifest.Record, string, error) {
+	srec, err := r.shared.s.Record(ctx, d.key)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	rec, err := r.materialize(ctx, st, d.params, d.ins, srec)
+	if err != nil {
+		return nil, "", err
+	}
+	return rec, srec.Host, nil
+}
+
+// materialize fetches the blobs of srec the local store lacks (verified
+// before they are adopted) and commits the local record.
+func (r *runner) materialize(ctx context.Context, st *StageSpec, params json.RawMessage, ins []manifest.Input, srec *store.Record) (*manifest.Record, error) {
+	var meta sharedMeta
+	if len(srec.Meta) > 0 {
+		if err := json.Unmarshal(srec.Meta, &meta); err != nil {
+			return nil, errkind.Errorf(errkind.VerifyFailed, "%s: record %s: its meta: %v", r.shared.s, srec.Key, err)
+		}
+	}
+	if params == nil {
+		params, ins = meta.Params, meta.Inputs
+	}
+	outs := make([]manifest.Output, len(srec.Outputs))
+	var need []int
+	var total int64
+	for i, o := range srec.Outputs {
+		outs[i] = manifest.Output{Path: o.Path, Digest: o.Digest, Size: o.Size}
+		if r.store.CheckBlob(o.Digest, o.Size, false) != "" {
+			need = append(need, i)
+			total += o.Size
+		}
+	}
+	if len(need) > 0 {
+		dir := filepath.Join(r.store.Root, "fetch")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		prog := r.progress(st.Name)
+		prog.SetTotal(total)
+		defer closeProgress(prog)
+		for _, i := range need {
+			o := outs[i]
+			// A name per digest: a killed fetch resumes from its partial.
+			tmp := filepath.Join(dir, o.Digest.Hex())
+			if err := r.shared.s.FetchBlob(ctx, o.Digest, tmp, prog.Add); err != nil {
+				return nil, fmt.Errorf("fetching %s (%s) from %s: %w", o.Path, FormatBytes(o.Size), r.shared.s, err)
+			}
+			_, _, err := r.store.AdoptKnown(tmp, o.Digest, o.Size)
+			os.Remove(tmp)
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	rec := &manifest.Record{
+		Key: srec.Key, Pipeline: r.spec.Name, Stage: st.Name, Kind: st.Kind,
+		FerryVersion: meta.FerryVersion, KindVersion: meta.KindVersion,
+		Params: params, Inputs: ins, Outputs: outs,
+		Started: meta.Started, Finished: meta.Finished,
+	}
+	if rec.Kind == "" {
+		rec.Kind = meta.Kind
+	}
+	if err := r.store.Commit(rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// progress is the progress reporter of a stage (a no-op without one).
+func (r *runner) progress(stage string) Progress {
+	if r.opts.Progress == nil {
+		return nopProgress{}
+	}
+	return r.opts.Progress(stage)
+}
+
+func closeProgress(p Progress) {
+	if c, ok := p.(interface{ Close() error }); ok {
+		c.Close()
+	}
+}
+
+// leaseStage takes st's lease, waiting while another machine holds it
+// (each new holder or end time is an event). It returns the lease, or,
+// when the stage's record appeared while it waited and the run need not
+// force it, the record fetched into the local store and its maker.
+func (r *runner) leaseStage(ctx context.Context, st *StageSpec, d decision, forced bool) (*store.Lease, *manifest.Record, string, time.Duration, error) {
+	name := leaseName(d.key)
+	var last string
+	var waited time.Duration
+	start := time.Now()
+	onWait := func(h *store.HeldError) {
+		why := fmt.Sprintf("being made on %s, lease until %s", h.Holder, h.Until.Local().Format("15:04:05"))
+		if h.Holder+h.Until.Truncate(time.Second).String() == last {
+			return
+		}
+		if last == "" {
+			r.lifecycle("stage waiting", "stage", st.Name, "step", r.stepOf(st.Name), "holder", h.Holder, "until", h.Until.Format(time.RFC3339))
+		}
+		last = h.Holder + h.Until.Truncate(time.Second).String()
+		r.emit(Event{Event: EventWaiting, Stage: st.Name, Kind: st.Kind, Reason: why, Holder: h.Holder, Until: &h.Until})
+	}
+	l, err := r.shared.s.WaitLease(ctx, name, r.shared.ttl, r.shared.poll, onWait)
+	if last != "" {
+		waited = time.Since(start)
+	}
+	if err != nil {
+		return nil, nil, "", waited, err
+	}
+	if forced {
+		return l, nil, "", waited, nil
+	}
+	// The record may have been committed while we waited, or just before
+	// the lease was taken (its maker released it after the commit).
+	rec, host, err := r.fromShared(ctx, st, d)
+	if err != nil || rec != nil {
+		if rerr := l.Release(context.WithoutCancel(ctx)); rerr != nil {
+			r.log.Warn("could not release a stage lease (it expires after its ttl)", "stage", st.Name, "err", rerr)
+		}
+		return nil, rec, host, waited, err
+	}
+	return l, nil, "", waited, nil
+}
+
+// underLease is ctx, also cancelled (with the lease's error as its cause)
+// when l is lost.
+func underLease(ctx context.Context, l *store.Lease) (context.Context, func()) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.Context(), func() {
+		if err := l.Err(); err != nil {
+			cancel(err)
+		}
+	})
+	return cctx, func() { stop(); cancel(nil) }
+}
+
+// publish stores rec's outputs and record in the shared store, behind the
+// run, then releases l (nil: a record made here earlier, shared late).
+// Its error is the run's (Wait), not the stage's: the stage is made and
+// recorded here, and the next run shares it.
+func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Record, l *store.Lease) {
+	sh := r.shared
+	sh.wg.Add(1)
+	go func() {
+		defer sh.wg.Done()
+		err := r.share(ctx, st, rec, l)
+		if l != nil {
+			if rerr := l.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
+				err = rerr
+			}
+		}
+		if err != nil {
+			sh.mu.Lock()
+			sh.errs = append(sh.errs, fmt.Errorf("stage %s: made here, not shared to %s: %w (the next run shares it)", st.Name, sh.s, err))
+			sh.mu.Unlock()
+		}
+	}()
+}
+
+func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record, l *store.Lease) error {
+	sh := r.shared
+	if l == nil {
+		if _, err := sh.s.Backend().Head(ctx, "records/"+rec.Key+".json"); err == nil {
+			return r.setRef(ctx, st, rec.Key)
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+	}
+	var ds []manifest.Digest
+	for _, o := range rec.Outputs {
+		if err := sh.s.PutFile(ctx, o.Digest, r.store.BlobPath(o.Digest), nil); err != nil {
+			return fmt.Errorf("output %s: %w", o.Path, err)
+		}
+		ds = append(ds, o.Digest)
+	}
+	if l != nil && len(ds) > 0 {
+		if err := l.Protect(ctx, ds...); err != nil {
+			return err
+		}
+	}
+	meta, err := json.Marshal(sharedMeta{
+		Pipeline: r.spec.Name, Stage: st.Name, Kind: rec.Kind, KindVersion: rec.KindVersion,
+		FerryVersion: rec.FerryVersion, Params: rec.Params, Inputs: rec.Inputs,
+		Started: rec.Started, Finished: rec.Finished,
+	})
+	if err != nil {
+		return err
+	}
+	outs := make([]store.Output, len(rec.Outputs))
+	for i, o := range rec.Outputs {
+		outs[i] = store.Output{Path: o.Path, Digest: o.Digest, Size: o.Size}
+	}
+	sort.Slice(outs, func(i, j int) bool { return outs[i].Path < outs[j].Path })
+	if l != nil {
+		if err := l.Err(); err != nil {
+			return err
+		}
+	}
+	_, err = sh.s.CommitRecord(ctx, &store.Record{Key: rec.Key, Outputs: outs, Meta: meta})
+	if err != nil && !errors.Is(err, store.ErrRecordExists) {
+		// ErrRecordExists: another machine made the same key too (a
+		// forced run, a lease lost and taken over); the same bytes, the
+		// first record stands.
+		return err
+	}
+	return r.setRef(ctx, st, rec.Key)
+}
+
+// setRef points refs/pipelines/<pipeline>/<stage> at key (compare and
+// swap, read again on a race).
+func (r *runner) setRef(ctx context.Context, st *StageSpec, key string) error {
+	name := refName(r.spec.Name, st.Name)
+	for range 8 {
+		prev, err := r.shared.s.GetRef(ctx, name)
+		var p *store.Ref
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+		case err != nil:
+			return err
+		case prev.Value == key:
+			return nil
+		default:
+			p = &prev
+		}
+		_, err = r.shared.s.SetRef(ctx, name, key, p)
+		if !errors.Is(err, store.ErrRefConflict) {
+			return err
+		}
+	}
+	return fmt.Errorf("%s: ref %s: changed by others at every try", r.shared.s, name)
+}
+
+// sharedInput is the latest record of stage st of this pipeline in the
+// shared store (its ref), fetched into the local store: the input of a
+// stage run with --only or --from on a machine that did not make it.
+func (r *runner) sharedInput(ctx context.Context, st *StageSpec) (*manifest.Record, string, error) {
+	ref, err := r.shared.s.GetRef(ctx, refName(r.spec.Name, st.Name))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	srec, err := r.shared.s.Record(ctx, ref.Value)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: ref %s names record %s: %w", r.shared.s, ref.Name, ref.Value, err)
+	}
+	rec, err := r.materialize(ctx, st, nil, nil, srec)
+	return rec, srec.Host, err
+}
+
+// waitShared waits for the outputs being shared behind the run and
+// returns what failed.
+func (sh *sharedStore) wait() error {
+	if sh == nil {
+		return nil
+	}
+	sh.wg.Wait()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return errors.Join(sh.errs...)
+}
+
+// madeOn is the reason of a stage fetched from the shared store.
+func madeOn(host, shared string, waited time.Duration) string {
+	s := "made on " + host
+	if host == "" {
+		s = "made on another machine"
+	}
+	if waited > 0 {
+		s += fmt.Sprintf(" while this run waited %.1fs", waited.Seconds())
+	}
+	return s + "; fetched from " + shared
+}
