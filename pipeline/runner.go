@@ -746,7 +746,11 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		if err := r.store.MakeView(sr.View, d.rec.Outputs); err != nil {
 			return sr, nil, fmt.Errorf("view %s: %w", sr.View, err)
 		}
-		r.lifecycle("stage up to date", "stage", st.Name, "step", r.stepOf(st.Name), "key", d.key[:12])
+		if sr.Host != "" {
+			r.lifecycle("stage fetched", "stage", st.Name, "step", r.stepOf(st.Name), "key", d.key[:12], "why", d.reason)
+		} else {
+			r.lifecycle("stage up to date", "stage", st.Name, "step", r.stepOf(st.Name), "key", d.key[:12])
+		}
 		r.emit(Event{Event: EventSkip, Stage: st.Name, Kind: st.Kind, Reason: d.reason, View: sr.View, Outputs: sr.Outputs, Bytes: outputBytes(sr.Outputs)})
 		in := r.recordInput(st, d.rec)
 		return sr, &in, nil

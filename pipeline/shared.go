@@ -161,6 +161,12 @@ func (r *runner) fromShared(ctx context.Context, st *StageSpec, d decision) (*ma
 		return nil, "", err
 	}
 	rec, err := r.materialize(ctx, st, d.params, d.ins, srec)
+	if errors.Is(err, store.ErrBlobMissing) {
+		// A record whose blob is gone (deleted by hand, a bucket
+		// lifecycle rule): made again here, which stores the blob again.
+		r.log.Warn("the shared record names a blob that is gone: the stage is made again", "stage", st.Name, "err", err)
+		return nil, "", nil
+	}
 	if err != nil {
 		return nil, "", err
 	}

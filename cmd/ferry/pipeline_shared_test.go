@@ -443,3 +443,92 @@ func TestPipelineSharedSeedPlanOnly(t *testing.T) {
 		t.Errorf("the Mac has no quants view: %d files", len(got))
 	}
 }
+
+// Bad cases of a pipeline on a shared store, each a clear error or a clean
+// recovery: refused credentials, a missing bucket and an unreachable
+// endpoint stop the run before anything runs (exit 2, nothing recorded);
+// a shared record whose blob is gone is made again, which stores the blob
+// again; a blob whose bytes the server changed is caught before anything
+// reads it (exit 3, naming the blob) and nothing of it is recorded here.
+func TestPipelineSharedBadCases(t *testing.T) {
+	srv := s3test.Start(t, "ferry-bad")
+	srv.Env(t)
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	const url = "s3://ferry-bad/team"
+	root := t.TempDir()
+
+	for _, tc := range []struct {
+		name, store string
+		env         []string
+		want        string
+	}{
+		{"credentials", url, []string{"AWS_SECRET_ACCESS_KEY=wrong"}, "credentials"},
+		{"bucket", "s3://ferry-nope/team", nil, "ferry-nope"},
+		{"endpoint", url, []string{"AWS_ENDPOINT_URL_S3=http://127.0.0.1:1"}, "127.0.0.1:1"},
+	} {
+		m := newSharedMachine(t, root, "bad-"+tc.name, tc.store)
+		r := execFerry(t, tc.env, "pipeline", "run", "--cache", m.cache, m.file)
+		t.Logf("%s: %s", tc.name, r.stderr)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s: exit %d, want 2 and %q in:\n%s", tc.name, r.code, tc.want, r.stderr)
+		}
+		if _, err := os.Stat(filepath.Join(m.cache, "manifest.json")); err == nil {
+			t.Errorf("%s: records written in the cache", tc.name)
+		}
+	}
+
+	a := newSharedMachine(t, root, "machine-a", url)
+	if r := execFerry(t, nil, "pipeline", "run", "--cache", a.cache, "--machine", a.name, a.file); r.code != 0 {
+		t.Fatalf("machine-a: exit %d\n%s", r.code, r.stderr)
+	}
+	// The blob of the Q4_K_M GGUF, by its digest in machine-a's view.
+	link, err := os.Readlink(filepath.Join(a.dir, "out", "quants", "Merged-3.7M-Q4_K_M.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hex := filepath.Base(link)
+	obj := srv.ObjectPath("ferry-bad", "team/blobs/sha256/"+hex)
+	good, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatalf("the blob in the bucket: %v", err)
+	}
+
+	// Gone: machine-b makes the quants again and stores the blob again.
+	if err := os.Remove(obj); err != nil {
+		t.Fatal(err)
+	}
+	b := newSharedMachine(t, root, "machine-b", url)
+	cmd, ch, errb := b.startRun(t)
+	evs, code := collect(t, b, cmd, ch, errb)
+	if code != 0 {
+		t.Fatalf("machine-b: exit %d", code)
+	}
+	if n := len(byStage(evs, pipeline.EventRun)["quants"]); n != 1 {
+		t.Errorf("machine-b ran quants %d times, want 1 (its blob was gone)", n)
+	}
+	if got, err := os.ReadFile(obj); err != nil || !bytes.Equal(got, good) {
+		t.Errorf("the blob is not back: %v", err)
+	}
+	if r := execFerry(t, nil, "store", "verify", url); r.code != 0 {
+		t.Fatalf("store verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// Changed on the server: caught, exit 3, nothing of it recorded here.
+	bad := append([]byte(nil), good...)
+	bad[len(bad)/2] ^= 0xff
+	if err := os.WriteFile(obj, bad, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := newSharedMachine(t, root, "machine-c", url)
+	r := execFerry(t, nil, "pipeline", "run", "--cache", c.cache, c.file)
+	t.Logf("damaged: %s", r.stderr)
+	if r.code != 3 || !strings.Contains(r.stderr, "quants") || !strings.Contains(r.stderr, hex[:12]) {
+		t.Errorf("damaged blob: exit %d, want 3 naming the stage and the blob:\n%s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(c.dir, "out", "quants")); err == nil {
+		t.Errorf("a view of the damaged stage was made")
+	}
+	if r := execFerry(t, nil, "store", "verify", url); r.code != 3 {
+		t.Errorf("store verify of the damaged bucket: exit %d, want 3", r.code)
+	}
+}
