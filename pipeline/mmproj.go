@@ -97,7 +97,7 @@ func writeMMProj(ctx context.Context, env *Env, work string, ck *safetensors.Che
 	if err != nil {
 		return manifest.Output{}, err
 	}
-	d, n, err := env.Store.AdoptKnown(out, manifest.NewDigest(res.Digest[:]), res.Size)
+	d, n, err := env.AdoptKnown(out, manifest.NewDigest(res.Digest[:]), res.Size)
 	if err != nil {
 		return manifest.Output{}, err
 	}

@@ -200,6 +200,10 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 					inputs[st.Name] = in
 					break
 				}
+				if li, until, ok, err := r.shared.s.LeaseStatus(ctx, leaseName(d.key)); err == nil && ok {
+					sr.Reason += fmt.Sprintf("; being made on %s (lease until %s): a run waits for it", li.Holder, until.Local().Format("15:04:05"))
+					sr.Host = li.Holder
+				}
 			}
 			if d.rec != nil {
 				sr.Outputs = d.rec.Outputs

@@ -809,7 +809,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 func (r *runner) env(st *StageSpec, key string, ins []Input, prog Progress, verify bool) *Env {
 	return &Env{
 		Pipeline: r.spec.Name, Stage: st.Name, Key: key, Dir: r.spec.Dir,
-		Inputs: ins, Store: r.store, Progress: prog, Log: r.log.With("stage", st.Name),
+		Inputs: ins, store: r.store, Progress: prog, Log: r.log.With("stage", st.Name),
 		Prev: r.store.StageRecord(r.spec.Name, st.Name), Verify: verify,
 		Jobs: r.opts.Workers, SSH: r.opts.SSH,
 	}

@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
+	"github.com/ferry-llm/ferry/store/local"
 	s3store "github.com/ferry-llm/ferry/store/s3"
 )
 
@@ -69,9 +71,9 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 	if spec.Shared == "" {
 		return nil, nil
 	}
-	b, err := s3store.Open(ctx, spec.Shared)
+	b, err := sharedBackend(ctx, spec.Shared)
 	if err != nil {
-		return nil, fmt.Errorf("store %s: %w", spec.Shared, err)
+		return nil, err
 	}
 	s, err := store.Open(ctx, b, store.Options{
 		CacheDir: filepath.Join(spec.Store, "shared"),
@@ -90,15 +92,34 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 	return &sharedStore{s: s, ttl: ttl, poll: min(max(ttl/8, 50*time.Millisecond), 2*time.Second)}, nil
 }
 
+// sharedBackend is the storage of the shared store url: an S3 prefix, or a
+// directory (file:///DIR) on a file system the machines mount. A lease
+// there is judged by the reading machine's clock against the file's
+// modification time, so those machines' clocks must agree (NTP).
+func sharedBackend(ctx context.Context, url string) (store.Backend, error) {
+	if dir, ok := strings.CutPrefix(url, "file://"); ok {
+		b, err := local.New(dir)
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	b, err := s3store.Open(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", url, err)
+	}
+	return b, nil
+}
+
 // openSharedRead opens the shared store of spec for plan and status,
 // which write nothing: no probe, and a store not made yet is none.
 func openSharedRead(ctx context.Context, spec *Spec) (*sharedStore, error) {
 	if spec.Shared == "" {
 		return nil, nil
 	}
-	b, err := s3store.Open(ctx, spec.Shared)
+	b, err := sharedBackend(ctx, spec.Shared)
 	if err != nil {
-		return nil, fmt.Errorf("store %s: %w", spec.Shared, err)
+		return nil, err
 	}
 	s, err := store.Open(ctx, b, store.Options{CacheDir: filepath.Join(spec.Store, "shared"), SkipProbe: true, Existing: true})
 	if errors.Is(err, store.ErrNoStore) {

@@ -34,8 +34,9 @@ type Spec struct {
 	// itself, or, when Shared is set, this machine's cache of it (views,
 	// work dirs, resume journals, blobs fetched or made here).
 	Store string
-	// Shared is the store several machines share ("s3://BUCKET/PREFIX"),
-	// "" for a pipeline on a local store only.
+	// Shared is the store several machines share ("s3://BUCKET/PREFIX",
+	// or "file:///DIR" on a file system they all mount), "" for a
+	// pipeline on a local store only.
 	Shared string
 	// LeaseTTL is the pipeline file's lease_ttl (0: the default).
 	LeaseTTL time.Duration
@@ -83,7 +84,7 @@ func DefaultCache(url string) (string, error) {
 			return r
 		}
 		return '_'
-	}, strings.TrimPrefix(url, "s3://"))
+	}, strings.TrimLeft(strings.TrimPrefix(strings.TrimPrefix(url, "s3://"), "file://"), "/"))
 	if len(name) > 64 {
 		name = name[:64]
 	}
@@ -235,12 +236,19 @@ func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
 				return nil, fail(v.Line, "store must be a directory path or s3://BUCKET/PREFIX")
 			}
 			if scheme, _, ok := strings.Cut(v.Value, "://"); ok && !strings.Contains(scheme, "/") {
-				if scheme != "s3" {
-					return nil, fmt.Errorf("%s:%d: store %s: a pipeline on a %s:// store is %w (only s3://BUCKET/PREFIX and directories)",
+				switch scheme {
+				case "s3":
+					if _, _, err := s3client.ParseURL(v.Value); err != nil {
+						return nil, fail(v.Line, "store: %v", err)
+					}
+				case "file":
+					// A shared store in a directory every machine mounts.
+					if p := strings.TrimPrefix(v.Value, "file://"); !filepath.IsAbs(p) || filepath.Clean(p) != p {
+						return nil, fail(v.Line, "store %s: want file:///ABSOLUTE/DIR (a clean absolute path)", v.Value)
+					}
+				default:
+					return nil, fmt.Errorf("%s:%d: store %s: a pipeline on a %s:// store is %w (only s3://BUCKET/PREFIX, file:///DIR and directories)",
 						name, v.Line, v.Value, scheme, errkind.ErrNotBuilt)
-				}
-				if _, _, err := s3client.ParseURL(v.Value); err != nil {
-					return nil, fail(v.Line, "store: %v", err)
 				}
 				cache, err := DefaultCache(v.Value)
 				if err != nil {

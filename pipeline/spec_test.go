@@ -156,6 +156,8 @@ func TestParseObjectStore(t *testing.T) {
 		{store: "s3://bucket", extra: "lease_ttl: 30s\n", shared: "s3://bucket", cache: "/cache/ferry/stores/bucket-", ttl: 30 * time.Second},
 		{store: "s3://bucket", extra: "lease_ttl: 1ms\n", err: "p.yaml:3: lease_ttl must be a duration of at least 100ms"},
 		{store: "s3://", err: "p.yaml:2: store: "},
+		{store: "file:///srv/ferry", shared: "file:///srv/ferry", cache: "/cache/ferry/stores/srv_ferry-"},
+		{store: "file://srv/ferry", err: "p.yaml:2: store file://srv/ferry: want file:///ABSOLUTE/DIR"},
 		{store: "gs://bucket/p", err: "p.yaml:2: store gs://bucket/p: a pipeline on a gs:// store is not built", notBuilt: true},
 	} {
 		spec, err := Parse("p.yaml", "/d", []byte("name: x\nstore: "+tc.store+"\n"+tc.extra+"stages:\n  - name: a\n    import: { path: p }\n"))

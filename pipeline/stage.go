@@ -2,8 +2,10 @@ package pipeline
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/ferry-llm/ferry/manifest"
 )
@@ -75,7 +77,11 @@ type Env struct {
 	Key      string // the stage key: names its journals and scratch space
 	Dir      string // directory of the pipeline file
 	Inputs   []Input
-	Store    *manifest.Store
+	// store is the local store (the pipeline's store, or this machine's
+	// cache of a shared one). Stages reach it only through Env's methods:
+	// they hand finished files over and see no store path, link or
+	// backend; moving outputs between machines is the runner's.
+	store    *manifest.Store
 	Progress Progress
 	Log      *slog.Logger
 	// Prev is the latest earlier record of this pipeline stage (any key),
@@ -103,8 +109,40 @@ func (e *Env) Input(name string) *Input {
 
 // Journal opens (or resumes) a journaled big output at relative path rel.
 func (e *Env) Journal(rel string) (*manifest.Journal, error) {
-	return e.Store.OpenJournal(e.Key, rel)
+	return e.store.OpenJournal(e.Key, rel)
 }
+
+// AdoptFile makes the finished file p (made in WorkDir) an output blob: it
+// is hashed, then kept without a copy (a hard link) where it can be.
+func (e *Env) AdoptFile(p string) (manifest.Digest, int64, error) { return e.store.Adopt(p) }
+
+// AdoptKnown is AdoptFile for a file whose digest and size its writer
+// computed while writing it.
+func (e *Env) AdoptKnown(p string, d manifest.Digest, size int64) (manifest.Digest, int64, error) {
+	return e.store.AdoptKnown(p, d, size)
+}
+
+// Ingest stores the size bytes r yields as an output blob.
+func (e *Env) Ingest(r io.Reader, size int64) (manifest.Digest, int64, error) {
+	return e.store.Ingest(r, size)
+}
+
+// ViewOf lays out an input's outputs under dir (inside WorkDir) as the
+// directory tree they came from, for readers that open a model directory
+// by another name than the input's own Dir.
+func (e *Env) ViewOf(in *Input, dir string) error { return e.store.MakeView(dir, in.Outputs) }
+
+// StateDir is a directory of this machine's, named name, that outlives runs
+// and keys (the transfer stage's index of what each host holds).
+func (e *Env) StateDir(name string) (string, error) {
+	d := filepath.Join(e.store.Root, name)
+	return d, os.MkdirAll(d, 0o755)
+}
+
+// Local is the local store itself, for import, the one stage that is this
+// machine's by nature: it reads files where they lie (in-place blobs,
+// their stamps, resumable hashing) and is never shared.
+func (e *Env) Local() *manifest.Store { return e.store }
 
 // WorkDir returns the stage's scratch directory inside the store (same file
 // system as the blobs, so finished files are adopted without copying). It
@@ -112,7 +150,7 @@ func (e *Env) Journal(rel string) (*manifest.Journal, error) {
 // resume there; the runner empties it before a forced run and removes it
 // after a commit.
 func (e *Env) WorkDir() (string, error) {
-	d := e.Store.WorkDir(e.Key)
+	d := e.store.WorkDir(e.Key)
 	return d, os.MkdirAll(d, 0o755)
 }
 

@@ -114,7 +114,7 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	src := filepath.Join(work, "src", s.ModelName)
-	if err := env.Store.MakeView(src, in.Outputs); err != nil {
+	if err := env.ViewOf(in, src); err != nil {
 		return nil, err
 	}
 	ck, plan, err := s.plan(src)
@@ -153,7 +153,7 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	// is every part, first to last.
 	var outs []manifest.Output
 	for _, f := range res.Files {
-		d, n, err := env.Store.AdoptKnown(f.Path, manifest.NewDigest(f.Digest[:]), f.Size)
+		d, n, err := env.AdoptKnown(f.Path, manifest.NewDigest(f.Digest[:]), f.Size)
 		if err != nil {
 			return nil, err
 		}

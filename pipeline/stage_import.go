@@ -214,7 +214,7 @@ func (s *importStage) importOne(ctx context.Context, env *Env, f sourceFile, pre
 		return manifest.Output{}, err
 	}
 	if o, ok := prevOut[f.rel]; ok && env.Prev.Sources[f.abs] == f.stamp && o.Size == f.stamp.Size &&
-		env.Store.CheckBlob(o.Digest, o.Size, false) == "" {
+		env.Local().CheckBlob(o.Digest, o.Size, false) == "" {
 		env.Progress.Add(f.stamp.Size)
 		return o, nil
 	}
@@ -231,7 +231,7 @@ func (s *importStage) importOne(ctx context.Context, env *Env, f sourceFile, pre
 	if env.Prev != nil {
 		for _, old := range env.Prev.Outputs {
 			if old.Path == f.rel && old.Digest != o.Digest {
-				if err := env.Store.DropInPlace(old.Digest, f.abs); err != nil {
+				if err := env.Local().DropInPlace(old.Digest, f.abs); err != nil {
 					return manifest.Output{}, err
 				}
 			}
@@ -259,13 +259,13 @@ func importRef(f sourceFile) string {
 func referenceFile(ctx context.Context, env *Env, f sourceFile) (manifest.Output, error) {
 	ref := importRef(f)
 	prog := func(n int64) { env.Progress.Add(n) }
-	d, err := env.Store.IngestClone(ctx, env.Key, ref, f.abs, f.stamp, importUnit, prog)
+	d, err := env.Local().IngestClone(ctx, env.Key, ref, f.abs, f.stamp, importUnit, prog)
 	how := "cloned"
 	if errors.Is(err, fsutil.ErrCloneUnsupported) {
 		how = "in place"
-		d, err = env.Store.HashResumable(ctx, env.Key, ref, f.abs, f.stamp, importUnit, prog)
+		d, err = env.Local().HashResumable(ctx, env.Key, ref, f.abs, f.stamp, importUnit, prog)
 		if err == nil {
-			err = env.Store.Reference(f.abs, d, f.stamp)
+			err = env.Local().Reference(f.abs, d, f.stamp)
 		}
 	}
 	if err != nil {
@@ -283,7 +283,7 @@ func ingestFile(ctx context.Context, env *Env, f sourceFile) (manifest.Output, e
 	if f.stamp.Size <= importUnit {
 		return ingestSmall(ctx, env, f)
 	}
-	j, err := env.Store.OpenJournal(env.Key, importRef(f))
+	j, err := env.Local().OpenJournal(env.Key, importRef(f))
 	if err != nil {
 		return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
 	}
@@ -341,7 +341,7 @@ func ingestSmall(ctx context.Context, env *Env, f sourceFile) (manifest.Output, 
 		return manifest.Output{}, err
 	}
 	defer in.Close()
-	d, n, err := env.Store.Ingest(&ctxReader{ctx: ctx, r: in, p: env.Progress}, f.stamp.Size)
+	d, n, err := env.Local().Ingest(&ctxReader{ctx: ctx, r: in, p: env.Progress}, f.stamp.Size)
 	if err != nil {
 		return manifest.Output{}, fmt.Errorf("import %s: %w", f.abs, err)
 	}

@@ -115,7 +115,7 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("merge output %s: %w", f.Name, err)
 		}
-		if _, _, err := env.Store.AdoptKnown(filepath.Join(work, filepath.FromSlash(f.Name)), d, f.Size); err != nil {
+		if _, _, err := env.AdoptKnown(filepath.Join(work, filepath.FromSlash(f.Name)), d, f.Size); err != nil {
 			return nil, err
 		}
 		out.Outputs = append(out.Outputs, manifest.Output{Path: filepath.ToSlash(f.Name), Digest: d, Size: f.Size})

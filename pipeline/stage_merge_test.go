@@ -111,8 +111,8 @@ func TestMergeStageAfterFinishedMerge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &Env{Stage: "merged", Key: "0123456789abcdef", Store: store, Progress: nop{}, Jobs: 2,
-		Inputs: []Input{{Stage: "base", Dir: base}, {Stage: "adapter", Dir: adapter}}}
+	env := WithStore(&Env{Stage: "merged", Key: "0123456789abcdef", Progress: nop{}, Jobs: 2,
+		Inputs: []Input{{Stage: "base", Dir: base}, {Stage: "adapter", Dir: adapter}}}, store)
 	work, err := env.WorkDir()
 	if err != nil {
 		t.Fatal(err)

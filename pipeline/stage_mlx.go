@@ -138,7 +138,7 @@ func mlxOut(env *Env) (string, error) {
 // adoptOutput hashes the file name (slash-separated) of dir into the
 // store: the stage's output of that name.
 func adoptOutput(env *Env, dir, name string) (manifest.Output, error) {
-	d, n, err := env.Store.Adopt(filepath.Join(dir, filepath.FromSlash(name)))
+	d, n, err := env.AdoptFile(filepath.Join(dir, filepath.FromSlash(name)))
 	if err != nil {
 		return manifest.Output{}, err
 	}

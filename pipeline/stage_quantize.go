@@ -403,7 +403,7 @@ func (s *quantizeStage) input(env *Env, work string) (path, stem string, done fu
 		return in.Dir, s.From, done, nil
 	case len(found) == 0 && checkpoint && work != "" && in.Outputs != nil:
 		view := filepath.Join(work, "src", s.ModelName)
-		if err := env.Store.MakeView(view, in.Outputs); err != nil {
+		if err := env.ViewOf(in, view); err != nil {
 			return "", "", done, err
 		}
 		return view, "", done, nil
@@ -547,7 +547,7 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	res := &Result{}
 	adopt := func(name string) error {
-		d, n, err := env.Store.Adopt(filepath.Join(work, name))
+		d, n, err := env.AdoptFile(filepath.Join(work, name))
 		if err != nil {
 			return err
 		}

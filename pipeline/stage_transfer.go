@@ -331,7 +331,11 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	// What each destination was verified to hold outlives the stage's
 	// work directory (removed with each commit): a run with other inputs
 	// trusts what an earlier one left there instead of hashing it again.
-	o := transfer.Options{Streams: s.Streams, Sessions: s.Sessions, StateDir: state, IndexDir: filepath.Join(env.Store.Root, "transfer"),
+	index, err := env.StateDir("transfer")
+	if err != nil {
+		return nil, err
+	}
+	o := transfer.Options{Streams: s.Streams, Sessions: s.Sessions, StateDir: state, IndexDir: index,
 		Verify: env.Verify, DeleteExtra: s.DeleteExtra, Log: env.Log,
 		Progress: func(string, int64) progress.Reporter { return transferProgress{env.Progress} }}
 	checked := map[string]netcheck.Summary{} // by destination host
@@ -373,7 +377,7 @@ func (s *transferStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err := jsonout.Write(&buf, rec); err != nil {
 		return nil, err
 	}
-	dg, n, err := env.Store.Ingest(&buf, int64(buf.Len()))
+	dg, n, err := env.Ingest(&buf, int64(buf.Len()))
 	if err != nil {
 		return nil, err
 	}

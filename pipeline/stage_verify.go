@@ -98,7 +98,7 @@ func (s *verifyMTPStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if err := jsonout.Write(&buf, verify.Summarize(opts, results)); err != nil {
 		return nil, err
 	}
-	d, n, err := env.Store.Ingest(&buf, int64(buf.Len()))
+	d, n, err := env.Ingest(&buf, int64(buf.Len()))
 	if err != nil {
 		return nil, err
 	}

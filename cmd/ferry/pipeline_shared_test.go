@@ -196,10 +196,20 @@ func sameFiles(t *testing.T, what string, got, want map[string][]byte) {
 // a local-store run's; `ferry store verify` passes; a second run of each
 // machine runs nothing.
 func TestPipelineSharedTwoMachines(t *testing.T) {
-	srv := s3test.Start(t, "ferry-two")
-	srv.Env(t)
+	t.Run("s3", func(t *testing.T) {
+		srv := s3test.Start(t, "ferry-two")
+		srv.Env(t)
+		twoMachines(t, "s3://ferry-two/team", "s3://ferry-two/team")
+	})
+	// The same on a directory both mount (NFS, a shared disk): store/local.
+	t.Run("file", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "shared")
+		twoMachines(t, "file://"+dir, dir)
+	})
+}
+
+func twoMachines(t *testing.T, url, verifyArg string) {
 	t.Setenv("XDG_CACHE_HOME", t.TempDir())
-	const url = "s3://ferry-two/team"
 	root := t.TempDir()
 	a := newSharedMachine(t, root, "machine-a", url)
 	b := newSharedMachine(t, root, "machine-b", url)
@@ -257,7 +267,7 @@ func TestPipelineSharedTwoMachines(t *testing.T) {
 	sameFiles(t, "machine-a", viewFiles(t, a.dir), want)
 	sameFiles(t, "machine-b", viewFiles(t, b.dir), want)
 
-	if r := execFerry(t, nil, "store", "verify", url); r.code != 0 || !strings.Contains(r.stdout, " 0 unreferenced blobs") {
+	if r := execFerry(t, nil, "store", "verify", verifyArg); r.code != 0 || !strings.Contains(r.stdout, " 0 unreferenced blobs") {
 		t.Fatalf("store verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	// Again on each machine: all up to date, nothing run or fetched.
@@ -280,7 +290,8 @@ func TestPipelineSharedTwoMachines(t *testing.T) {
 
 // kill -9 of a machine while it holds the merge lease: the other machine
 // waits (being made on the dead one, lease until T), takes the lease over
-// after its ttl, runs the merge and finishes; `ferry store verify`
+// after its ttl, runs the merge and finishes (a plan meanwhile says who
+// makes it); `ferry store verify`
 // passes; the killed machine's next run fetches what the other made.
 func TestPipelineSharedTakeover(t *testing.T) {
 	srv := s3test.Start(t, "ferry-kill")
@@ -291,7 +302,9 @@ func TestPipelineSharedTakeover(t *testing.T) {
 	a := newSharedMachine(t, root, "machine-a", url)
 	b := newSharedMachine(t, root, "machine-b", url)
 
-	cmdA, chA, errA := a.startRun(t, "--lease-ttl", "2s")
+	// machine-a's lease holds 6 s: time for machine-b to import and plan
+	// while it is held, and to start waiting on it.
+	cmdA, chA, errA := a.startRun(t, "--lease-ttl", "6s")
 	stopped := false
 	for e := range chA {
 		if e.Event == pipeline.EventRun && e.Stage == "merged" {
@@ -324,6 +337,23 @@ func TestPipelineSharedTakeover(t *testing.T) {
 	}
 	if leases != 1 {
 		t.Fatalf("%d stage leases while machine-a merges, want 1", leases)
+	}
+	// Meanwhile machine-b imports its files and plans: the merge is being
+	// made on machine-a.
+	for _, st := range []string{"base", "adapter"} {
+		if r := execFerry(t, nil, "pipeline", "run", "--only", st, "--cache", b.cache, b.file); r.code != 0 {
+			t.Fatalf("--only %s: exit %d\n%s", st, r.code, r.stderr)
+		}
+	}
+	r := execFerry(t, nil, "pipeline", "plan", "--json", "--cache", b.cache, b.file)
+	var rep pipeline.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 0 {
+		t.Fatalf("plan: exit %d, %v\n%s", r.code, err, r.stderr)
+	}
+	for _, sr := range rep.Stages {
+		if sr.Stage == "merged" && (sr.Action != pipeline.ActionRun || !strings.Contains(sr.Reason, "being made on machine-a (lease until ") || sr.Host != "machine-a") {
+			t.Errorf("plan while machine-a merges: %+v", sr)
+		}
 	}
 	cmdA.Process.Kill()
 	collect(t, a, cmdA, chA, errA)
