@@ -59,10 +59,16 @@ type sharedStore struct {
 	// poll is how often a waiter looks at a held lease again.
 	poll time.Duration
 
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	errs []error
+	// slots bounds the stages shared at once (each holds about part size
+	// × (parallel + 1) bytes while its blobs upload).
+	slots chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	errs  []error
 }
+
+// publishers is how many stages are shared at once.
+const publishers = 2
 
 // openShared opens the shared store of spec (nil when it has none),
 // probing its conditional writes: a server that ignores them is refused
@@ -89,7 +95,7 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 	if ttl == 0 {
 		ttl = DefaultLeaseTTL
 	}
-	return &sharedStore{s: s, ttl: ttl, poll: min(max(ttl/8, 50*time.Millisecond), 2*time.Second)}, nil
+	return &sharedStore{s: s, ttl: ttl, poll: min(max(ttl/8, 50*time.Millisecond), 2*time.Second), slots: make(chan struct{}, publishers)}, nil
 }
 
 // sharedBackend is the storage of the shared store url: an S3 prefix, or a
@@ -330,7 +336,14 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 	sh.wg.Add(1)
 	go func() {
 		defer sh.wg.Done()
-		err := r.share(ctx, st, rec, l)
+		var err error
+		select {
+		case sh.slots <- struct{}{}:
+			err = r.share(ctx, st, rec, l)
+			<-sh.slots
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
 		if l != nil {
 			if rerr := l.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 				err = rerr
@@ -354,8 +367,16 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		}
 	}
 	var ds []manifest.Digest
+	var total int64
 	for _, o := range rec.Outputs {
-		if err := sh.s.PutFile(ctx, o.Digest, r.store.BlobPath(o.Digest), nil); err != nil {
+		total += o.Size
+	}
+	// Its upload shows on the stage's progress bar again.
+	prog := r.progress(st.Name)
+	prog.SetTotal(total)
+	defer closeProgress(prog)
+	for _, o := range rec.Outputs {
+		if err := sh.s.PutFile(ctx, o.Digest, r.store.BlobPath(o.Digest), prog.Add); err != nil {
 			return fmt.Errorf("output %s: %w", o.Path, err)
 		}
 		ds = append(ds, o.Digest)
