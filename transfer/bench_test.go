@@ -43,6 +43,12 @@ func init() {
 		x.add("up", "latency", "upstream", fmt.Sprintf(`{"latency":%d}`, lat))
 		x.add("down", "latency", "downstream", fmt.Sprintf(`{"latency":%d}`, lat))
 	}
+	// FERRY_TOXI_FLOW_KBPS bounds each connection, each way, as a TCP
+	// flow's window bounds it on a long path (see flowLimit).
+	if kbps := os.Getenv("FERRY_TOXI_FLOW_KBPS"); kbps != "" {
+		x.add("upbw", "bandwidth", "upstream", fmt.Sprintf(`{"rate":%s}`, kbps))
+		x.add("downbw", "bandwidth", "downstream", fmt.Sprintf(`{"rate":%s}`, kbps))
+	}
 	fmt.Println(x.addr())
 	io.Copy(io.Discard, os.Stdin)
 	os.Exit(0)

@@ -28,7 +28,9 @@ import (
 // header), into a fresh prefix each run. It reports seconds per run, MB/s
 // and x-put, the single stream's time / ferry's (above 1: ferry is
 // faster). FERRY_S3_RTT_MS (default 0) puts a toxiproxy adding that
-// round trip between both clients and the server. Targets: ≥ 1 on
+// round trip between both clients and the server, each connection bounded
+// to what a TCP flow with a 4 MiB window moves at that round trip
+// (flowLimit; FERRY_S3_WINDOW). Targets: ≥ 1 on
 // loopback, ≥ 4 at 40 ms. On the 2-core dev machine (client and
 // server sharing it with other work, load average 3 to 6), one run each:
 // the 2 GB file in 13.2 s (151 MB/s) against PutObject's 19.8 s
@@ -37,6 +39,21 @@ import (
 // 2.3 s, 0.88 (the proxy delays, it does not bound a stream's window, so
 // one PutObject is not held back by the round trip); 500 files: 1.7 s
 // against 22.5 s, 13.0.
+// flowLimit is the rate, in KB/s, that one connection gets through the
+// benchmark's proxy at rttMs: a TCP flow moves at most its window per
+// round trip, and the proxy, which reads as fast as it can and delays
+// what it read, does not hold that back by itself. The window is
+// FERRY_S3_WINDOW bytes, by default 4 MiB, Linux's largest send buffer
+// by default (net.ipv4.tcp_wmem): 104.9 MB/s at 40 ms. 0 (no bound) with
+// FERRY_S3_WINDOW=0.
+func flowLimit(b *testing.B, rttMs int64) int64 {
+	w := envInt(b, "FERRY_S3_WINDOW", 4<<20)
+	if w <= 0 || rttMs <= 0 {
+		return 0
+	}
+	return w * 1000 / rttMs / 1000
+}
+
 func BenchmarkTransferS3(b *testing.B) {
 	size := envInt(b, "FERRY_S3_SIZE", 2e9)
 	if size > 5<<30 {
@@ -49,7 +66,11 @@ func BenchmarkTransferS3(b *testing.B) {
 	c := srv.Client()
 	if rtt := envInt(b, "FERRY_S3_RTT_MS", 0); rtt > 0 {
 		// Both clients reach the server through a toxiproxy (a process of
-		// its own) adding half the round trip each way.
+		// its own) adding half the round trip each way, each connection
+		// bounded as a TCP flow on such a path is (flowLimit).
+		if kbps := flowLimit(b, rtt); kbps > 0 {
+			b.Setenv("FERRY_TOXI_FLOW_KBPS", strconv.FormatInt(kbps, 10))
+		}
 		addr, _ := startProxy(b, strings.TrimPrefix(srv.Endpoint, "http://"), int(rtt/2))
 		b.Setenv("AWS_ENDPOINT_URL_S3", "http://"+addr)
 		o := c.Options()
