@@ -85,7 +85,10 @@ func (s *Store) Reference(src string, d Digest, st Stamp) error {
 
 // DropInPlace removes blob d if it is a link to the file src (an import
 // found that file holding other bytes now): the link would read bytes that
-// are not d's. A record still naming d then finds it missing, not damaged.
+// are not d's. The records naming d go too (saved with the next manifest
+// write), and the pipeline stages pointing at them: those bytes are gone
+// for good, and records are keyed by content, so the import that read the
+// file before it changed does not get its record replaced by the new run.
 // The file itself is never touched.
 func (s *Store) DropInPlace(d Digest, src string) error {
 	abs, err := filepath.Abs(src)
@@ -106,8 +109,29 @@ func (s *Store) DropInPlace(d Digest, src string) error {
 	s.mu.Lock()
 	delete(s.m.Blobs, d.Hex())
 	delete(s.m.Damaged, d.Hex())
+	s.dropRecordsLocked(d)
 	s.mu.Unlock()
 	return nil
+}
+
+// dropRecordsLocked removes the records that name blob d as an output, and
+// the pipeline stages' pointers to them.
+func (s *Store) dropRecordsLocked(d Digest) {
+	for k, r := range s.m.Records {
+		for _, o := range r.Outputs {
+			if o.Digest == d {
+				delete(s.m.Records, k)
+				break
+			}
+		}
+	}
+	for _, stages := range s.m.Pipelines {
+		for st, k := range stages {
+			if s.m.Records[k] == nil {
+				delete(stages, st)
+			}
+		}
+	}
 }
 
 // refDir is the resume directory of output ref of the stage run with key.

@@ -17,8 +17,9 @@ import (
 	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
-// FormatVersion is the manifest.json format this package writes.
-const FormatVersion = 1
+// FormatVersion is the manifest.json format this package writes. Format 1
+// (records keyed with ferry's version) is read and converted (upgradeV1).
+const FormatVersion = 2
 
 // maxManifestSize bounds manifest.json before it is read into memory.
 const maxManifestSize = 256 << 20
@@ -45,19 +46,25 @@ type Input struct {
 	Digest Digest `json:"digest"`
 }
 
-// Record is the result of one completed stage run, keyed by
-// sha256(kind, ferry version, canonical parameters, input digests).
+// Record is the result of one completed stage run, keyed by StageKey (kind,
+// kind version, canonical params, input digests) or, for a stage that
+// reads files outside the store (an import), by SourceKey (what it read).
 type Record struct {
-	Key          string          `json:"key"`
-	Pipeline     string          `json:"pipeline"`
-	Stage        string          `json:"stage"`
-	Kind         string          `json:"kind"`
-	FerryVersion string          `json:"ferry_version"`
-	KindVersion  string          `json:"kind_version,omitempty"`
-	Params       json.RawMessage `json:"params"`
-	Inputs       []Input         `json:"inputs,omitempty"`
+	Key      string `json:"key"`
+	Pipeline string `json:"pipeline"`
+	Stage    string `json:"stage"`
+	Kind     string `json:"kind"`
+	// FerryVersion is the release that made the record: information, not
+	// part of its key.
+	FerryVersion string `json:"ferry_version"`
+	KindVersion  string `json:"kind_version,omitempty"`
+	// Params are canonical (CanonicalJSON); an import's hold no path.
+	Params json.RawMessage `json:"params"`
+	Inputs []Input         `json:"inputs,omitempty"`
 	// Sources are files outside the store the stage read (import), by
-	// absolute path, with the stamp they had when read.
+	// absolute path, with the stamp they had when read: facts of this
+	// machine. A record committed again under its key (the same files
+	// imported from another directory) keeps the sources it had too.
 	Sources  map[string]Stamp `json:"sources,omitempty"`
 	Outputs  []Output         `json:"outputs"`
 	Started  time.Time        `json:"started"`
@@ -101,6 +108,10 @@ type Manifest struct {
 	// or one that failed (with its error). Committing the stage's record
 	// clears it.
 	Attempts map[string]map[string]*Attempt `json:"attempts,omitempty"`
+
+	// upgradedFrom is the format the file was read in when it was older
+	// (converted when decoded), else 0.
+	upgradedFrom int
 }
 
 // Attempt is a stage run that has not (yet) ended in a record.
@@ -145,6 +156,9 @@ type Store struct {
 
 	mu sync.Mutex
 	m  *Manifest
+	// upgraded says manifest.json is of an older format, converted in
+	// memory when read (SaveUpgrade writes it).
+	upgraded bool
 	// placeMu serialises moving finished files into blobs/, so that two
 	// stages committing the same content at once agree on the blob and its
 	// stamp.
@@ -196,7 +210,7 @@ func Load(root string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	s.m = m
+	s.m, s.upgraded = m, m.upgradedFrom != 0
 	s.settleReplacing()
 	return s, nil
 }
@@ -221,8 +235,8 @@ func decodeManifest(r interface{ Read([]byte) (int, error) }) (*Manifest, error)
 	if err := dec.Decode(m); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorruptManifest, err)
 	}
-	if m.Version != FormatVersion {
-		return nil, fmt.Errorf("%w: format version %d, want %d", ErrCorruptManifest, m.Version, FormatVersion)
+	if m.Version != FormatVersion && m.Version != 1 {
+		return nil, fmt.Errorf("%w: format version %d, want 1 or %d", ErrCorruptManifest, m.Version, FormatVersion)
 	}
 	if m.Records == nil {
 		m.Records = map[string]*Record{}
@@ -254,6 +268,12 @@ func decodeManifest(r interface{ Read([]byte) (int, error) }) (*Manifest, error)
 				return nil, fmt.Errorf("%w: record %q output %q: negative size", ErrCorruptManifest, k, o.Path)
 			}
 		}
+	}
+	if m.Version == 1 {
+		if err := upgradeV1(m); err != nil {
+			return nil, fmt.Errorf("%w: converting format 1: %v", ErrCorruptManifest, err)
+		}
+		m.upgradedFrom = 1
 	}
 	return m, nil
 }
@@ -418,6 +438,18 @@ func (s *Store) Commit(rec *Record) error {
 	c := *rec
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if old := s.m.Records[rec.Key]; old != nil && len(old.Sources) > 0 && len(c.Sources) > 0 {
+		// The same files read from another place: each place keeps its
+		// stamps, so that neither import re-runs because of the other.
+		srcs := make(map[string]Stamp, len(old.Sources)+len(c.Sources))
+		for p, st := range old.Sources {
+			srcs[p] = st
+		}
+		for p, st := range c.Sources {
+			srcs[p] = st
+		}
+		c.Sources = srcs
+	}
 	s.m.Records[rec.Key] = &c
 	if rec.Pipeline != "" {
 		if s.m.Pipelines[rec.Pipeline] == nil {
@@ -578,6 +610,22 @@ func (s *Store) Link(pipeline, stage, key string) error {
 	return s.saveLocked()
 }
 
+// SaveUpgrade writes manifest.json in the current format if it was read in
+// an older one (converted in memory by Load), once, atomically: a kill
+// leaves the old file or the new one. Call it holding the lock.
+func (s *Store) SaveUpgrade() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.upgraded {
+		return nil
+	}
+	if err := s.saveLocked(); err != nil {
+		return err
+	}
+	s.upgraded = false
+	return nil
+}
+
 // Reload re-reads manifest.json. Call it after taking the lock: another run
 // may have committed records since the store was opened.
 func (s *Store) Reload() error {
@@ -586,7 +634,7 @@ func (s *Store) Reload() error {
 		return err
 	}
 	s.mu.Lock()
-	s.m = fresh.m
+	s.m, s.upgraded = fresh.m, fresh.upgraded
 	s.mu.Unlock()
 	return nil
 }

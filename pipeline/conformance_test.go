@@ -41,7 +41,9 @@ func TestStageConformance(t *testing.T) {
 	cases := []struct {
 		kind, stage, alt string // alt: the stage with one parameter changed
 	}{
-		{"import", `import: { path: ` + models + `/adapter-dora }`, `import: { path: ` + models + `/adapter-dora/adapter_config.json }`},
+		// An import's path is not a parameter of its key (it is keyed by
+		// the files it read): copy is.
+		{"import", `import: { path: ` + models + `/adapter-dora }`, `import: { path: ` + models + `/adapter-dora, copy: true }`},
 		{"synth", `synth: { size: 3MiB, units: 6, seed: 1, from: base }`, `synth: { size: 3MiB, units: 6, seed: 2, from: base }`},
 		{"merge", `merge: { base: base, adapter: adapter }`, `merge: { base: base, adapter: adapter, dtype: f32 }`},
 		{"gguf", `gguf: { from: base, outtype: f16 }`, `gguf: { from: base, outtype: bf16 }`},
@@ -75,6 +77,18 @@ func TestStageConformance(t *testing.T) {
 			if len(outputs(repA)) == 0 {
 				t.Fatal("no outputs")
 			}
+			// Its bytes change only with its kind's Version.
+			pin := want
+			if tc.kind == "transfer" {
+				store, err := manifest.Load(a.Store)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if pin, err = transferPinDigest(store, outputs(repA)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			checkKindPin(t, tc.kind, pin)
 			// Another store, an out: view elsewhere, one worker.
 			b := mk(t.TempDir(), tc.stage, "    out: somewhere/else\n")
 			repB, err := Run(context.Background(), b, Options{Stages: 1, Workers: 1})

@@ -131,6 +131,7 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 			}
 		}
 		var runIns []Input // what the planner reads, when it can run now
+		var work string    // the key its planner's env names (an import's work key)
 		switch {
 		case !sel[st.Name]:
 			sr.Action = ActionNotSelected
@@ -188,6 +189,7 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 				return nil, fmt.Errorf("stage %s: %w", st.Name, err)
 			}
 			sr.Action, sr.Reason, sr.Key, sr.Cause = d.action, d.reason, d.key, d.cause
+			work = d.work
 			if d.action == ActionRun && !forced[st.Name] && r.shared != nil && shareable(st) {
 				in, host, err := r.planShared(ctx, st, d.key)
 				if err != nil {
@@ -214,7 +216,7 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 			runIns = ins
 		}
 		if runIns != nil || (sr.Action == ActionRun || sr.Action == ActionPending) && len(st.Deps) == 0 {
-			p, err := r.planWithViews(ctx, views, st, sr.Key, runIns)
+			p, err := r.planWithViews(ctx, views, st, work, runIns)
 			switch {
 			case err != nil:
 				sr.Action, sr.Error = ActionInvalid, err.Error()

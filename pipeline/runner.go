@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,8 +28,9 @@ type Options struct {
 	Only   string   // run only this stage (its inputs must be complete)
 	From   string   // re-run this stage and everything that depends on it
 	Verify bool     // re-hash outputs instead of trusting their stamps
-	// Version is ferry's release version: part of every stage key, so a
-	// release that changes outputs re-runs stages ("dev" if empty).
+	// Version is ferry's release version ("dev" if empty), recorded in
+	// the records a run makes as which release made them. It is not part
+	// of any key: a kind's format version is (Kind.Version).
 	Version string
 	// Stages bounds the stages run at once (default: core count), and
 	// Workers each stage's own worker count (default: core count).
@@ -119,8 +121,14 @@ type decision struct {
 	action Action
 	reason string
 	cause  Cause
-	key    string
-	params json.RawMessage
+	// key is the record key; "" for a source-keyed stage (import) that
+	// runs: its key is known once it has read its files (execute).
+	key string
+	// work names the journals, work dir and attempt of a run: the key, or
+	// for a source-keyed stage a key of its params with the path, local
+	// to this machine (runner.key).
+	work   string
+	params json.RawMessage // canonical; a source-keyed stage's without the path
 	ins    []manifest.Input
 	rec    *manifest.Record // the matching complete record (skip)
 }
@@ -289,8 +297,17 @@ func (r *runner) selection() (map[string]bool, map[string]bool, error) {
 	return sel, forced, nil
 }
 
+// key is st's key over inputs (manifest.StageKey: kind, kind version,
+// canonical params, input digests) with its canonical params. For a
+// source-keyed stage (a Prober: import) it is the key of its params with
+// the path: the work key that names its journals on this machine, not its
+// record's key (manifest.SourceKey, known once it has run).
 func (r *runner) key(st *StageSpec, inputs []Input) (string, json.RawMessage, []manifest.Input, error) {
-	params, err := json.Marshal(st.Stage.Params())
+	raw, err := json.Marshal(st.Stage.Params())
+	if err != nil {
+		return "", nil, nil, err
+	}
+	params, err := manifest.CanonicalJSON(raw)
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -300,17 +317,11 @@ func (r *runner) key(st *StageSpec, inputs []Input) (string, json.RawMessage, []
 		ins = append(ins, manifest.Input{Stage: in.Stage, Key: in.Key, Digest: in.Digest})
 		digests = append(digests, in.Digest)
 	}
-	payload, err := json.Marshal(struct {
-		Kind        string            `json:"kind"`
-		KindVersion string            `json:"kind_version"`
-		Ferry       string            `json:"ferry"`
-		Params      json.RawMessage   `json:"params"`
-		Inputs      []manifest.Digest `json:"inputs"`
-	}{st.Kind, r.spec.KindOf(st).Version, r.opts.Version, params, digests})
+	key, err := manifest.StageKey(st.Kind, r.spec.KindOf(st).Version, params, digests)
 	if err != nil {
 		return "", nil, nil, err
 	}
-	return manifest.DigestOf(payload).Hex(), params, ins, nil
+	return key, params, ins, nil
 }
 
 // decide says whether st must run, given its inputs' outputs.
@@ -319,7 +330,10 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 	if err != nil {
 		return decision{}, err
 	}
-	d := decision{action: ActionRun, key: key, params: params, ins: ins}
+	if p, ok := st.Stage.(Prober); ok {
+		return r.decideSourced(st, p, key, params, forced)
+	}
+	d := decision{action: ActionRun, key: key, work: key, params: params, ins: ins}
 	if forced {
 		d.reason, d.cause = "forced", CauseForced
 		return d, nil
@@ -327,14 +341,6 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 	rec := r.store.Record(key)
 	if rec == nil {
 		d.cause, d.reason = r.whyNoRecord(st, params, ins)
-		if p, ok := st.Stage.(Prober); ok {
-			// Say now if the run is bound to fail (a source that is not there).
-			if why, err := p.Probe(nil); err != nil {
-				d.reason += " (" + err.Error() + ")"
-			} else if why != "" {
-				d.reason += " (" + why + ")"
-			}
-		}
 		if n := r.store.Resumable(key); n > 0 {
 			d.reason += "; " + ResumableDetail(n) // what a killed run left
 		}
@@ -343,19 +349,6 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 	if _, ok := st.Stage.(remoteResults); ok && r.opts.Verify {
 		d.reason, d.cause = "--verify: checking the copies on the remote hosts again", CauseRemote
 		return d, nil
-	}
-	// Sources first: an import reading its files in place sees a changed
-	// file as a changed source (only that file is hashed again), not as a
-	// damaged output.
-	if p, ok := st.Stage.(Prober); ok {
-		why, err := p.Probe(rec)
-		if err != nil {
-			return decision{}, err
-		}
-		if why != "" {
-			d.reason, d.cause = why, CauseSource
-			return d, nil
-		}
 	}
 	for _, o := range rec.Outputs {
 		if why := r.checkOutput(st, o); why != "" {
@@ -390,8 +383,8 @@ func (r *runner) whyNoRecord(st *StageSpec, params json.RawMessage, ins []manife
 		}
 		return CauseInput, "input changed: " + strings.Join(changed, ", ")
 	}
-	if prev.FerryVersion != r.opts.Version || prev.KindVersion != r.spec.KindOf(st).Version {
-		return CauseVersion, fmt.Sprintf("ferry version changed (%s -> %s)", prev.FerryVersion, r.opts.Version)
+	if v := r.spec.KindOf(st).Version; prev.KindVersion != v {
+		return CauseVersion, fmt.Sprintf("kind %s format version changed (%s -> %s)", st.Kind, cmp.Or(prev.KindVersion, "none"), v)
 	}
 	return CauseNew, "no record for this key"
 }
@@ -463,6 +456,11 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		r.log.Warn("took over a stale store lock", "pid", lock.TookOver.PID, "host", lock.TookOver.Host, "since", lock.TookOver.Started)
 	}
 	if err := store.Reload(); err != nil {
+		return nil, err
+	}
+	// A manifest.json of an older format (keys with ferry's version) was
+	// converted when read: written back once, now that the lock is held.
+	if err := store.SaveUpgrade(); err != nil {
 		return nil, err
 	}
 	if err := store.ClearTemp(); err != nil {
@@ -686,7 +684,7 @@ func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, force
 
 func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sched *scheduler) (StageReport, *Input, error) {
 	sr := StageReport{Stage: st.Name, Kind: st.Kind, View: r.spec.ViewDir(st)}
-	key, _, _, err := r.key(st, ins)
+	key, _, _, err := r.key(st, ins) // an import's: its work key (see key)
 	if err != nil {
 		sr.Action, sr.Error = ActionFailed, err.Error()
 		return sr, nil, err
@@ -697,7 +695,9 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		sr.Action, sr.Error = ActionFailed, err.Error()
 		return sr, nil, err
 	}
-	sr.Key, sr.Reason, sr.Cause = d.key, d.reason, d.cause
+	// Until it has run, an import's report names its work key (what
+	// runStage records an interrupt or a failure under); then its record's.
+	sr.Key, sr.Reason, sr.Cause = cmp.Or(d.key, d.work), d.reason, d.cause
 	var lease *store.Lease
 	if r.shared != nil && shareable(st) {
 		switch {
@@ -737,7 +737,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	if d.action == ActionSkip {
 		sr.Action, sr.Outputs, sr.Cause = ActionSkip, d.rec.Outputs, ""
 		// Journals left by a run killed after its commit are garbage now.
-		if err := r.store.RemoveIngest(d.key); err != nil {
+		if err := r.store.RemoveIngest(d.work); err != nil {
 			return sr, nil, err
 		}
 		if err := r.store.Link(r.spec.Name, st.Name, d.key); err != nil {
@@ -758,7 +758,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	// Planned again, as plan does, now that its inputs are made: what it
 	// will need.
 	views := &planViews{store: r.store}
-	p, err := r.planWithViews(ctx, views, st, d.key, ins)
+	p, err := r.planWithViews(ctx, views, st, d.work, ins)
 	views.close()
 	if err != nil {
 		return sr, nil, err
@@ -772,7 +772,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	}
 	defer release()
 	sr.Action = ActionRun
-	r.lifecycle("stage start", "stage", st.Name, "step", r.stepOf(st.Name), "kind", st.Kind, "why", d.reason, "key", d.key[:12], "memory", FormatBytes(memoryOf(p)))
+	r.lifecycle("stage start", "stage", st.Name, "step", r.stepOf(st.Name), "kind", st.Kind, "why", d.reason, "key", sr.Key[:12], "memory", FormatBytes(memoryOf(p)))
 	r.emit(Event{Event: EventRun, Stage: st.Name, Kind: st.Kind, Reason: d.reason, Cause: d.cause, View: sr.View})
 	start := time.Now()
 	rec, err := r.execute(ctx, st, d, ins, forced)
@@ -792,7 +792,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		// is in the shared store.
 		r.publish(runCtx, st, rec, lease)
 	}
-	sr.Outputs = rec.Outputs
+	sr.Key, sr.Outputs = rec.Key, rec.Outputs
 	if err := r.store.MakeView(sr.View, rec.Outputs); err != nil {
 		// The record is committed (a re-run skips to making the view);
 		// the stage still failed: its outputs are not where asked.
@@ -821,13 +821,13 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 	damaged := d.cause == CauseOutput
 	if forced || damaged {
 		// Start from scratch: a journal could hold the damaged bytes.
-		if err := r.store.RemoveIngest(d.key); err != nil {
+		if err := r.store.RemoveIngest(d.work); err != nil {
 			return nil, err
 		}
 	}
 	// The work dir of a killed run with this key is kept: stages that
 	// write there (merge) resume from it.
-	work := r.store.WorkDir(d.key)
+	work := r.store.WorkDir(d.work)
 	if forced || damaged {
 		if err := os.RemoveAll(work); err != nil {
 			return nil, err
@@ -840,8 +840,8 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 	if c, ok := prog.(io.Closer); ok {
 		defer c.Close()
 	}
-	env := r.env(st, d.key, ins, prog, r.opts.Verify || forced || damaged)
-	if err := r.store.BeginAttempt(r.spec.Name, st.Name, d.key); err != nil {
+	env := r.env(st, d.work, ins, prog, r.opts.Verify || forced || damaged)
+	if err := r.store.BeginAttempt(r.spec.Name, st.Name, d.work); err != nil {
 		return nil, err
 	}
 	started := time.Now().UTC()
@@ -859,8 +859,16 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 			return nil, fmt.Errorf("stage produced %q twice", outs[i].Path)
 		}
 	}
+	key := d.key
+	if key == "" {
+		// A source-keyed stage (import): keyed by what it read, so the
+		// same files give the same key wherever they lie.
+		if key, err = manifest.SourceKey(st.Kind, r.spec.KindOf(st).Version, d.params, manifest.OutputsDigest(outs)); err != nil {
+			return nil, err
+		}
+	}
 	rec := &manifest.Record{
-		Key: d.key, Pipeline: r.spec.Name, Stage: st.Name, Kind: st.Kind,
+		Key: key, Pipeline: r.spec.Name, Stage: st.Name, Kind: st.Kind,
 		FerryVersion: r.opts.Version, KindVersion: r.spec.KindOf(st).Version,
 		Params: d.params, Inputs: d.ins, Sources: res.Sources, Outputs: outs,
 		Started: started, Finished: time.Now().UTC(),
@@ -868,7 +876,7 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 	if err := r.store.Commit(rec); err != nil {
 		return nil, err
 	}
-	if err := r.store.RemoveIngest(d.key); err != nil {
+	if err := r.store.RemoveIngest(d.work); err != nil {
 		return nil, err
 	}
 	if err := os.RemoveAll(work); err != nil {

@@ -410,19 +410,35 @@ func TestImportSingleFile(t *testing.T) {
 	}
 }
 
-// The ferry version in Options is part of every stage key: another
-// release re-runs the stages, and plan says why.
-func TestRunVersionInKey(t *testing.T) {
+// Ferry's release version is in no stage key: another release shares the
+// records (and records it made them in each). A kind's format version is:
+// bumping it re-runs that kind's stages, and plan says why.
+func TestRunVersionNotInKey(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "src/a.bin"), "a")
-	spec := loadSpec(t, dir, strings.ReplaceAll(importSpec, "%SEED%", "1"))
+	src := strings.ReplaceAll(importSpec, "%SEED%", "1")
+	spec := loadSpec(t, dir, src)
 	if _, err := Run(context.Background(), spec, Options{Version: "0.1.0"}); err != nil {
 		t.Fatal(err)
 	}
-	rep, _ := Plan(spec, Options{Version: "0.1.0"})
-	wantActions(t, "same version", rep, map[string]string{"src": "skip", "syn": "skip"})
-	rep, _ = Plan(spec, Options{Version: "0.2.0"})
-	wantActions(t, "next version", rep, map[string]string{"src": "run: ferry version changed (0.1.0 -> 0.2.0)", "syn": "pending"})
+	rep, _ := Plan(spec, Options{Version: "0.2.0"})
+	wantActions(t, "next release", rep, map[string]string{"src": "skip", "syn": "skip"})
+	store, err := manifest.Load(spec.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := store.StageRecord("t", "syn"); rec == nil || rec.FerryVersion != "0.1.0" {
+		t.Fatalf("record: %+v, want ferry_version 0.1.0", rec)
+	}
+
+	synth2 := pipelinetest.Synth()
+	synth2.Version = "2"
+	spec2 := loadSpecKinds(t, dir, src, pipelinetest.Kinds().With("synth", synth2))
+	rep, _ = Plan(spec2, Options{Version: "0.1.0"})
+	wantActions(t, "synth version 2", rep, map[string]string{"src": "skip", "syn": "run: kind synth format version changed (1 -> 2)"})
+	if c := rep.Stages[1].Cause; c != CauseVersion {
+		t.Errorf("cause %q, want %q", c, CauseVersion)
+	}
 }
 
 // A stage that is running when the run is cancelled (Ctrl-C, SIGTERM) is

@@ -17,9 +17,11 @@ import (
 // The stages a Stage reads are the ones its constructor asked for through
 // Params.Ref / Params.Refs; they arrive, in that order, as Env.Inputs.
 type Stage interface {
-	// Params returns the canonical parameters: they are marshaled to JSON
-	// (sorted keys) into the stage key, so they must hold every setting
-	// that changes the output and nothing that does not.
+	// Params returns the stage's parameters: they are marshaled to JSON
+	// and put in one canonical form (manifest.CanonicalJSON: keys sorted
+	// at every level) in the stage key, so they must hold every setting
+	// that changes the output and nothing that does not; field order does
+	// not matter, nor an omitempty field at its zero value.
 	Params() any
 	// Run makes the stage's outputs. Each output is written into the store
 	// through env (Ingest, Journal, or files made in env.WorkDir and
@@ -158,8 +160,11 @@ func (e *Env) WorkDir() (string, error) {
 type Kind struct {
 	// New parses params into a Stage. Nil means the kind is not built yet.
 	New func(p *Params) (Stage, error)
-	// Version is part of every stage key: bump it when the kind's output
-	// bytes change for the same inputs and parameters.
+	// Version is the kind's output-format version, part of every key of
+	// its stages (ferry's release is not): bump it when the kind's output
+	// bytes change for the same inputs and parameters, so records made
+	// before are not taken for the new bytes. TestKindOutputsPinned fails
+	// when they change and it does not.
 	Version string
 	// NotBuilt says where the kind will come from while New is nil.
 	NotBuilt string

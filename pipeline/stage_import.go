@@ -142,10 +142,21 @@ func (s *importStage) Probe(rec *manifest.Record) (string, error) {
 	if rec == nil {
 		return "", nil
 	}
+	// A record keyed by content may have read the same files elsewhere
+	// too (another directory): only the sources under this path count.
+	mine := map[string]manifest.Stamp{}
+	for p, st := range rec.Sources {
+		if p == s.Path || strings.HasPrefix(p, s.Path+string(filepath.Separator)) {
+			mine[p] = st
+		}
+	}
+	if len(mine) == 0 {
+		return "source path changed: nothing recorded from " + s.Path, nil
+	}
 	seen := map[string]bool{}
 	for _, f := range files {
 		seen[f.abs] = true
-		old, ok := rec.Sources[f.abs]
+		old, ok := mine[f.abs]
 		if !ok {
 			return "source file added: " + f.rel, nil
 		}
@@ -154,7 +165,7 @@ func (s *importStage) Probe(rec *manifest.Record) (string, error) {
 		}
 	}
 	var gone []string
-	for p := range rec.Sources {
+	for p := range mine {
 		if !seen[p] {
 			gone = append(gone, p)
 		}
@@ -162,6 +173,20 @@ func (s *importStage) Probe(rec *manifest.Record) (string, error) {
 	if len(gone) > 0 {
 		sort.Strings(gone)
 		return "source file removed: " + gone[0], nil
+	}
+	// Another import's record (a directory holding this path) is not
+	// this one's: its outputs must be these files.
+	outs := map[string]bool{}
+	for _, o := range rec.Outputs {
+		outs[o.Path] = true
+	}
+	for _, f := range files {
+		if !outs[f.rel] {
+			return "source file added: " + f.rel, nil
+		}
+	}
+	if len(files) != len(rec.Outputs) {
+		return "source path changed: the record read other files than " + s.Path, nil
 	}
 	return "", nil
 }

@@ -9,7 +9,7 @@ import (
 // versionInfo is `ferry version --json`.
 type versionInfo struct {
 	Name    string `json:"name"`
-	Version string `json:"version"` // the release (releaseVersion), as stage keys hold it
+	Version string `json:"version"` // the release (releaseVersion), as records hold it
 	Build   string `json:"build"`   // the build stamp (version)
 	Go      string `json:"go"`      // the toolchain that built this binary
 	OS      string `json:"os"`
