@@ -15,6 +15,14 @@ func FuzzManifest(f *testing.F) {
 	f.Add([]byte(`{"version":1,"records":{"k":{"key":"k","outputs":[{"path":"a/b","digest":"sha256:` +
 		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" + `","size":3}]}}}`))
 	f.Add([]byte(`{"version":1,"records":{"k":null}}`))
+	// Format 1 is converted when decoded: an import (sources) and a stage
+	// reading it.
+	f.Add([]byte(`{"version":1,"records":{"i":{"key":"i","kind":"import","params":{"path":"/m","copy":true},` +
+		`"sources":{"/m/a":{"size":1}},"outputs":[{"path":"a","digest":"sha256:` +
+		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" + `","size":1}]},` +
+		`"g":{"key":"g","kind":"gguf","params":{"from":"i"},"inputs":[{"stage":"i","key":"i","digest":"sha256:` +
+		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" + `"}],"outputs":[]}},"pipelines":{"p":{"i":"i","g":"g"}}}`))
+	f.Add([]byte(`{"version":2,"records":{}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeManifest(bytes.NewReader(b))
 		if err != nil {
