@@ -75,6 +75,10 @@ func (r *runner) decideSourced(st *StageSpec, p Prober, work string, params json
 		if (prev != nil && rec.Key == prev.Key) || len(rec.Sources) == 0 || !same(rec) {
 			continue
 		}
+		// A record of files elsewhere is passed over without a listing.
+		if rf, ok := p.(interface{ readsFrom(*manifest.Record) bool }); ok && !rf.readsFrom(rec) {
+			continue
+		}
 		if why, err := p.Probe(rec); err != nil || why != "" {
 			continue
 		}

@@ -146,7 +146,7 @@ func (s *importStage) Probe(rec *manifest.Record) (string, error) {
 	// too (another directory): only the sources under this path count.
 	mine := map[string]manifest.Stamp{}
 	for p, st := range rec.Sources {
-		if p == s.Path || strings.HasPrefix(p, s.Path+string(filepath.Separator)) {
+		if s.under(p) {
 			mine[p] = st
 		}
 	}
@@ -189,6 +189,23 @@ func (s *importStage) Probe(rec *manifest.Record) (string, error) {
 		return "source path changed: the record read other files than " + s.Path, nil
 	}
 	return "", nil
+}
+
+// under says whether p is this import's path or lies inside it.
+func (s *importStage) under(p string) bool {
+	return p == s.Path || strings.HasPrefix(p, s.Path+string(filepath.Separator))
+}
+
+// readsFrom says, without touching the file system, whether rec read any
+// of its sources where this import reads: if not, Probe(rec) cannot find
+// them unchanged.
+func (s *importStage) readsFrom(rec *manifest.Record) bool {
+	for p := range rec.Sources {
+		if s.under(p) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *importStage) Run(ctx context.Context, env *Env) (*Result, error) {
