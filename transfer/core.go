@@ -64,6 +64,7 @@ type host struct {
 
 	tools   *remoteTools
 	listing map[string]entry
+	missing bool // the destination directory is not there
 	rep     HostReport
 	fr      []*FileReport // by plan index
 	ups     []*upload     // by plan index; nil: nothing to send
@@ -207,7 +208,13 @@ func Run(ctx context.Context, p *Plan, dests []Destination, o Options) (*Report,
 		hosts[i] = h
 	}
 	each(hosts, func(h *host) {
-		if err := h.begin(pre); err != nil {
+		if err := h.survey(pre); err != nil {
+			h.fail("", err)
+		}
+	})
+	hashFirst(ctx, p, live(hosts))
+	each(live(hosts), func(h *host) {
+		if err := h.decide(); err != nil {
 			h.fail("", err)
 		}
 	})
@@ -306,8 +313,8 @@ func (h *host) conns() int {
 // small reports files sent whole, in one write, with a batched check.
 func (p *Plan) small(f *File) bool { return f.Size <= p.ChunkSize }
 
-// begin surveys the destination and decides what each file needs.
-func (h *host) begin(pre *preflights) error {
+// survey learns what the destination holds.
+func (h *host) survey(pre *preflights) error {
 	ctx := h.ctx
 	if !h.d.Local && !h.d.S3 { // a local directory, a bucket: no route or interface to check
 		if err := pre.check(ctx, h.d); err != nil {
@@ -324,11 +331,55 @@ func (h *host) begin(pre *preflights) error {
 	// Where an earlier run did not verify every file of the plan there,
 	// something will be sent or checked: the listing's command probes the
 	// tools too.
-	listing, missing, err := h.ep.list(ctx, h.p.roots(), h.p.Dirs, !h.idx.covers(h.p))
-	if err != nil {
-		return err
+	h.listing, h.missing, err = h.ep.list(ctx, h.p.roots(), h.p.Dirs, !h.idx.covers(h.p))
+	return err
+}
+
+// digestsFirst is an endpoint that needs each file's digest before it
+// sends the file (an S3 upload carries it from its start).
+type digestsFirst interface{ digestsFirst() }
+
+// hashFirst hashes, for a plan whose files are hashed as they are sent
+// (HashLater), those whose digest some destination needs before the file
+// is read for sending: one it holds a file of that size for (trusted or
+// checked by digest), or one whose endpoint needs digests first. A file
+// that cannot be hashed fails the destinations that need it.
+func hashFirst(ctx context.Context, p *Plan, hosts []*host) {
+	if p.later == nil {
+		return
 	}
-	h.listing = listing
+	var idx []int
+	for i := range p.Files {
+		f := &p.Files[i]
+		if f.Digest != "" {
+			continue
+		}
+		for _, h := range hosts {
+			_, first := h.ep.(digestsFirst)
+			if e, ok := h.listing[f.Rel]; first || ok && e.kind == 'f' && e.size == f.Size {
+				idx = append(idx, i)
+				break
+			}
+		}
+	}
+	l := p.later
+	err := p.hash(ctx, idx, l.jobs, l.hashed, l.cache, func(i int, err error) {
+		for _, h := range hosts {
+			h.fail(p.Files[i].Rel, err)
+		}
+	})
+	if err != nil {
+		for _, h := range hosts {
+			h.fail("", err)
+		}
+	}
+}
+
+// decide decides what each file needs at the destination surveyed.
+func (h *host) decide() error {
+	ctx := h.ctx
+	listing := h.listing
+	var err error
 	var checks []int
 	for i := range h.p.Files {
 		f := &h.p.Files[i]
@@ -373,7 +424,7 @@ func (h *host) begin(pre *preflights) error {
 	if !h.anyUploads() && len(h.p.Links) == 0 {
 		return nil
 	}
-	if err := h.ep.mkdirs(ctx, h.p.Dirs, listing, missing); err != nil {
+	if err := h.ep.mkdirs(ctx, h.p.Dirs, listing, h.missing); err != nil {
 		return err
 	}
 	return h.roomCheck()
@@ -394,6 +445,7 @@ func (h *host) skip(i int, mtime int64, trusted bool) {
 	f := &h.p.Files[i]
 	fr := h.fr[i]
 	fr.Verified, fr.Skipped, fr.Trusted = true, true, trusted
+	fr.Digest = f.Digest
 	h.bytes.Add(f.Size)
 	h.idx.put(f.Rel, indexEntry{Size: f.Size, Mtime: mtime, Digest: f.Digest})
 	if h.prog != nil {
@@ -742,6 +794,11 @@ func (h *host) smallSlot(k int) int { return k % max(h.smallSlots, 1) }
 // Chunk checks during the send, at once per connection.
 const verifiersPerConn = 2
 
+// smallReaders bounds the small source files read (and hashed) at once:
+// each costs an open, two fstats and a close besides its bytes, which one
+// reader alone made the pace of a tree of small files to a local disk.
+var smallReaders = 4
+
 // send reads every file some destination needs, once, and hands it out.
 func send(ctx context.Context, p *Plan, hosts []*host) {
 	var active []*host
@@ -756,7 +813,9 @@ func send(ctx context.Context, p *Plan, hosts []*host) {
 	}
 	o := active[0].o
 	bud := newBudget(o.InFlight, p.ChunkSize)
-	hasher := newInOrder()
+	hasher := newInOrder(p)
+	var readers errgroup.Group
+	readers.SetLimit(smallReaders)
 	for _, i := range p.sendOrder() {
 		if ctx.Err() != nil {
 			break
@@ -772,11 +831,12 @@ func send(ctx context.Context, p *Plan, hosts []*host) {
 		}
 		f := &p.Files[i]
 		if p.small(f) {
-			readSmall(ctx, f, i, hs, bud)
+			readers.Go(func() error { readSmall(ctx, p, f, i, hs, bud); return nil })
 		} else {
 			readLarge(ctx, f, i, hs, bud, hasher)
 		}
 	}
+	readers.Wait()
 	hasher.close()
 	for _, h := range active {
 		close(h.smallQ)
@@ -816,7 +876,7 @@ func (p *Plan) sendOrder() []int {
 }
 
 // readSmall reads file f (plan index i) whole and queues it to the hosts.
-func readSmall(ctx context.Context, f *File, i int, hs []*host, b *budget) {
+func readSmall(ctx context.Context, p *Plan, f *File, i int, hs []*host, b *budget) {
 	if err := b.acquire(ctx, f.Size); err != nil {
 		return
 	}
@@ -826,7 +886,12 @@ func readSmall(ctx context.Context, f *File, i int, hs []*host, b *budget) {
 	if hookSourceRead != nil {
 		hookSourceRead(f.Rel, 0)
 	}
-	if err == nil && j.digest() != f.Digest {
+	switch {
+	case err == nil && f.Digest == "":
+		// Hashed as it is sent (HashLater): these bytes, read between
+		// two checks of the file's stamp, are the file planned.
+		p.learnt(f, j.digest())
+	case err == nil && j.digest() != f.Digest:
 		err = fmt.Errorf("%s: %w: it was %s when planned, its bytes read for sending are %s", f.Path, ErrSourceChanged, f.Digest.Short(), j.digest().Short())
 	}
 	for _, h := range hs {
@@ -876,7 +941,7 @@ type inOrder struct {
 	done chan struct{}
 }
 
-func newInOrder() *inOrder {
+func newInOrder(p *Plan) *inOrder {
 	x := &inOrder{ch: make(chan *job, 4), done: make(chan struct{})}
 	go func() {
 		defer close(x.done)
@@ -893,7 +958,14 @@ func newInOrder() *inOrder {
 			got++
 			if got == len(cur.sums) {
 				cur.sum.Wait()
-				if d := digest.New(whole.Sum(nil)); d != cur.f.Digest && cur.err == nil {
+				d := digest.New(whole.Sum(nil))
+				switch {
+				case cur.err != nil:
+				case cur.f.Digest == "":
+					// Hashed as it is sent (HashLater): every chunk was
+					// read between two checks of the file's stamp.
+					p.learnt(cur.f, d)
+				case d != cur.f.Digest:
 					cur.err = fmt.Errorf("%s: %w: it was %s when planned, its bytes read for sending are %s", cur.f.Path, ErrSourceChanged, cur.f.Digest.Short(), d.Short())
 				}
 				close(cur.done)
@@ -1296,7 +1368,7 @@ func (h *host) commit(ctx context.Context, k int, u *upload, mtime int64, modeSe
 	if mtime < 0 {
 		mtime = got
 	}
-	u.fr.Verified = true
+	u.fr.Verified, u.fr.Digest = true, f.Digest
 	h.bytes.Add(f.Size)
 	h.idx.put(f.Rel, indexEntry{Size: f.Size, Mtime: mtime, Digest: f.Digest})
 	l := jDone{rel: f.Rel, digest: f.Digest, size: f.Size, mtime: mtime}

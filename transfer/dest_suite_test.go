@@ -211,50 +211,71 @@ func suite(t *testing.T, f func(t *testing.T, k destKind)) {
 
 // A fresh copy of a tree (a file of many chunks, a small one, an empty
 // one, a link), then a rerun that sends nothing, and one with Verify that
-// re-hashes and sends nothing either.
+// re-hashes and sends nothing either; with the sources hashed before the
+// run and, as ferry transfer plans them, as they are sent (each rerun
+// planned again: the files found there are hashed before deciding).
 func TestDestFreshAndNoop(t *testing.T) {
 	suite(t, func(t *testing.T, k destKind) {
-		src := filepath.Join(t.TempDir(), "model")
-		randomFile(t, filepath.Join(src, "a.bin"), 5<<20+123, 1)
-		randomFile(t, filepath.Join(src, "sub", "b.bin"), 70000, 2)
-		randomFile(t, filepath.Join(src, "empty"), 0, 3)
-		if err := os.Symlink("sub/b.bin", filepath.Join(src, "link.bin")); err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(t.TempDir(), "not", "yet")
-		ctx := context.Background()
-		p, err := NewPlan(ctx, []string{src}, PlanOptions{ChunkSize: k.chunk(1 << 20)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d := k.dest(t, dst)
-		state := t.TempDir()
-		rep, err := Run(ctx, p, []Destination{d}, Options{StateDir: state, Log: testLog(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		sameTreeOf(t, src, filepath.Join(k.viewOf(dst), "model"), k.copiesLinks)
-		if got := k.halfWritten(t, dst); len(got) > 0 {
-			t.Errorf("partials left: %v", got)
-		}
-		h := rep.Hosts[0]
-		if !h.OK || h.Sent != p.Bytes() || len(h.Files) != 3 || !strings.HasPrefix(h.HashCommand, k.verifier) {
-			t.Errorf("report: %+v", h)
-		}
-		fi, err := os.Stat(filepath.Join(k.viewOf(dst), "model", "a.bin"))
-		if err != nil || (!k.noModes && fi.Mode().Perm() != 0o644) {
-			t.Errorf("a.bin: %v, %v; want mode 0644", fi, err)
-		}
-		for _, verify := range []bool{false, true} {
-			rep, err = Run(ctx, p, []Destination{d}, Options{StateDir: state, Log: testLog(t), Verify: verify})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if h := rep.Hosts[0]; h.Sent != 0 || !h.OK {
-				t.Errorf("rerun (verify %v) sent %d bytes: %+v", verify, h.Sent, h)
-			}
+		k.dest(t, t.TempDir()) // the kind's server, for both subtests
+		for _, later := range []bool{false, true} {
+			t.Run(fmt.Sprintf("hashLater=%v", later), func(t *testing.T) { freshAndNoop(t, k, later) })
 		}
 	})
+}
+
+func freshAndNoop(t *testing.T, k destKind, later bool) {
+	src := filepath.Join(t.TempDir(), "model")
+	randomFile(t, filepath.Join(src, "a.bin"), 5<<20+123, 1)
+	randomFile(t, filepath.Join(src, "sub", "b.bin"), 70000, 2)
+	randomFile(t, filepath.Join(src, "empty"), 0, 3)
+	if err := os.Symlink("sub/b.bin", filepath.Join(src, "link.bin")); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "not", "yet")
+	ctx := context.Background()
+	plan := func() *Plan {
+		p, err := NewPlan(ctx, []string{src}, PlanOptions{ChunkSize: k.chunk(1 << 20), HashLater: later})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	p := plan()
+	d := k.dest(t, dst)
+	state := t.TempDir()
+	rep, err := Run(ctx, p, []Destination{d}, Options{StateDir: state, Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameTreeOf(t, src, filepath.Join(k.viewOf(dst), "model"), k.copiesLinks)
+	if got := k.halfWritten(t, dst); len(got) > 0 {
+		t.Errorf("partials left: %v", got)
+	}
+	h := rep.Hosts[0]
+	if !h.OK || h.Sent != p.Bytes() || len(h.Files) != 3 || !strings.HasPrefix(h.HashCommand, k.verifier) {
+		t.Errorf("report: %+v", h)
+	}
+	for _, fr := range h.Files {
+		if want := fileDigest(t, filepath.Join(filepath.Dir(src), filepath.FromSlash(fr.Path))); fr.Digest != want || !fr.Verified {
+			t.Errorf("report of %s: digest %s, verified %v; want %s", fr.Path, fr.Digest, fr.Verified, want)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(k.viewOf(dst), "model", "a.bin"))
+	if err != nil || (!k.noModes && fi.Mode().Perm() != 0o644) {
+		t.Errorf("a.bin: %v, %v; want mode 0644", fi, err)
+	}
+	for _, verify := range []bool{false, true} {
+		if later {
+			p = plan()
+		}
+		rep, err = Run(ctx, p, []Destination{d}, Options{StateDir: state, Log: testLog(t), Verify: verify})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := rep.Hosts[0]; h.Sent != 0 || !h.OK {
+			t.Errorf("rerun (verify %v) sent %d bytes: %+v", verify, h.Sent, h)
+		}
+	}
 }
 
 // The sending process killed with SIGKILL at random moments and run again
@@ -266,13 +287,13 @@ func TestDestKilled(t *testing.T) {
 		randomFile(t, filepath.Join(src, "big.bin"), 20<<20+17, 9) // 2 chunks of the default 16 MiB
 		state := t.TempDir()
 		dst := t.TempDir()
-		spec, _ := json.Marshal(childSpec{Src: src, State: state, Dests: []childDest{k.child(t, dst)}})
+		spec, _ := json.Marshal(childSpec{Src: src, State: state, Dests: []childDest{k.child(t, dst)}, HashLater: true})
 		start := func() *exec.Cmd {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), "FERRY_TRANSFER_CHILD="+string(spec))
 			return cmd
 		}
-		full, _ := json.Marshal(childSpec{Src: src, State: t.TempDir(), Dests: []childDest{k.child(t, t.TempDir())}})
+		full, _ := json.Marshal(childSpec{Src: src, State: t.TempDir(), Dests: []childDest{k.child(t, t.TempDir())}, HashLater: true})
 		t0 := time.Now()
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "FERRY_TRANSFER_CHILD="+string(full))
@@ -330,7 +351,7 @@ func TestDestRepairAlteredChunk(t *testing.T) {
 		want := randomFile(t, src, size, 12)
 		dst := t.TempDir()
 		state := t.TempDir()
-		p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: cs})
+		p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: cs, HashLater: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -370,6 +391,11 @@ func TestDestRepairAlteredChunk(t *testing.T) {
 			f.WriteAt([]byte{want[at] ^ 0xff}, at)
 			f.Close()
 		}
+		// Planned again, as ferry transfer does each run: the same stamps,
+		// the same journal.
+		if p, err = NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: cs, HashLater: true}); err != nil {
+			t.Fatal(err)
+		}
 		rep, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: state, Log: testLog(t)})
 		if err != nil {
 			t.Fatal(err)
@@ -396,7 +422,7 @@ func TestDestLiarCaught(t *testing.T) {
 			randomFile(t, src, size, 13)
 			dst := t.TempDir()
 			d := k.liar(t, dst)
-			p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: cs})
+			p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: cs, HashLater: true})
 			if err != nil {
 				t.Fatal(err)
 			}

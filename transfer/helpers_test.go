@@ -3,6 +3,7 @@ package transfer
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -15,8 +16,20 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/sshdtest"
 )
+
+// fileDigest is the sha256 of the file at p.
+func fileDigest(t testing.TB, p string) digest.Digest {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sha256.Sum256(b)
+	return digest.New(s[:])
+}
 
 // startSSHD starts the test sshd. Its sessions get a HOME of their own
 // (plus the environment in env, "NAME=VALUE"), so that the remote

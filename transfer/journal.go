@@ -99,9 +99,20 @@ func parseLine(e journal.Entry) jLine {
 	return nil
 }
 
-// journalRef is the plan's identity for the journal.
+// journalRef is the plan's identity for the journal: its files' digests,
+// or, for a plan whose files are hashed as they are sent (HashLater),
+// their stamps (the journal stays on this machine; the chunks it keeps
+// are checked against the source's bytes again before a file is renamed
+// into place).
 func journalRef(p *Plan, dest string) string {
 	h := sha256.New()
+	if p.later != nil {
+		fmt.Fprintf(h, "ferry transfer 2 stamps\x00%s\x00%d\x00", dest, p.ChunkSize)
+		for _, f := range p.Files {
+			fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d\x00", f.Rel, f.Stamp.Size, f.Stamp.MtimeNs, f.Stamp.Inode)
+		}
+		return "transfer:" + hex.EncodeToString(h.Sum(nil))
+	}
 	fmt.Fprintf(h, "ferry transfer 2\x00%s\x00%d\x00", dest, p.ChunkSize)
 	for _, f := range p.Files {
 		fmt.Fprintf(h, "%s\x00%d\x00%s\x00", f.Rel, f.Size, f.Digest)

@@ -48,6 +48,11 @@ type localDest struct {
 // directory.
 var localSmallWriters = 8
 
+// localWriteback starts the disk writes of each chunk as soon as it is
+// written (startWriteback), so that the disk works while the rest of the
+// file is read, hashed and written, not only in the syncfs at the end.
+var localWriteback = true
+
 // localVerifier is what reports call the local destination's check.
 const localVerifier = "re-read"
 
@@ -212,6 +217,7 @@ func (l *localDest) putSmall(ctx context.Context, slot int, rel string, data []b
 	if len(data) > 0 {
 		err = l.writeAt(f, rel, data, 0)
 	}
+
 	if err == nil && sync {
 		err = f.Sync()
 	}
@@ -264,6 +270,11 @@ func (l *localDest) rewriteChunk(ctx context.Context, slot int, rel string, off 
 		return fmt.Errorf("opening %s: %w", part, err)
 	}
 	err = l.writeAt(f, rel, data, off)
+	if err == nil && localWriteback {
+		// Start writing the chunk to the disk now, beside the rest of
+		// the run, not all at the end's syncfs.
+		startWriteback(f, off, int64(len(data)))
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

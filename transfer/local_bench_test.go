@@ -12,19 +12,30 @@ import (
 // BenchmarkTransferLocal copies to a local directory on the file system of
 // the benchmark's temporary directory (TMPDIR): one file of
 // FERRY_LOCAL_SIZE bytes (default 1 GiB) and a tree of FERRY_TREE_FILES
-// small files (default 5000, 1 B to 64 KiB), each with ferry (hashing the
-// source with an empty digest cache, writing, fsyncing, re-reading and
-// renaming) and with cp -r followed by sync -f (GNU: syncfs of the
-// destination's file system), into a fresh directory each. It reports
-// seconds per run and x-cp, cp + sync's time / ferry's (above 1: ferry is
-// faster). Target: ≥ 1/1.3 (ferry ≤ 1.3× cp + sync). FERRY_LOCAL_WRITERS
-// sets the writers of small files (default localSmallWriters).
+// small files (default 5000, 1 B to 64 KiB), each with ferry (planned as
+// ferry transfer plans, with an empty digest cache: the sources hashed as
+// they are sent; then written, re-read, renamed and synced) and with cp -r
+// followed by sync -f (GNU: syncfs of the destination's file system),
+// into a fresh directory each. It reports seconds per run and x-cp, cp +
+// sync's time / ferry's (above 1: ferry is faster). Target: ≥ 1/1.3
+// (ferry ≤ 1.3× cp + sync). To compare: FERRY_LOCAL_WRITERS sets the
+// writers of small files (default localSmallWriters), FERRY_SMALL_READERS
+// their readers (smallReaders), FERRY_LOCAL_WRITEBACK=0 leaves the disk
+// writes to the syncfs at the end, FERRY_HASH_FIRST=1 hashes every source
+// before sending (PlanOptions without HashLater).
 func BenchmarkTransferLocal(b *testing.B) {
 	size := envInt(b, "FERRY_LOCAL_SIZE", 1<<30)
 	if v := os.Getenv("FERRY_LOCAL_WRITERS"); v != "" {
 		localSmallWriters = int(envInt(b, "FERRY_LOCAL_WRITERS", 0))
 	}
 	files := int(envInt(b, "FERRY_TREE_FILES", 5000))
+	if v := os.Getenv("FERRY_SMALL_READERS"); v != "" {
+		smallReaders = int(envInt(b, "FERRY_SMALL_READERS", 0))
+	}
+	if v := os.Getenv("FERRY_LOCAL_WRITEBACK"); v != "" {
+		localWriteback = v == "1"
+	}
+	hashLater := os.Getenv("FERRY_HASH_FIRST") != "1"
 	for _, c := range []struct {
 		name string
 		make func(b *testing.B, src string)
@@ -61,7 +72,7 @@ func BenchmarkTransferLocal(b *testing.B) {
 					dst := b.TempDir()
 					t0 := time.Now()
 					cache := OpenDigestCache(filepath.Join(b.TempDir(), DigestCacheFile))
-					p, err := NewPlan(context.Background(), []string{src}, PlanOptions{Cache: cache})
+					p, err := NewPlan(context.Background(), []string{src}, PlanOptions{Cache: cache, HashLater: hashLater})
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -48,3 +48,11 @@ func networkFS(dir string) bool {
 func dropCache(f *os.File, off, n int64) {
 	_ = unix.Fadvise(int(f.Fd()), off, n, unix.FADV_DONTNEED)
 }
+
+// startWriteback asks the kernel to start writing f's range to its disk
+// without waiting for it (sync_file_range SYNC_FILE_RANGE_WRITE): only a
+// head start for the syncfs that makes it durable, so errors are left to
+// that.
+func startWriteback(f *os.File, off, n int64) {
+	_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+}

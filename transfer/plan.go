@@ -53,6 +53,17 @@ type Plan struct {
 	Links     []Link
 	Dirs      []string // slash paths of directories to create, parents first
 	ChunkSize int64
+
+	// later, if not nil, is how Run hashes the files with no digest
+	// (PlanOptions.HashLater).
+	later *lateHash
+}
+
+// lateHash is what a plan made with PlanOptions.HashLater keeps for Run.
+type lateHash struct {
+	jobs   int
+	hashed func(int64)
+	cache  *DigestCache
 }
 
 // Bytes is the total size of the plan's files.
@@ -78,6 +89,17 @@ type PlanOptions struct {
 	// Cache, if not nil, gives the digests of files whose stamp has not
 	// changed since they were hashed, and learns the others.
 	Cache *DigestCache
+	// HashLater leaves the files Cache does not know unhashed: Run hashes
+	// before deciding only those a destination holds a file of their size
+	// for (to compare) or that go to a destination that needs digests
+	// first (an S3 prefix, whose uploads carry them), and every other as
+	// it sends it, from the bytes it reads once for all destinations: on
+	// a fresh destination each file is read once instead of twice, and
+	// nothing waits for a whole tree to be hashed before the first byte
+	// is written. Such a plan's resume journal is keyed by the files'
+	// stamps (size, mtime, inode), not their digests. Jobs, Hashed and
+	// Cache serve Run's hashing too.
+	HashLater bool
 }
 
 // ErrSourceChanged is wrapped by errors about a source file that changed
@@ -123,7 +145,39 @@ func NewPlan(ctx context.Context, srcs []string, opts PlanOptions) (*Plan, error
 	if err := p.check(); err != nil {
 		return nil, err
 	}
+	if opts.HashLater {
+		p.later = &lateHash{jobs: opts.Jobs, hashed: opts.Hashed, cache: opts.Cache}
+		return p, p.lookup(opts.Cache)
+	}
 	return p, p.Hash(ctx, opts.Jobs, opts.Hashed, opts.Cache)
+}
+
+// lookup gives the files with no digest those cache knows for their
+// stamps now.
+func (p *Plan) lookup(cache *DigestCache) error {
+	for i := range p.Files {
+		f := &p.Files[i]
+		if f.Digest != "" {
+			continue
+		}
+		now, err := fsutil.StatStamp(f.Path)
+		if err != nil {
+			return err
+		}
+		if d, ok := cache.Lookup(f.Path, now); ok {
+			f.Digest, f.Size, f.Stamp = d, now.Size, now
+		}
+	}
+	return nil
+}
+
+// learnt records the digest d of file f, computed from the bytes Run
+// read to send it (a HashLater plan).
+func (p *Plan) learnt(f *File, d digest.Digest) {
+	f.Digest = d
+	if p.later != nil {
+		p.later.cache.Store(f.Path, f.Stamp, d)
+	}
 }
 
 func (p *Plan) add(local, rel string, fi fs.FileInfo) {
@@ -187,15 +241,30 @@ func (p *Plan) check() error {
 // cache (may be nil) gives those of files unchanged since they were
 // hashed.
 func (p *Plan) Hash(ctx context.Context, jobs int, hashed func(int64), cache *DigestCache) error {
+	idx := make([]int, len(p.Files))
+	for i := range idx {
+		idx[i] = i
+	}
+	return p.hash(ctx, idx, jobs, hashed, cache, nil)
+}
+
+// hash computes the digest of every file of idx that has none, jobs at a
+// time; failed, if not nil, is told of a file that could not be hashed
+// (and the others go on), else the first such error ends it.
+func (p *Plan) hash(ctx context.Context, idx []int, jobs int, hashed func(int64), cache *DigestCache, failed func(i int, err error)) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(jobs, 1))
-	for i := range p.Files {
+	for _, i := range idx {
 		f := &p.Files[i]
 		if f.Digest != "" {
 			continue
 		}
 		before, err := fsutil.StatStamp(f.Path)
 		if err != nil {
+			if failed != nil {
+				failed(i, err)
+				continue
+			}
 			return err
 		}
 		if d, ok := cache.Lookup(f.Path, before); ok {
@@ -206,20 +275,27 @@ func (p *Plan) Hash(ctx context.Context, jobs int, hashed func(int64), cache *Di
 			continue
 		}
 		g.Go(func() error {
-			sum, n, err := hashing.File(ctx, f.Path, hashed)
-			if err != nil {
-				return err
+			err := func() error {
+				sum, n, err := hashing.File(ctx, f.Path, hashed)
+				if err != nil {
+					return err
+				}
+				after, err := fsutil.StatStamp(f.Path)
+				if err != nil {
+					return err
+				}
+				if before != after || n != after.Size {
+					return fmt.Errorf("%s: %w (while it was hashed)", f.Path, ErrSourceChanged)
+				}
+				f.Digest, f.Size, f.Stamp = digest.New(sum[:]), n, after
+				cache.Store(f.Path, after, f.Digest)
+				return nil
+			}()
+			if err != nil && failed != nil && ctx.Err() == nil {
+				failed(i, err)
+				return nil
 			}
-			after, err := fsutil.StatStamp(f.Path)
-			if err != nil {
-				return err
-			}
-			if before != after || n != after.Size {
-				return fmt.Errorf("%s: %w (while it was hashed)", f.Path, ErrSourceChanged)
-			}
-			f.Digest, f.Size, f.Stamp = digest.New(sum[:]), n, after
-			cache.Store(f.Path, after, f.Digest)
-			return nil
+			return err
 		})
 	}
 	return g.Wait()

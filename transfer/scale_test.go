@@ -30,6 +30,9 @@ type childSpec struct {
 	Src   string      `json:"src"`
 	State string      `json:"state"`
 	Dests []childDest `json:"dests"`
+	// HashLater: the plan's files are hashed as they are sent, as ferry
+	// transfer plans them.
+	HashLater bool `json:"hash_later"`
 }
 
 type childDest struct {
@@ -62,7 +65,7 @@ func init() {
 
 func runChild(cs childSpec) error {
 	cache := OpenDigestCache(filepath.Join(cs.State, DigestCacheFile))
-	p, err := NewPlan(context.Background(), []string{cs.Src}, PlanOptions{Jobs: 2, Cache: cache})
+	p, err := NewPlan(context.Background(), []string{cs.Src}, PlanOptions{Jobs: 2, Cache: cache, HashLater: cs.HashLater})
 	if err != nil {
 		return err
 	}
@@ -81,8 +84,10 @@ func runChild(cs childSpec) error {
 		}
 		dests = append(dests, Destination{Name: d.Name, Host: "h", Dir: d.Dir, Dial: dial})
 	}
-	_, err = Run(context.Background(), p, dests, Options{StateDir: cs.State})
-	return err
+	if _, err = Run(context.Background(), p, dests, Options{StateDir: cs.State}); err != nil {
+		return err
+	}
+	return cache.Save() // with what the sending hashed
 }
 
 // keyDialer is testDialer from files, for a child process.

@@ -141,23 +141,27 @@ func runTransfer(c *cli.Context) error {
 	pg := newProgress(c, false)
 	hashBar := pg.New("hashing", 0, "task", "hash")
 	cache := transfer.OpenDigestCache(filepath.Join(state, transfer.DigestCacheFile))
-	plan, err := transfer.NewPlan(c.Context, srcs, transfer.PlanOptions{Dereference: c.Bool("dereference"), ChunkSize: cs, Jobs: jobs, Hashed: hashBar.Add, Cache: cache})
-	hashBar.Close()
+	// Files are hashed as they are sent, from the one read that sends
+	// them; before sending, only those a destination holds a file of
+	// their size for (the bar counts these).
+	plan, err := transfer.NewPlan(c.Context, srcs, transfer.PlanOptions{Dereference: c.Bool("dereference"), ChunkSize: cs, Jobs: jobs, Hashed: hashBar.Add, Cache: cache, HashLater: true})
 	if err != nil {
+		hashBar.Close()
 		pg.Close()
 		if r := interruptedResume(c.Context, err, "nothing was sent"); r != nil {
 			return r
 		}
 		return err
 	}
-	if err := cache.Save(); err != nil {
-		slog.Warn("transfer: the digest cache was not saved (the next run hashes the sources again)", "err", err)
-	}
 	o := transfer.Options{Streams: streams, Sessions: sessions, StateDir: state, Verify: c.Bool("verify"), DeleteExtra: c.Bool("delete-extra"),
 		Progress: func(dest string, total int64) progress.Reporter { return pg.New(dest, total, "dest", dest) }}
 	o.PreFlight = preFlight
 	rep, err := transfer.Run(c.Context, plan, dests, o)
+	hashBar.Close()
 	pg.Close()
+	if serr := cache.Save(); serr != nil {
+		slog.Warn("transfer: the digest cache was not saved (the next run hashes the sources again)", "err", serr)
+	}
 	if rep != nil {
 		if perr := printTransfer(c, rep); perr != nil && err == nil {
 			err = perr
