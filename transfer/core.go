@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"sort"
@@ -34,7 +35,8 @@ import (
 //     one of many writers, many files in flight on every session; its
 //     check is batched: one remote command hashes many partials (after one
 //     sync -f made them durable), and those that match are renamed into
-//     place;
+//     place (where a destination reads a file back as it writes it, a
+//     smallChecker, one read back right is renamed at once);
 //   - a larger file's partial is made once, its chunks are written by one
 //     writer per session, journaled once durable, hashed on the remote
 //     host as they land, and the file is renamed into place once every
@@ -795,8 +797,9 @@ func (h *host) smallSlot(k int) int { return k % max(h.smallSlots, 1) }
 const verifiersPerConn = 2
 
 // smallReaders bounds the small source files read (and hashed) at once:
-// each costs an open, two fstats and a close besides its bytes, which one
-// reader alone made the pace of a tree of small files to a local disk.
+// each costs an open, two fstats and a close besides its bytes, which a
+// single reader paid in turn for every file of a tree, whatever the
+// destinations' writers could take.
 var smallReaders = 4
 
 // send reads every file some destination needs, once, and hands it out.
@@ -1146,7 +1149,13 @@ func (h *host) writeSmall(sj smallJob, slot int) {
 	}
 	u := sj.u
 	t := time.Now()
-	err := h.ep.putSmall(h.ctx, slot, u.f.Rel, sj.j.data, h.tools.hashCmd == "" || !h.tools.syncfs, h.prog)
+	var err error
+	same, mtime := false, int64(-1)
+	if c, ok := h.ep.(smallChecker); ok {
+		same, mtime, err = c.putSmallChecked(h.ctx, slot, u.f.Rel, u.f.Perm, sj.j.data, h.prog)
+	} else {
+		err = h.ep.putSmall(h.ctx, slot, u.f.Rel, sj.j.data, h.tools.hashCmd == "" || !h.tools.syncfs, h.prog)
+	}
 	u.fr.Seconds += time.Since(t).Seconds()
 	if err != nil {
 		h.fail(u.f.Rel, err)
@@ -1155,12 +1164,29 @@ func (h *host) writeSmall(sj smallJob, slot int) {
 	h.sent.Add(u.f.Size)
 	u.fr.Sent += u.f.Size
 	u.fr.Chunks++
+	if same {
+		// Read back as written: renamed into place here, no batch.
+		if err := h.commit(h.ctx, slot, u, mtime, true, false); err != nil {
+			h.fail(u.f.Rel, err)
+		}
+		return
+	}
 	queued = true
 	select {
 	case h.settleQ <- u:
 	case <-h.ctx.Done():
 		h.unsettled.Add(-1)
 	}
+}
+
+// smallChecker is an endpoint that reads a small file back as it writes
+// it, where a batched check would save no round trip (a local directory):
+// the partial gets mode perm, same says the bytes read back are data
+// (whose sha256 is the file's digest), mtime is the partial's. A file read
+// back otherwise goes to the batched check, which finds and repairs what
+// differs.
+type smallChecker interface {
+	putSmallChecked(ctx context.Context, slot int, rel string, perm fs.FileMode, data []byte, prog progress.Reporter) (same bool, mtime int64, err error)
 }
 
 // settleLoop gathers written small files into batches and hands each to

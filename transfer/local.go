@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -233,6 +234,85 @@ func (l *localDest) putSmall(ctx context.Context, slot int, rel string, data []b
 	return nil
 }
 
+var _ smallChecker = (*localDest)(nil)
+
+// putSmallChecked writes a small file into its partial with mode perm and
+// reads it back through the same descriptor (past the page cache on a
+// network file system, as hash does), comparing it with data: no second
+// open, no hash and no batch between the write and the rename.
+func (l *localDest) putSmallChecked(ctx context.Context, slot int, rel string, perm fs.FileMode, data []byte, prog progress.Reporter) (bool, int64, error) {
+	part := l.remote(rel) + ".partial"
+	f, err := os.OpenFile(part, os.O_RDWR|os.O_CREATE|os.O_TRUNC, perm.Perm())
+	if err != nil {
+		return false, 0, l.explain(fmt.Errorf("creating %s: %w", part, err))
+	}
+	if len(data) > 0 {
+		err = l.writeAt(f, rel, data, 0)
+	}
+	if err != nil {
+		f.Close()
+		return false, 0, l.explain(fmt.Errorf("writing %s: %w", part, err))
+	}
+	same, mtime, err := l.readsBack(f, perm, data)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		return false, 0, l.explain(fmt.Errorf("writing %s: %w", part, cerr))
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("reading back %s: %w", part, err)
+	}
+	if prog != nil {
+		prog.Add(int64(len(data)))
+	}
+	return same, mtime, nil
+}
+
+// readBackBufs are the buffers small files are read back through.
+var readBackBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// readsBack says whether f, just written, holds data and nothing more,
+// gives it mode perm (the umask may have taken bits) and returns its
+// mtime.
+func (l *localDest) readsBack(f *os.File, perm fs.FileMode, data []byte) (bool, int64, error) {
+	if l.onNetwork() {
+		// Written back first: only clean pages can be dropped.
+		if err := f.Sync(); err != nil {
+			return false, 0, err
+		}
+		dropCache(f, 0, int64(len(data)))
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return false, 0, err
+	}
+	if fi.Mode().Perm() != perm.Perm() {
+		if err := f.Chmod(perm.Perm()); err != nil {
+			return false, 0, err
+		}
+	}
+	mtime := fi.ModTime().Unix()
+	if fi.Size() != int64(len(data)) {
+		return false, mtime, nil
+	}
+	bp := readBackBufs.Get().(*[]byte)
+	defer readBackBufs.Put(bp)
+	buf := *bp
+	for off := 0; off < len(data); {
+		b := buf[:min(len(buf), len(data)-off)]
+		n, err := f.ReadAt(b, int64(off))
+		if n < len(b) {
+			if err == nil || err == io.EOF {
+				return false, mtime, nil // shorter than written
+			}
+			return false, 0, err
+		}
+		if !bytes.Equal(b, data[off:off+n]) {
+			return false, mtime, nil
+		}
+		off += n
+	}
+	return true, mtime, nil
+}
+
 func (l *localDest) createPartial(ctx context.Context, slot int, rel string, size int64) error {
 	part := l.remote(rel) + ".partial"
 	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
@@ -392,14 +472,18 @@ func (l *localDest) readBackChunk(ctx context.Context, slot int, rel string, siz
 func (l *localDest) commit(ctx context.Context, slot int, rel string, perm fs.FileMode, modeSet, stat bool) (int64, error) {
 	final := l.remote(rel)
 	part := final + ".partial"
-	fi, err := os.Stat(part)
-	if err != nil {
-		return 0, fmt.Errorf("stat %s: %w", part, err)
-	}
-	if !modeSet && fi.Mode().Perm() != perm.Perm() {
-		if err := os.Chmod(part, perm.Perm()); err != nil {
-			return 0, fmt.Errorf("chmod %s: %w", part, err)
+	var mtime int64
+	if !modeSet || stat {
+		fi, err := os.Stat(part)
+		if err != nil {
+			return 0, fmt.Errorf("stat %s: %w", part, err)
 		}
+		if !modeSet && fi.Mode().Perm() != perm.Perm() {
+			if err := os.Chmod(part, perm.Perm()); err != nil {
+				return 0, fmt.Errorf("chmod %s: %w", part, err)
+			}
+		}
+		mtime = fi.ModTime().Unix()
 	}
 	if err := os.Rename(part, final); err != nil {
 		return 0, fmt.Errorf("renaming %s to %s: %w", part, final, err)
@@ -407,7 +491,7 @@ func (l *localDest) commit(ctx context.Context, slot int, rel string, perm fs.Fi
 	l.dmu.Lock()
 	l.dirty[filepath.Dir(final)] = true
 	l.dmu.Unlock()
-	return fi.ModTime().Unix(), nil
+	return mtime, nil
 }
 
 // flush makes what the run wrote durable: one syncfs of the destination's

@@ -147,28 +147,25 @@ func NewPlan(ctx context.Context, srcs []string, opts PlanOptions) (*Plan, error
 	}
 	if opts.HashLater {
 		p.later = &lateHash{jobs: opts.Jobs, hashed: opts.Hashed, cache: opts.Cache}
-		return p, p.lookup(opts.Cache)
+		p.lookup(opts.Cache)
+		return p, nil
 	}
 	return p, p.Hash(ctx, opts.Jobs, opts.Hashed, opts.Cache)
 }
 
-// lookup gives the files with no digest those cache knows for their
-// stamps now.
-func (p *Plan) lookup(cache *DigestCache) error {
+// lookup gives the files with no digest those cache knows for the stamps
+// the walk just took (no second stat: the stamp is checked again when
+// the file is read for sending).
+func (p *Plan) lookup(cache *DigestCache) {
 	for i := range p.Files {
 		f := &p.Files[i]
 		if f.Digest != "" {
 			continue
 		}
-		now, err := fsutil.StatStamp(f.Path)
-		if err != nil {
-			return err
-		}
-		if d, ok := cache.Lookup(f.Path, now); ok {
-			f.Digest, f.Size, f.Stamp = d, now.Size, now
+		if d, ok := cache.Lookup(f.Path, f.Stamp); ok {
+			f.Digest = d
 		}
 	}
-	return nil
 }
 
 // learnt records the digest d of file f, computed from the bytes Run
