@@ -78,6 +78,12 @@ type restamper interface {
 
 var _ restamper = (*s3Dest)(nil)
 
+// An S3 upload carries the file's sha256 from its start (the object's
+// metadata is given when the upload is created).
+func (s *s3Dest) digestsFirst() {}
+
+var _ digestsFirst = (*s3Dest)(nil)
+
 var (
 	_ endpoint = (*sftpDest)(nil)
 	_ endpoint = (*localDest)(nil)

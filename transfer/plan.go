@@ -97,8 +97,11 @@ type PlanOptions struct {
 	// a fresh destination each file is read once instead of twice, and
 	// nothing waits for a whole tree to be hashed before the first byte
 	// is written. Such a plan's resume journal is keyed by the files'
-	// stamps (size, mtime, inode), not their digests. Jobs, Hashed and
-	// Cache serve Run's hashing too.
+	// stamps (size, mtime, inode), not their digests. A file's bytes are
+	// those read between two checks of its stamp; one rewritten in place
+	// with its size and mtime kept after planning is sent as it is then
+	// (there is no earlier digest to tell). Jobs, Hashed and Cache serve
+	// Run's hashing too.
 	HashLater bool
 }
 

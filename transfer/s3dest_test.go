@@ -8,7 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	s3api "github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/s3test"
@@ -193,5 +197,41 @@ func TestS3DestVerifyRehashes(t *testing.T) {
 	got, _ := os.ReadFile(obj)
 	if string(got) != string(want) {
 		t.Error("big.bin differs after the verified run")
+	}
+}
+
+// A plan whose files are hashed as they are sent (HashLater) has them
+// hashed before sending where an S3 prefix receives them (an upload is
+// created with the file's sha256): every object, a multipart upload's
+// too, carries it in its metadata.
+func TestS3DestHashLater(t *testing.T) {
+	srv := s3test.Start(t, "later")
+	srv.Env(t)
+	src := filepath.Join(t.TempDir(), "m")
+	randomFile(t, filepath.Join(src, "big.bin"), 11<<20+5, 14) // 3 parts of 5 MiB
+	randomFile(t, filepath.Join(src, "small.bin"), 1000, 15)
+	var hashed atomic.Int64
+	p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: 5 << 20, HashLater: true, Hashed: func(n int64) { hashed.Add(n) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hashed.Load() != 0 {
+		t.Fatalf("%d bytes hashed while planning", hashed.Load())
+	}
+	d := Destination{Name: "s3://later/p", Dir: "s3://later/p", S3: true}
+	if _, err := Run(context.Background(), p, []Destination{d}, Options{StateDir: t.TempDir(), Log: testLog(t)}); err != nil {
+		t.Fatal(err)
+	}
+	if hashed.Load() != p.Bytes() {
+		t.Errorf("%d bytes hashed before sending, want all %d", hashed.Load(), p.Bytes())
+	}
+	for _, n := range []string{"big.bin", "small.bin"} {
+		h, err := srv.Client().HeadObject(context.Background(), &s3api.HeadObjectInput{Bucket: aws.String("later"), Key: aws.String("p/m/" + n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := h.Metadata[s3MetaSHA256], fileDigest(t, filepath.Join(src, n)).Hex(); got != want {
+			t.Errorf("%s: metadata sha256 %q, want %q", n, got, want)
+		}
 	}
 }
