@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -54,6 +55,52 @@ func TestLocalSmallReadBackRepairs(t *testing.T) {
 		}
 		if ps := partials(t, dst); len(ps) > 0 {
 			t.Errorf("hashLater %v: partials left: %v", later, ps)
+		}
+	}
+}
+
+// A HashLater plan to two directories, one fresh and one holding two of
+// the files with their sizes (one right, one other bytes): only those two
+// are hashed before sending; the right one is kept there, the other
+// replaced, the fresh directory gets all, and the report gives every
+// file's digest.
+func TestHashLaterHashesOnlyWhatIsThere(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "m")
+	for i, n := range []string{"a.bin", "b.bin", "c.bin", "d.bin"} {
+		randomFile(t, filepath.Join(src, n), int64(5000+i*700), uint64(50+i))
+	}
+	randomFile(t, filepath.Join(src, "big.bin"), 3<<20+9, 60)
+	fresh, held := t.TempDir(), t.TempDir()
+	if err := os.MkdirAll(filepath.Join(held, "m"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(filepath.Join(src, "a.bin"))
+	os.WriteFile(filepath.Join(held, "m", "a.bin"), a, 0o644)
+	other := append([]byte(nil), a...)
+	other[0] ^= 1
+	os.WriteFile(filepath.Join(held, "m", "big.bin"), append(other, make([]byte, 3<<20+9-len(other))...), 0o644)
+	var hashed atomic.Int64
+	p, err := NewPlan(context.Background(), []string{src}, PlanOptions{ChunkSize: 1 << 20, HashLater: true, Hashed: func(n int64) { hashed.Add(n) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dests := []Destination{{Name: fresh, Dir: fresh, Local: true}, {Name: held, Dir: held, Local: true}}
+	rep, err := Run(context.Background(), p, dests, Options{StateDir: t.TempDir(), Log: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(a)) + 3<<20 + 9; hashed.Load() != want {
+		t.Errorf("%d bytes hashed before sending, want a.bin's and big.bin's %d", hashed.Load(), want)
+	}
+	for k, h := range rep.Hosts {
+		sameTree(t, src, filepath.Join(dests[k].Dir, "m"))
+		for _, fr := range h.Files {
+			if want := fileDigest(t, filepath.Join(filepath.Dir(src), filepath.FromSlash(fr.Path))); fr.Digest != want || !fr.Verified {
+				t.Errorf("%s: %s: digest %s, verified %v; want %s", h.Destination, fr.Path, fr.Digest, fr.Verified, want)
+			}
+			if skipped := k == 1 && fr.Path == "m/a.bin"; fr.Skipped != skipped {
+				t.Errorf("%s: %s: skipped %v, want %v", h.Destination, fr.Path, fr.Skipped, skipped)
+			}
 		}
 	}
 }
