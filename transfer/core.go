@@ -63,6 +63,10 @@ type host struct {
 
 	mu     sync.Mutex
 	failed *HostError
+	// lost are the files not copied because their source changed during
+	// the copy (or its recorded digest lies): the destination's other
+	// files go on, and it is reported failed at the end.
+	lost []*HostError
 
 	tools   *remoteTools
 	listing map[string]entry
@@ -124,6 +128,36 @@ func (h *host) err() *HostError {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.failed
+}
+
+// result is the destination's failure at the end of the run: what stopped
+// it, else the first file it lost (nil: every file is there).
+func (h *host) result() *HostError {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.failed == nil && len(h.lost) > 0 {
+		return h.lost[0]
+	}
+	return h.failed
+}
+
+// failFile records that file is not copied to this destination. Where its
+// source changed during the copy (or lied about its digest), the
+// destination's other files go on; any other error stops it (fail).
+func (h *host) failFile(file string, err error) {
+	if !errors.Is(err, ErrSourceChanged) && !errors.Is(err, ErrSourceDigest) || h.parent.Err() != nil {
+		h.fail(file, err)
+		return
+	}
+	h.mu.Lock()
+	h.lost = append(h.lost, &HostError{Dest: h.d.Name, File: file, Err: err})
+	h.mu.Unlock()
+	for i, f := range h.p.Files {
+		if f.Rel == file {
+			h.fr[i].Error = err.Error()
+		}
+	}
+	h.o.Log.Warn("transfer: file not copied", "dest", h.d.Name, "file", file, "err", err)
 }
 
 // fail records the destination's first failure and stops its work. A
@@ -251,7 +285,7 @@ func Run(ctx context.Context, p *Plan, dests []Destination, o Options) (*Report,
 			h.fail("", ErrInterrupted)
 		}
 		r := h.report()
-		if e := h.err(); e != nil {
+		if e := h.result(); e != nil {
 			failed = append(failed, e)
 			names = append(names, h.d.Name)
 		} else {
@@ -389,7 +423,7 @@ func (h *host) decide() error {
 		switch {
 		case ok && e.kind == 'd':
 			return fmt.Errorf("remote path %s is a directory: %w", h.ep.remote(f.Rel), errNotDir)
-		case ok && e.kind == 'f' && e.size == f.Size:
+		case ok && e.kind == 'f' && e.size == f.Size && f.Digest != "": // (an object's digest may be known only once read)
 			if !h.o.Verify && h.trusted(f, e) {
 				h.skip(i, e.mtime, true)
 				continue
@@ -690,6 +724,9 @@ type readFile struct {
 	sum  sync.WaitGroup  // chunk digests not computed yet
 	done chan struct{}   // closed when every chunk was read and hashed
 	err  error           // set before done closes: nil, or why the bytes are not the file planned
+	// skipped: chunks every destination held were not read again (an
+	// object's, whose digest is known): no whole-file hash of what was read.
+	skipped bool
 }
 
 // job is one piece of a source file read once and written to every
@@ -706,6 +743,8 @@ type job struct {
 	b     *budget
 	// pooled: data is one of b's chunk buffers, returned to it on release.
 	pooled bool
+	// skip: a chunk not read again (every destination holds it; b is nil).
+	skip bool
 }
 
 // budget bounds the bytes of source data in flight (read, not yet written
@@ -767,7 +806,9 @@ func (j *job) release() {
 			buf = j.data
 		}
 		j.data = nil
-		j.b.release(buf, j.bytes)
+		if j.b != nil {
+			j.b.release(buf, j.bytes)
+		}
 	}
 }
 
@@ -819,6 +860,10 @@ func send(ctx context.Context, p *Plan, hosts []*host) {
 	hasher := newInOrder(p)
 	var readers errgroup.Group
 	readers.SetLimit(smallReaders)
+	// Small objects are fetched many more at once: each GET is a round
+	// trip.
+	var objects errgroup.Group
+	objects.SetLimit(srcSmallReadsS3)
 	for _, i := range p.sendOrder() {
 		if ctx.Err() != nil {
 			break
@@ -833,13 +878,17 @@ func send(ctx context.Context, p *Plan, hosts []*host) {
 			continue
 		}
 		f := &p.Files[i]
-		if p.small(f) {
+		switch {
+		case p.small(f) && f.src != nil:
+			objects.Go(func() error { readSmall(ctx, p, f, i, hs, bud); return nil })
+		case p.small(f):
 			readers.Go(func() error { readSmall(ctx, p, f, i, hs, bud); return nil })
-		} else {
+		default:
 			readLarge(ctx, f, i, hs, bud, hasher)
 		}
 	}
 	readers.Wait()
+	objects.Wait()
 	hasher.close()
 	for _, h := range active {
 		close(h.smallQ)
@@ -885,21 +934,19 @@ func readSmall(ctx context.Context, p *Plan, f *File, i int, hs []*host, b *budg
 	}
 	j := &job{data: make([]byte, f.Size), bytes: f.Size, b: b}
 	j.refs.Store(int32(len(hs)))
-	err := readWhole(f, j.data)
+	meta, err := readWhole(ctx, f, j.data)
 	if hookSourceRead != nil {
 		hookSourceRead(f.Rel, 0)
 	}
-	switch {
-	case err == nil && f.Digest == "":
-		// Hashed as it is sent (HashLater): these bytes, read between
-		// two checks of the file's stamp, are the file planned.
-		p.learnt(f, j.digest())
-	case err == nil && j.digest() != f.Digest:
-		err = fmt.Errorf("%s: %w: it was %s when planned, its bytes read for sending are %s", f.Path, ErrSourceChanged, f.Digest.Short(), j.digest().Short())
+	if err == nil {
+		// A file with no digest yet (HashLater, an object not tagged)
+		// takes that of these bytes, read between two checks of the
+		// file's stamp or with If-Match of the object's ETag.
+		err = checkRead(p, f, j.digest(), meta)
 	}
 	for _, h := range hs {
 		if err != nil {
-			h.fail(f.Rel, err)
+			h.failFile(f.Rel, err)
 			j.release()
 			continue
 		}
@@ -919,7 +966,14 @@ var hookSourceRead func(rel string, off int64)
 
 // readWhole reads the file planned as f into data (its planned size),
 // checking that it is still the file planned.
-func readWhole(f *File, data []byte) error {
+func readWhole(ctx context.Context, f *File, data []byte) (meta map[string]string, err error) {
+	if f.src != nil {
+		return f.src.readAt(ctx, data, 0)
+	}
+	return nil, readWholeFile(f, data)
+}
+
+func readWholeFile(f *File, data []byte) error {
 	lf, err := os.Open(f.Path)
 	if err != nil {
 		return err
@@ -956,20 +1010,17 @@ func newInOrder(p *Plan) *inOrder {
 				cur, got = j.rf, 0
 				whole.Reset()
 			}
-			whole.Write(j.data)
+			if !j.skip {
+				whole.Write(j.data)
+			}
 			j.release()
 			got++
 			if got == len(cur.sums) {
 				cur.sum.Wait()
-				d := digest.New(whole.Sum(nil))
-				switch {
-				case cur.err != nil:
-				case cur.f.Digest == "":
-					// Hashed as it is sent (HashLater): every chunk was
-					// read between two checks of the file's stamp.
-					p.learnt(cur.f, d)
-				case d != cur.f.Digest:
-					cur.err = fmt.Errorf("%s: %w: it was %s when planned, its bytes read for sending are %s", cur.f.Path, ErrSourceChanged, cur.f.Digest.Short(), d.Short())
+				if cur.err == nil && !cur.skipped {
+					// (Where chunks were not read again, the destinations
+					// check the whole file.)
+					cur.err = checkRead(p, cur.f, digest.New(whole.Sum(nil)), nil)
 				}
 				close(cur.done)
 			}
@@ -1000,8 +1051,12 @@ func readLarge(ctx context.Context, f *File, i int, hs []*host, b *budget, hashe
 		rf.err = err
 		close(rf.done)
 		for _, h := range hs {
-			h.fail(f.Rel, err)
+			h.failFile(f.Rel, err)
 		}
+	}
+	if f.src != nil {
+		readObjectChunks(ctx, f, i, hs, b, hasher, rf, fail)
+		return
 	}
 	lf, err := os.Open(f.Path)
 	if err != nil {
@@ -1348,7 +1403,7 @@ func (h *host) repairSmall(ctx context.Context, k int, u *upload, got digest.Dig
 		}
 		h.o.Log.Warn("transfer: remote file differs from what was sent; sending it again", "dest", h.d.Name, "file", f.Rel)
 		data := make([]byte, f.Size)
-		if err := readWhole(f, data); err != nil {
+		if _, err := readWhole(ctx, f, data); err != nil {
 			return err
 		}
 		if s := sha256.Sum256(data); digest.New(s[:]) != f.Digest {
@@ -1377,7 +1432,9 @@ func (h *host) commit(ctx context.Context, k int, u *upload, mtime int64, modeSe
 	// What was sent is the file planned (its digest was checked as it was
 	// read); a source changed since would leave the destination with what
 	// the user no longer has.
-	if now, err := fsutil.StatStamp(f.Path); err != nil || now != f.Stamp {
+	if f.src != nil {
+		// An object: every read was of the version planned (If-Match).
+	} else if now, err := fsutil.StatStamp(f.Path); err != nil || now != f.Stamp {
 		if err == nil {
 			err = fmt.Errorf("%s: %w (size %d → %d, mtime changed: %v)", f.Path, ErrSourceChanged, f.Stamp.Size, now.Size, now.MtimeNs != f.Stamp.MtimeNs)
 		}
@@ -1499,15 +1556,18 @@ func (h *host) writeChunkJob(cj chunkJob, slot int) {
 func (u *upload) finish() {
 	h := u.h
 	defer h.fin.Done()
-	select {
-	case <-u.written:
-	case <-h.ctx.Done():
-		return
-	}
+	// The read first: one that failed midway leaves chunks unwritten.
 	select {
 	case <-u.rf.done:
 	case <-h.ctx.Done():
 		return
+	}
+	if u.rf.err == nil {
+		select {
+		case <-u.written:
+		case <-h.ctx.Done():
+			return
+		}
 	}
 	<-u.ready
 	if u.readyErr != nil || h.err() != nil {
@@ -1515,19 +1575,21 @@ func (u *upload) finish() {
 	}
 	f := u.f
 	if u.rf.err != nil {
-		if errors.Is(u.rf.err, ErrSourceChanged) {
+		if errors.Is(u.rf.err, ErrSourceChanged) || errors.Is(u.rf.err, ErrSourceDigest) {
 			// The chunks sent are not of the file planned: none of them is
 			// worth keeping.
 			h.forget(f.Rel)
 		}
-		h.fail(f.Rel, u.rf.err)
+		h.failFile(f.Rel, u.rf.err)
 		return
 	}
 	u.vwg.Wait()
 	h.ep.closePartial(f.Rel)
 	t := time.Now()
 	var err error
-	if h.tools.ranges {
+	// Chunks not read again were checked by their journaled digests
+	// alone: the whole file is hashed where it landed, where that can be.
+	if h.tools.ranges && !(u.rf.skipped && h.tools.hashCmd != s3Verifier) {
 		err = h.finishByChunks(u)
 	} else {
 		err = h.finishWhole(u)
@@ -1700,7 +1762,7 @@ func (h *host) resend(u *upload, i int, want digest.Digest) error {
 	f := u.f
 	off := int64(i) * h.p.ChunkSize
 	data := make([]byte, min(h.p.ChunkSize, f.Size-off))
-	if err := readChunk(f, off, data); err != nil {
+	if err := readChunk(h.ctx, f, off, data); err != nil {
 		return err
 	}
 	s := sha256.Sum256(data)
@@ -1721,7 +1783,11 @@ func (h *host) resend(u *upload, i int, want digest.Digest) error {
 	return h.journal(jChunk{rel: f.Rel, chunk: i, end: off + int64(len(data)), digest: sum})
 }
 
-func readChunk(f *File, off int64, data []byte) error {
+func readChunk(ctx context.Context, f *File, off int64, data []byte) error {
+	if f.src != nil {
+		_, err := f.src.readAt(ctx, data, off)
+		return err
+	}
 	lf, err := os.Open(f.Path)
 	if err != nil {
 		return err
@@ -1799,11 +1865,14 @@ func (h *host) report() HostReport {
 	r.Seconds = time.Since(h.start).Seconds()
 	r.MBps = mbps(r.Sent, r.Seconds)
 	r.Requests, r.Commands = h.ep.counts()
-	for _, fr := range h.fr {
+	for i, fr := range h.fr {
+		if fr.Digest == "" {
+			fr.Digest = h.p.Files[i].Digest // learnt as it was read
+		}
 		fr.MBps = mbps(fr.Sent, fr.Seconds)
 		r.Files = append(r.Files, *fr)
 	}
-	if e := h.err(); e != nil {
+	if e := h.result(); e != nil {
 		r.Error = e.Error()
 	}
 	return r

@@ -32,6 +32,7 @@ type DigestCache struct {
 type cacheEntry struct {
 	Stamp  fsutil.Stamp  `json:"stamp"`
 	Digest digest.Digest `json:"digest"`
+	ETag   string        `json:"etag,omitempty"` // an object's (keyed by its s3:// URL; the stamp holds its size)
 }
 
 // DigestCacheFile is the cache's name in a transfer state directory.
@@ -99,6 +100,42 @@ func (c *DigestCache) Store(p string, st fsutil.Stamp, d digest.Digest) {
 	}
 	c.m[k] = cacheEntry{Stamp: st, Digest: d}
 	c.used[k] = true
+}
+
+// lookupObject returns the digest of the object at url (s3://…) if its
+// ETag and size are etag and size: an ETag names one version of an
+// object, which never changes in place.
+func (c *DigestCache) lookupObject(url, etag string, size int64) (digest.Digest, bool) {
+	if c == nil || etag == "" {
+		return "", false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[url]
+	if !ok || e.ETag != etag || e.Stamp.Size != size {
+		return "", false
+	}
+	c.used[url] = true
+	return e.Digest, true
+}
+
+// StoreObjects records the digests of the plan's objects (its S3 source's
+// files) that are known: those read and hashed by a run, for the next.
+func (c *DigestCache) StoreObjects(p *Plan) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range p.Files {
+		f := &p.Files[i]
+		s, ok := f.src.(*s3Source)
+		if !ok || f.Digest == "" || s.etag == "" {
+			continue
+		}
+		c.m[f.Path] = cacheEntry{Stamp: fsutil.Stamp{Size: f.Size}, Digest: f.Digest, ETag: s.etag}
+		c.used[f.Path] = true
+	}
 }
 
 // Save writes the cache atomically.

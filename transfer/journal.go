@@ -115,6 +115,11 @@ func journalRef(p *Plan, dest string) string {
 	}
 	fmt.Fprintf(h, "ferry transfer 2\x00%s\x00%d\x00", dest, p.ChunkSize)
 	for _, f := range p.Files {
+		if f.src != nil {
+			// The version read (its digest may be learnt only by reading it).
+			fmt.Fprintf(h, "%s\x00%d\x00%s\x00", f.Rel, f.Size, f.src.ident())
+			continue
+		}
 		fmt.Fprintf(h, "%s\x00%d\x00%s\x00", f.Rel, f.Size, f.Digest)
 	}
 	return "transfer:" + hex.EncodeToString(h.Sum(nil))

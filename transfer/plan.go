@@ -33,7 +33,29 @@ type File struct {
 	Perm   fs.FileMode   // permission bits given to the remote file
 	Digest digest.Digest // sha256 of the content, known before sending
 	Stamp  fsutil.Stamp  // the local file's stamp when it was hashed
+
+	// src, where not nil, is where the bytes are read instead of Path
+	// (an object: Path is its URL). digestLater says its Digest is not
+	// known before the run reads it ("" until then); claimed, that Digest
+	// is what the object's metadata records, checked against the bytes
+	// read.
+	src         source
+	digestLater bool
+	claimed     bool
 }
+
+// source is a file's bytes elsewhere than on this machine.
+type source interface {
+	where() string
+	// ident names the version planned (the resume journal's ref holds it).
+	ident() string
+	// readAt reads len(p) bytes at off of the version planned (another
+	// version there: ErrSourceChanged); meta is the object's metadata
+	// where the read gives it.
+	readAt(ctx context.Context, p []byte, off int64) (meta map[string]string, err error)
+}
+
+var _ source = (*s3Source)(nil)
 
 // Chunks is the number of chunks of f at chunk size cs (0 for an empty
 // file).

@@ -435,6 +435,10 @@ func (s *s3Dest) putSmall(ctx context.Context, slot int, rel string, data []byte
 // one an earlier run recorded and does not resume, or one it began and was
 // killed before recording (invisible, but stored and billed until aborted).
 func (s *s3Dest) createPartial(ctx context.Context, slot int, rel string, size int64) error {
+	if f := s.byRel[rel]; f != nil && f.digestLater {
+		// Its metadata is given when the upload begins, before a byte is read.
+		return errkind.Errorf(errkind.NotBuilt, "%s: its sha256 is not known before it is read (the object has no x-amz-meta-%s), and an S3 destination records it when the upload begins: not built yet; copy it to a local directory first", f.Path, s3MetaSHA256)
+	}
 	key := s.c.Key(rel)
 	in := &s3api.ListMultipartUploadsInput{Bucket: &s.bucket, Prefix: aws.String(key)}
 	for {

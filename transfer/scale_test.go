@@ -65,7 +65,13 @@ func init() {
 
 func runChild(cs childSpec) error {
 	cache := OpenDigestCache(filepath.Join(cs.State, DigestCacheFile))
-	p, err := NewPlan(context.Background(), []string{cs.Src}, PlanOptions{Jobs: 2, Cache: cache, HashLater: cs.HashLater})
+	var p *Plan
+	var err error
+	if S3Source(cs.Src) {
+		p, err = NewS3Plan(context.Background(), cs.Src, PlanOptions{Cache: cache})
+	} else {
+		p, err = NewPlan(context.Background(), []string{cs.Src}, PlanOptions{Jobs: 2, Cache: cache, HashLater: cs.HashLater})
+	}
 	if err != nil {
 		return err
 	}
@@ -84,10 +90,12 @@ func runChild(cs childSpec) error {
 		}
 		dests = append(dests, Destination{Name: d.Name, Host: "h", Dir: d.Dir, Dial: dial})
 	}
-	if _, err = Run(context.Background(), p, dests, Options{StateDir: cs.State}); err != nil {
-		return err
+	_, err = Run(context.Background(), p, dests, Options{StateDir: cs.State})
+	cache.StoreObjects(p) // an S3 source's objects hashed as they were read
+	if serr := cache.Save(); err == nil { // with what the sending hashed
+		err = serr
 	}
-	return cache.Save() // with what the sending hashed
+	return err
 }
 
 // keyDialer is testDialer from files, for a child process.

@@ -22,7 +22,7 @@ func transferCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "transfer",
 		Usage:     "copy files and directories to hosts over SSH, to local directories and to S3 buckets: parallel, sha256-verified, resumable",
-		ArgsUsage: "SRC... DEST... (DEST: [user@]HOST:DIR, a local directory: /mnt/x, ./x, file:///mnt/x, or s3://BUCKET/PREFIX)",
+		ArgsUsage: "SRC... DEST... (SRC: files and directories, or one s3://BUCKET/PREFIX/NAME; DEST: [user@]HOST:DIR, a local directory: /mnt/x, ./x, file:///mnt/x, or s3://BUCKET/PREFIX)",
 		Description: `Each source (a file, or a directory sent as DIR/<its name>) goes to every
 destination. Every file is hashed (sha256) before it is sent (a file
 unchanged since an earlier run, by size, mtime and inode, keeps the digest
@@ -55,7 +55,19 @@ the object records the file's sha256 (x-amz-meta-ferry-sha256), which
 --verify checks by reading the object again. Destinations start at the
 first HOST:DIR, file:// or s3:// argument and may mix kinds; with none, the last argument is the one
 destination (ferry transfer model/ /Volumes/T7/models). The first part of a split GGUF
-(NAME-00001-of-0000N.gguf) brings every part of it.`,
+(NAME-00001-of-0000N.gguf) brings every part of it.
+
+The source may be S3 instead, one, first (every argument after it is a
+destination): s3://BUCKET/PREFIX/NAME
+is the object NAME (sent as the file NAME) or the objects under NAME/ (sent
+as the directory NAME). They are read by ranged GETs, many at once, each
+with If-Match of the ETag listed (an object replaced during the copy fails
+that file alone, naming it, and nothing of it is renamed into place), each
+chunk read once for every destination; a file is verified against the
+sha256 ferry recorded in its metadata when it uploaded it, or hashed as it
+is read (and remembered by ETag in --state-dir, so an unchanged object is
+not read again). A resumed copy of a file whose sha256 is known fetches
+only the chunks its destinations lack.`,
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "streams", Value: 4, Usage: "SSH connections per destination"},
 			&cli.IntFlag{Name: "sessions", Value: transfer.SessionsPerConn, Usage: "SFTP sessions (SSH channels) on each connection, each with a chunk buffer"},
@@ -92,8 +104,11 @@ func runTransfer(c *cli.Context) error {
 	if len(srcs) == 0 || len(dsts) == 0 {
 		return usageErrorf("transfer: want SRC... DEST... (DEST: [user@]HOST:DIR, a local directory, or s3://BUCKET/PREFIX)")
 	}
-	if srcs, err = withSplitParts(srcs); err != nil {
-		return err
+	fromS3 := transfer.S3Source(srcs[0]) // then alone: splitTransferArgs
+	if !fromS3 {
+		if srcs, err = withSplitParts(srcs); err != nil {
+			return err
+		}
 	}
 	jobs, err := jobsOf(c)
 	if err != nil {
@@ -129,7 +144,7 @@ func runTransfer(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := localDestsOutsideSources(srcs, dests); err != nil {
+	if err := localDestsOutsideSources(srcs, dests); err != nil && !fromS3 {
 		return err
 	}
 	state := c.String("state-dir")
@@ -143,8 +158,15 @@ func runTransfer(c *cli.Context) error {
 	cache := transfer.OpenDigestCache(filepath.Join(state, transfer.DigestCacheFile))
 	// Files are hashed as they are sent, from the one read that sends
 	// them; before sending, only those a destination holds a file of
-	// their size for (the bar counts these).
-	plan, err := transfer.NewPlan(c.Context, srcs, transfer.PlanOptions{Dereference: c.Bool("dereference"), ChunkSize: cs, Jobs: jobs, Hashed: hashBar.Add, Cache: cache, HashLater: true})
+	// their size for (the bar counts these). An S3 source's objects are
+	// listed; those without a recorded sha256 are hashed as they are read.
+	po := transfer.PlanOptions{Dereference: c.Bool("dereference"), ChunkSize: cs, Jobs: jobs, Hashed: hashBar.Add, Cache: cache, HashLater: true}
+	var plan *transfer.Plan
+	if fromS3 {
+		plan, err = transfer.NewS3Plan(c.Context, srcs[0], po)
+	} else {
+		plan, err = transfer.NewPlan(c.Context, srcs, po)
+	}
 	if err != nil {
 		hashBar.Close()
 		pg.Close()
@@ -159,6 +181,7 @@ func runTransfer(c *cli.Context) error {
 	rep, err := transfer.Run(c.Context, plan, dests, o)
 	hashBar.Close()
 	pg.Close()
+	cache.StoreObjects(plan) // an S3 source's objects hashed as they were read
 	if serr := cache.Save(); serr != nil {
 		slog.Warn("transfer: the digest cache was not saved (the next run hashes the sources again)", "err", serr)
 	}
@@ -178,6 +201,9 @@ func runTransfer(c *cli.Context) error {
 // file://…), and local directories may follow it; where no argument does,
 // the last one is the destination, as cp takes it.
 func splitTransferArgs(args []string) (srcs, dsts []string) {
+	if len(args) > 0 && transfer.S3Source(args[0]) {
+		return args[:1], args[1:] // an S3 source, alone
+	}
 	for i, a := range args {
 		if _, local := transfer.LocalDir(a); !local || strings.HasPrefix(a, "file://") {
 			return args[:i], args[i:]

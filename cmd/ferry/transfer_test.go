@@ -530,3 +530,48 @@ func TestTransferCLIS3(t *testing.T) {
 		t.Errorf("missing bucket: want the local directory done: %+v", rep)
 	}
 }
+
+// ferry transfer s3://BUCKET/PREFIX/NAME DEST...: the objects under NAME/
+// to a local directory, verified; a rerun sends nothing; a missing bucket
+// or prefix exits 2 having written nothing.
+func TestTransferCLIFromS3(t *testing.T) {
+	srv := s3test.Start(t, "cli")
+	srv.Env(t)
+	src := filepath.Join(t.TempDir(), "model")
+	want := writeRandom(t, filepath.Join(src, "model.gguf"), 6<<20+5, 4)
+	writeRandom(t, filepath.Join(src, "config.json"), 300, 5)
+	if r := execFerry(t, nil, "transfer", "--state-dir", t.TempDir(), "--chunk-size", "5MiB", src, "s3://cli/m"); r.code != 0 {
+		t.Fatalf("upload: exit %d: %s", r.code, r.stderr)
+	}
+	local, state := t.TempDir(), t.TempDir()
+	for run := range 2 {
+		r := execFerry(t, nil, "transfer", "--state-dir", state, "--json", "--chunk-size", "1MiB", "s3://cli/m/model", local)
+		if r.code != 0 {
+			t.Fatalf("run %d: exit %d: %s", run, r.code, r.stderr)
+		}
+		rep := transferReport(t, r)
+		if len(rep.Hosts) != 1 || !rep.Hosts[0].OK || len(rep.Hosts[0].Files) != 2 || (run == 1) != (rep.Hosts[0].Sent == 0) {
+			t.Fatalf("run %d: report: %+v", run, rep)
+		}
+	}
+	cfg, _ := os.ReadFile(filepath.Join(src, "config.json"))
+	for name, b := range map[string][]byte{"model.gguf": want, "config.json": cfg} {
+		if got, err := os.ReadFile(filepath.Join(local, "model", name)); err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("%s differs (%v)", name, err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"s3://nosuchbucket/m/model"}, "does not exist"},
+		{[]string{"s3://cli/m/nothing"}, "no object there"},
+	} {
+		dst := t.TempDir()
+		args := append(append([]string{"transfer", "--state-dir", t.TempDir()}, tc.args...), dst)
+		r := execFerry(t, nil, args...)
+		if ents, _ := os.ReadDir(dst); r.code != 2 || !strings.Contains(r.stderr, tc.want) || len(ents) != 0 {
+			t.Errorf("%v: exit %d, stderr %q, %d entries written; want 2 and %q", tc.args, r.code, r.stderr, len(ents), tc.want)
+		}
+	}
+}

@@ -325,33 +325,50 @@ func Unb64(s string) (sum [32]byte, ok bool) {
 // missing, a few times. classify makes the caller's error of an SDK one
 // (c.Classify, or the caller's mapping of it).
 func (c *Client) GetRange(ctx context.Context, key string, off int64, buf []byte, classify func(op, key string, err error) error) error {
+	_, err := c.GetRangeMatch(ctx, key, "", off, buf, classify)
+	return err
+}
+
+// GetRangeMatch is GetRange of the object's version whose ETag is etag
+// ("": any): every request, the first and those asking again for the rest
+// of a cut-off body, carries If-Match, so the bytes are all of that one
+// version, or the error is a Precondition one. meta is the object's
+// metadata (x-amz-meta-…) as its first answer gave it.
+func (c *Client) GetRangeMatch(ctx context.Context, key, etag string, off int64, buf []byte, classify func(op, key string, err error) error) (meta map[string]string, err error) {
 	got := 0
 	for attempt := 0; got < len(buf); attempt++ {
 		start := off + int64(got)
-		out, err := c.API.GetObject(ctx, &s3api.GetObjectInput{Bucket: &c.Bucket, Key: aws.String(c.Prefix + key),
-			Range: aws.String(fmt.Sprintf("bytes=%d-%d", start, off+int64(len(buf))-1))})
+		in := &s3api.GetObjectInput{Bucket: &c.Bucket, Key: aws.String(c.Prefix + key),
+			Range: aws.String(fmt.Sprintf("bytes=%d-%d", start, off+int64(len(buf))-1))}
+		if etag != "" {
+			in.IfMatch = aws.String(etag)
+		}
+		out, err := c.API.GetObject(ctx, in)
 		if err != nil {
-			return classify("get", key, err)
+			return nil, classify("get", key, err)
+		}
+		if meta == nil {
+			meta = out.Metadata
 		}
 		if cl := aws.ToInt64(out.ContentLength); cl < int64(len(buf)-got) {
 			out.Body.Close()
-			return fmt.Errorf("get %s: %d of %d bytes at %d: %w", c.Where(key), got+int(cl), len(buf), off, io.ErrUnexpectedEOF)
+			return nil, fmt.Errorf("get %s: %d of %d bytes at %d: %w", c.Where(key), got+int(cl), len(buf), off, io.ErrUnexpectedEOF)
 		}
 		n, err := io.ReadFull(out.Body, buf[got:])
 		out.Body.Close()
 		got += n
 		if err == nil {
-			return nil
+			return meta, nil
 		}
 		if ctx.Err() != nil || attempt >= 5 {
-			return classify("get", key, err)
+			return nil, classify("get", key, err)
 		}
 		c.Retried()
 		select {
 		case <-time.After(time.Duration(100<<attempt) * time.Millisecond):
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
-	return nil
+	return meta, nil
 }
