@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+
+	"github.com/ferry-llm/ferry/transfer"
 )
 
 // importMemory is an import's peak: its copy buffers (Ingest keeps four of
@@ -17,6 +19,9 @@ var _ Planner = (*importStage)(nil)
 // the same files in the same layout, so the stages reading the import are
 // planned before it runs.
 func (s *importStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
+	if transfer.S3Source(s.Path) {
+		return s.planS3(ctx)
+	}
 	files, err := s.listSources()
 	if err != nil {
 		return nil, err

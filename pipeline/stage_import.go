@@ -11,9 +11,11 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/workers"
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/transfer"
 )
 
 // importStage ingests a local file or directory into the store, recording
@@ -49,6 +51,17 @@ var _ Stage = (*importStage)(nil)
 var _ Prober = (*importStage)(nil)
 
 func newImport(p *Params) (Stage, error) {
+	raw, err := p.String("path", true)
+	if err != nil {
+		return nil, err
+	}
+	if transfer.S3Source(raw) {
+		return newS3Import(p, raw)
+	}
+	if scheme, _, ok := strings.Cut(raw, "://"); ok && scheme != "" && !strings.ContainsAny(scheme, "/.~") {
+		return nil, errkind.Mark(errkind.NotBuilt, fmt.Errorf("%v: an import from a %s:// URL is %w (s3://BUCKET/PREFIX and local paths are)",
+			p.Errorf("path", "%s", raw), scheme, errkind.ErrNotBuilt))
+	}
 	path, err := p.Path("path", true)
 	if err != nil {
 		return nil, err
@@ -132,6 +145,9 @@ func (s *importStage) listSources() ([]sourceFile, error) {
 
 // Probe says whether the imported files changed since rec, by stamp.
 func (s *importStage) Probe(rec *manifest.Record) (string, error) {
+	if transfer.S3Source(s.Path) {
+		return s.probeS3(rec)
+	}
 	files, err := s.listSources()
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -209,6 +225,9 @@ func (s *importStage) readsFrom(rec *manifest.Record) bool {
 }
 
 func (s *importStage) Run(ctx context.Context, env *Env) (*Result, error) {
+	if transfer.S3Source(s.Path) {
+		return s.runS3(ctx, env)
+	}
 	files, err := s.listSources()
 	if err != nil {
 		return nil, err
