@@ -152,8 +152,8 @@ func (h *host) failFile(file string, err error) {
 	h.mu.Lock()
 	h.lost = append(h.lost, &HostError{Dest: h.d.Name, File: file, Err: err})
 	h.mu.Unlock()
-	for i, f := range h.p.Files {
-		if f.Rel == file {
+	for i := range h.p.Files { // (not a copy: a Digest may be being learnt)
+		if h.p.Files[i].Rel == file {
 			h.fr[i].Error = err.Error()
 		}
 	}
@@ -174,8 +174,8 @@ func (h *host) fail(file string, err error) {
 	}
 	h.failed = &HostError{Dest: h.d.Name, File: file, Err: err}
 	h.mu.Unlock()
-	for i, f := range h.p.Files {
-		if f.Rel == file {
+	for i := range h.p.Files { // (not a copy: a Digest may be being learnt)
+		if h.p.Files[i].Rel == file {
 			h.fr[i].Error = err.Error()
 		}
 	}
