@@ -6,7 +6,6 @@ import (
 	"path"
 	"sort"
 	"strings"
-	"sync/atomic"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	s3api "github.com/aws/aws-sdk-go-v2/service/s3"
@@ -35,7 +34,6 @@ type s3Source struct {
 	c    *s3client.Client
 	key  string // under c.Prefix
 	etag string
-	reqs *atomic.Int64
 }
 
 // srcReadsS3 is how many ranged GETs of one object are under way at once,
@@ -59,7 +57,6 @@ func (s *s3Source) readAt(ctx context.Context, p []byte, off int64) (map[string]
 	if len(p) == 0 {
 		return nil, nil
 	}
-	s.reqs.Add(1)
 	meta, err := s.c.GetRangeMatch(ctx, s.key, s.etag, off, p, s.c.Classify)
 	if s3client.CodeOf(err) == s3client.Precondition || s3client.CodeOf(err) == s3client.NotFound {
 		return nil, fmt.Errorf("%s: %w: it is no longer the version listed when the copy began (ETag %s)", s.where(), ErrSourceChanged, s.etag)
@@ -179,8 +176,8 @@ func (f *File) Object() (url, etag string, ok bool) {
 
 // NewS3Plan lists the source url (s3://BUCKET/PREFIX/NAME: one object, or
 // every object under it) into a plan. opts.Cache gives the sha256 of
-// objects read before (by key, size and ETag); opts.Dereference and Jobs
-// are not used. The endpoint, region and credentials are read as every S3
+// objects read before (by key, size and ETag); opts.Dereference, Jobs and
+// Hashed are not used (nothing is hashed before sending). The endpoint, region and credentials are read as every S3
 // tool reads them.
 func NewS3Plan(ctx context.Context, url string, opts PlanOptions) (*Plan, error) {
 	p := &Plan{ChunkSize: opts.ChunkSize}
@@ -191,13 +188,12 @@ func NewS3Plan(ctx context.Context, url string, opts PlanOptions) (*Plan, error)
 	if err != nil {
 		return nil, err
 	}
-	reqs := new(atomic.Int64)
 	if top != "" {
 		p.Dirs = append(p.Dirs, top)
 	}
 	for _, o := range objs {
 		f := File{Rel: o.rel, Path: o.url, Size: o.size, Perm: 0o644,
-			src: &s3Source{c: c, key: o.key, etag: o.etag, reqs: reqs}}
+			src: &s3Source{c: c, key: o.key, etag: o.etag}}
 		if d, ok := opts.Cache.lookupObject(f.Path, o.etag, o.size); ok {
 			f.Digest = d
 		}
@@ -221,10 +217,9 @@ func NewS3Plan(ctx context.Context, url string, opts PlanOptions) (*Plan, error)
 		}
 		g.Go(func() error {
 			s := f.src.(*s3Source)
-			reqs.Add(1)
 			h, err := c.API.HeadObject(gctx, &s3api.HeadObjectInput{Bucket: &c.Bucket, Key: aws.String(c.Key(s.key)), IfMatch: aws.String(s.etag)})
 			if err != nil {
-				if err = c.Classify("head", s.key, err); s3client.CodeOf(err) == s3client.Precondition {
+				if err = c.Classify("head", s.key, err); s3client.CodeOf(err) == s3client.Precondition || s3client.CodeOf(err) == s3client.NotFound {
 					return fmt.Errorf("%s: %w since it was listed", s.where(), ErrSourceChanged)
 				}
 				return err
@@ -233,9 +228,6 @@ func NewS3Plan(ctx context.Context, url string, opts PlanOptions) (*Plan, error)
 				f.Digest, f.claimed = d, true
 			} else {
 				f.digestLater = true
-			}
-			if opts.Hashed != nil {
-				opts.Hashed(f.Size)
 			}
 			return nil
 		})
