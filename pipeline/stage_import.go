@@ -209,6 +209,13 @@ func (s *importStage) Probe(rec *manifest.Record) (string, error) {
 
 // under says whether p is this import's path or lies inside it.
 func (s *importStage) under(p string) bool {
+	if transfer.S3Source(s.Path) {
+		// An object's source is URL#ETAG (an ETag holds no "#").
+		if i := strings.LastIndexByte(p, '#'); i >= 0 {
+			p = p[:i]
+		}
+		return p == s.Path || strings.HasPrefix(p, s.Path+"/")
+	}
 	return p == s.Path || strings.HasPrefix(p, s.Path+string(filepath.Separator))
 }
 

@@ -76,17 +76,28 @@ func (s *importStage) probeS3(rec *manifest.Record) (string, error) {
 	if err != nil || rec == nil {
 		return "", err
 	}
+	// A record keyed by content may have read the same bytes elsewhere:
+	// only the sources under this URL count.
+	mine := map[string]manifest.Stamp{}
+	for id, st := range rec.Sources {
+		if s.under(id) {
+			mine[id] = st
+		}
+	}
+	if len(mine) == 0 {
+		return "source path changed: nothing recorded from " + s.Path, nil
+	}
 	seen := map[string]bool{}
 	for _, o := range objs {
 		id := s3SourceID(o.URL, o.ETag)
 		seen[id] = true
-		st, ok := rec.Sources[id]
+		st, ok := mine[id]
 		if !ok || st.Size != o.Size {
 			return "source object added or changed: " + s3Rel(o.Rel), nil
 		}
 	}
 	var gone []string
-	for id := range rec.Sources {
+	for id := range mine {
 		if !seen[id] {
 			gone = append(gone, id)
 		}
@@ -94,6 +105,18 @@ func (s *importStage) probeS3(rec *manifest.Record) (string, error) {
 	if len(gone) > 0 {
 		sort.Strings(gone)
 		return "source object removed or changed: " + gone[0], nil
+	}
+	outs := map[string]bool{}
+	for _, o := range rec.Outputs {
+		outs[o.Path] = true
+	}
+	for _, o := range objs {
+		if !outs[s3Rel(o.Rel)] {
+			return "source object added: " + s3Rel(o.Rel), nil
+		}
+	}
+	if len(objs) != len(rec.Outputs) {
+		return "source path changed: the record read other objects than " + s.Path, nil
 	}
 	return "", nil
 }
@@ -130,7 +153,7 @@ func (s *importStage) runS3(ctx context.Context, env *Env) (*Result, error) {
 		total += f.Size
 		rel := s3Rel(f.Rel)
 		if o, ok := prevOut[rel]; ok && env.Prev.Sources[id].Size == f.Size && o.Size == f.Size &&
-			env.Store.CheckBlob(o.Digest, o.Size, false) == "" {
+			env.Local().CheckBlob(o.Digest, o.Size, false) == "" {
 			byRel[rel] = o
 			continue
 		}
@@ -155,7 +178,7 @@ func (s *importStage) runS3(ctx context.Context, env *Env) (*Result, error) {
 			if !fr.Verified {
 				return nil, fmt.Errorf("import %s: %s was not verified", s.Path, fr.Path)
 			}
-			d, n, err := env.Store.AdoptKnown(filepath.Join(dir, filepath.FromSlash(fr.Path)), fr.Digest, fr.Size)
+			d, n, err := env.AdoptKnown(filepath.Join(dir, filepath.FromSlash(fr.Path)), fr.Digest, fr.Size)
 			if err != nil {
 				return nil, fmt.Errorf("import %s: %w", s.Path, err)
 			}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +33,9 @@ import (
 // (ferry-local) / ferry's from S3 (near 1: the S3 source costs nothing
 // over a local one; the local destination's write path is then the
 // limit). FERRY_S3_RTT_MS (default 0) puts a
-// toxiproxy adding that round trip between both clients and the server.
+// toxiproxy adding that round trip between both clients and the server,
+// each connection bounded to what a TCP flow with a 4 MiB window moves at
+// that round trip (flowLimit; FERRY_S3_WINDOW).
 // Figures: see the commit that added it.
 func BenchmarkTransferFromS3(b *testing.B) {
 	size := envInt(b, "FERRY_S3_SIZE", 2e9)
@@ -62,6 +65,11 @@ func BenchmarkTransferFromS3(b *testing.B) {
 		srcs[tc.name] = src
 	}
 	if rtt := envInt(b, "FERRY_S3_RTT_MS", 0); rtt > 0 {
+		// Each proxied connection bounded as a TCP flow on such a path is
+		// (flowLimit), both clients through it.
+		if kbps := flowLimit(b, rtt); kbps > 0 {
+			b.Setenv("FERRY_TOXI_FLOW_KBPS", strconv.FormatInt(kbps, 10))
+		}
 		addr, _ := startProxy(b, strings.TrimPrefix(srv.Endpoint, "http://"), int(rtt/2))
 		b.Setenv("AWS_ENDPOINT_URL_S3", "http://"+addr)
 		o := c.Options()
