@@ -91,7 +91,7 @@ func runChild(cs childSpec) error {
 		dests = append(dests, Destination{Name: d.Name, Host: "h", Dir: d.Dir, Dial: dial})
 	}
 	_, err = Run(context.Background(), p, dests, Options{StateDir: cs.State})
-	cache.StoreObjects(p) // an S3 source's objects hashed as they were read
+	cache.StoreObjects(p)                 // an S3 source's objects hashed as they were read
 	if serr := cache.Save(); err == nil { // with what the sending hashed
 		err = serr
 	}
