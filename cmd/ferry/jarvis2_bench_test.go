@@ -6,11 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/benchtest"
+	"github.com/ferry-llm/ferry/internal/s3test"
 	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 	"github.com/ferry-llm/ferry/pipeline"
@@ -44,6 +46,78 @@ func jarvis2UpToNetwork(tb testing.TB) string {
 	return string(src[:i+1])
 }
 
+// jarvis2Inputs is the generated base (FERRY_BENCH_LAYERS,
+// FERRY_BENCH_VOCAB) and DoRA adapter the jarvis2 benchmarks run on.
+func jarvis2Inputs(b *testing.B) (base benchtest.Checkpoint, adapterDir string, layers, vocab int) {
+	b.Helper()
+	layers = benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 4)
+	if layers < 4 {
+		// verify_mtp compares the MTP layer with the trunk's first
+		// full-attention layer, the fourth.
+		b.Fatalf("FERRY_BENCH_LAYERS=%d: want 4 or more (the MTP gate needs a full-attention layer)", layers)
+	}
+	vocab = benchtest.EnvInt(b, "FERRY_BENCH_VOCAB", 32768)
+	base = benchtest.Checkpoint27B(b, layers, vocab, true)
+	adapterDir = filepath.Join(benchtest.Dir(b), fmt.Sprintf("dora-r16-%d-%d", layers, vocab))
+	if _, err := os.Stat(filepath.Join(adapterDir, "adapter_config.json")); err != nil {
+		targets := []string{"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b",
+			"in_proj_a", "out_proj", "gate_proj", "up_proj", "down_proj"}
+		a, err := testmodel.AdapterOptions{R: 16, Alpha: 32, DoRA: true, TargetModules: targets, BaseModelNameOrPath: "base"}.WriteForDir(adapterDir, base.Dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if layers == 4 && len(a.Modules) != 31 {
+			b.Fatalf("the adapter has %d modules, want 31", len(a.Modules))
+		}
+	}
+	return base, adapterDir, layers, vocab
+}
+
+// jarvis2Run is one measured `ferry pipeline run --json` of a pipeline.
+type jarvis2Run struct {
+	wall, cpu time.Duration
+	peakRSS   int64
+	rep       pipeline.Report
+}
+
+// runJarvis2 writes spec as dir/jarvis2.yaml and runs it in a child
+// process on base and adapter, with args added (--cache, --machine).
+func runJarvis2(b *testing.B, dir, spec, base, adapter string, args ...string) jarvis2Run {
+	b.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	file := filepath.Join(dir, "jarvis2.yaml")
+	if err := os.WriteFile(file, []byte(spec), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	out, err := os.Create(filepath.Join(dir, "report.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer out.Close()
+	args = append([]string{"pipeline", "run", "--json", file, "--var", "BASE=" + base, "--var", "ADAPTER=" + adapter}, args...)
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
+	cmd.Stdout, cmd.Stderr = out, os.Stderr
+	start := time.Now()
+	err = cmd.Run()
+	j := jarvis2Run{wall: time.Since(start)}
+	if err != nil {
+		b.Fatalf("ferry %s: %v", strings.Join(args, " "), err)
+	}
+	ps := cmd.ProcessState
+	j.cpu, j.peakRSS = ps.UserTime()+ps.SystemTime(), sysmem.PeakRSS(ps)
+	raw, err := os.ReadFile(out.Name())
+	if err == nil {
+		err = json.Unmarshal(raw, &j.rep)
+	}
+	if err != nil {
+		b.Fatalf("the run's report: %v", err)
+	}
+	return j
+}
+
 // BenchmarkJarvis2 runs pipelines/jarvis2.yaml up to the network (every
 // stage before `shipped`: import base and adapter, DoRA merge with the MTP
 // head kept, MLX 4-bit, GGUF F16, Q6_K and Q4_K_M from one read, the MTP
@@ -62,26 +136,7 @@ func jarvis2UpToNetwork(tb testing.TB) string {
 // and 4 layers, on a machine like anchors.md's (16 vCPUs).
 // FERRY_BENCH_CPUPROFILE=FILE writes the ferry process's CPU profile.
 func BenchmarkJarvis2(b *testing.B) {
-	layers := benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 4)
-	if layers < 4 {
-		// verify_mtp compares the MTP layer with the trunk's first
-		// full-attention layer, the fourth.
-		b.Fatalf("FERRY_BENCH_LAYERS=%d: want 4 or more (the MTP gate needs a full-attention layer)", layers)
-	}
-	vocab := benchtest.EnvInt(b, "FERRY_BENCH_VOCAB", 32768)
-	base := benchtest.Checkpoint27B(b, layers, vocab, true)
-	adapterDir := filepath.Join(benchtest.Dir(b), fmt.Sprintf("dora-r16-%d-%d", layers, vocab))
-	if _, err := os.Stat(filepath.Join(adapterDir, "adapter_config.json")); err != nil {
-		targets := []string{"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b",
-			"in_proj_a", "out_proj", "gate_proj", "up_proj", "down_proj"}
-		a, err := testmodel.AdapterOptions{R: 16, Alpha: 32, DoRA: true, TargetModules: targets, BaseModelNameOrPath: "base"}.WriteForDir(adapterDir, base.Dir)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if layers == 4 && len(a.Modules) != 31 {
-			b.Fatalf("the adapter has %d modules, want 31", len(a.Modules))
-		}
-	}
+	base, adapterDir, layers, vocab := jarvis2Inputs(b)
 	work := b.TempDir()
 
 	// The anchor: cp -r of the base, warm (the copy also warms the cache
@@ -100,43 +155,12 @@ func BenchmarkJarvis2(b *testing.B) {
 	var order []string
 	for i := range b.N {
 		dir := filepath.Join(work, fmt.Sprint("run", i))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		spec := filepath.Join(dir, "jarvis2.yaml")
-		if err := os.WriteFile(spec, []byte(jarvis2UpToNetwork(b)), 0o644); err != nil {
-			b.Fatal(err)
-		}
-		out, err := os.Create(filepath.Join(dir, "report.json"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		cmd := exec.Command(os.Args[0], "pipeline", "run", "--json", spec,
-			"--var", "BASE="+base.Dir, "--var", "ADAPTER="+adapterDir)
-		cmd.Env = append(os.Environ(), "FERRY_INSPECT_TEST_AS_MAIN=1")
-		cmd.Stdout, cmd.Stderr = out, os.Stderr
-		start := time.Now()
-		err = cmd.Run()
-		took := time.Since(start)
-		wall += took
-		out.Close()
-		if err != nil {
-			b.Fatalf("ferry pipeline run: %v", err)
-		}
-		peak := sysmem.PeakRSS(cmd.ProcessState)
-		rss = max(rss, peak)
-		b.Logf("run %d: %.2f s, CPU %.1f s, peak RSS %.0f MiB", i+1, took.Seconds(),
-			(cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(), float64(peak)/(1<<20))
+		j := runJarvis2(b, dir, jarvis2UpToNetwork(b), base.Dir, adapterDir)
+		wall += j.wall
+		rss = max(rss, j.peakRSS)
+		b.Logf("run %d: %.2f s, CPU %.1f s, peak RSS %.0f MiB", i+1, j.wall.Seconds(), j.cpu.Seconds(), float64(j.peakRSS)/(1<<20))
 		b.StopTimer()
-		var rep pipeline.Report
-		raw, err := os.ReadFile(out.Name())
-		if err == nil {
-			err = json.Unmarshal(raw, &rep)
-		}
-		if err != nil {
-			b.Fatalf("the run's report: %v", err)
-		}
-		for _, s := range rep.Stages {
+		for _, s := range j.rep.Stages {
 			if s.Action != pipeline.ActionRun {
 				b.Fatalf("stage %s: %s (%s), want it run", s.Stage, s.Action, s.Reason)
 			}
@@ -165,4 +189,183 @@ func BenchmarkJarvis2(b *testing.B) {
 		msg += fmt.Sprintf(" %s %.2f s", s, stages[s]/n)
 	}
 	b.Log(msg)
+}
+
+// BenchmarkJarvis2Shared is the cost of sharing (issue 29): the run of
+// BenchmarkJarvis2 (pipelines/jarvis2.yaml up to the network, same inputs
+// and FERRY_BENCH_* settings) on a local store, then on an s3:// store on
+// a versitygw on the same machine (internal/s3test; the run ends when
+// every stage is published), in one benchmark run; then a second machine:
+// a fresh --cache and directory, the same pipeline against the finished
+// bucket, every stage but the imports skipped as made on the first and
+// its outputs fetched and materialised. Its imports run (an import is
+// machine-local by design: it reads this machine's files), so their
+// seconds are reported apart. The anchor of the second machine is cp -r
+// of the same bytes: the blobs it fetched, as the gateway holds them.
+// The outputs' digests of all three runs must agree.
+//
+// Reported: local-s, s3-s, x-local (s3 over local: the goal is at most
+// 1.3), peakRSS-MiB of the s3 run (goal under 2 GiB), m2-s (the second
+// machine's run), m2-import-s (the longer of its two imports, which run
+// side by side), m2-fetch-s (m2-s less m2-import-s), fetched-MB, cp-s,
+// x-cp (m2-fetch-s over cp-s) and x-cp-all (m2-s over cp-s).
+//
+// Disk: the base, then at most the s3 run's cache and the bucket (about
+// 3× the base each at the anchors slice) plus the gateway's multipart
+// assembly; each run's files are removed once measured.
+func BenchmarkJarvis2Shared(b *testing.B) {
+	base, adapterDir, layers, vocab := jarvis2Inputs(b)
+	const bucket = "ferry-bench"
+	srv := s3test.Start(b, bucket)
+	srv.Env(b)
+	work := b.TempDir()
+	b.Setenv("XDG_CACHE_HOME", filepath.Join(work, "xdg"))
+	// Warm the base as BenchmarkJarvis2 does.
+	cpDir := filepath.Join(work, "cp")
+	benchtest.Run(b, nil, "cp", "-r", base.Dir, cpDir)
+	if err := os.RemoveAll(cpDir); err != nil {
+		b.Fatal(err)
+	}
+	spec := jarvis2UpToNetwork(b)
+	if !strings.Contains(spec, "\nstore: .ferry\n") {
+		b.Fatal("pipelines/jarvis2.yaml: no store: .ferry line")
+	}
+
+	b.SetBytes(base.Bytes)
+	b.ResetTimer()
+	var local, s3, m2, m2imp, cp time.Duration
+	var rss, fetched int64
+	for i := range b.N {
+		prefix := fmt.Sprint("run", i)
+		url := "s3://" + bucket + "/" + prefix
+		dir := filepath.Join(work, prefix)
+		l := runJarvis2(b, filepath.Join(dir, "local"), spec, base.Dir, adapterDir)
+		b.StopTimer()
+		want := stageDigests(b, "local", l.rep, pipeline.ActionRun)
+		if err := os.RemoveAll(filepath.Join(dir, "local")); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+
+		m1 := filepath.Join(dir, "machine-1")
+		shared := strings.Replace(spec, "\nstore: .ferry\n", "\nstore: "+url+"\n", 1)
+		s := runJarvis2(b, m1, shared, base.Dir, adapterDir, "--cache", filepath.Join(m1, "cache"), "--machine", "machine-1")
+		b.StopTimer()
+		sameDigests(b, "the s3 run", stageDigests(b, "the s3 run", s.rep, pipeline.ActionRun), want)
+		if err := os.RemoveAll(m1); err != nil {
+			b.Fatal(err)
+		}
+		// The anchor: the blobs the second machine will fetch, copied.
+		blobs := srv.ObjectPath(bucket, prefix+"/blobs")
+		n, err := treeBytes(blobs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := benchtest.Run(b, nil, "cp", "-r", blobs, filepath.Join(dir, "cp"))
+		if err := os.RemoveAll(filepath.Join(dir, "cp")); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+
+		m := filepath.Join(dir, "machine-2")
+		j := runJarvis2(b, m, shared, base.Dir, adapterDir, "--cache", filepath.Join(m, "cache"), "--machine", "machine-2")
+		b.StopTimer()
+		var imp float64
+		for _, st := range j.rep.Stages {
+			switch {
+			case st.Kind == "import":
+				if st.Action != pipeline.ActionRun {
+					b.Fatalf("machine-2: import %s: %s (%s), want it run", st.Stage, st.Action, st.Reason)
+				}
+				imp = max(imp, st.Seconds)
+			case st.Action != pipeline.ActionSkip || st.Host != "machine-1":
+				b.Fatalf("machine-2: stage %s: %s (%s), want it skipped as made on machine-1", st.Stage, st.Action, st.Reason)
+			}
+		}
+		sameDigests(b, "machine-2", stageDigests(b, "machine-2", j.rep, pipeline.ActionSkip), want)
+		if err := os.RemoveAll(dir); err != nil {
+			b.Fatal(err)
+		}
+		// The bucket's objects, behind the gateway's back: disk for the
+		// next iteration.
+		if err := os.RemoveAll(srv.ObjectPath(bucket, prefix)); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("run %d: local %.2f s; s3 %.2f s, CPU %.1f s, peak RSS %.0f MiB; machine-2 %.2f s (imports %.2f s); cp -r of its %d fetched bytes %.2f s",
+			i+1, l.wall.Seconds(), s.wall.Seconds(), s.cpu.Seconds(), float64(s.peakRSS)/(1<<20), j.wall.Seconds(), imp, n, c.Wall.Seconds())
+		local += l.wall
+		s3 += s.wall
+		rss = max(rss, s.peakRSS)
+		m2 += j.wall
+		m2imp += time.Duration(imp * float64(time.Second))
+		cp += c.Wall
+		fetched = n
+		b.StartTimer()
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	sec := func(d time.Duration) float64 { return d.Seconds() / n }
+	b.ReportMetric(sec(local), "local-s")
+	b.ReportMetric(sec(s3), "s3-s")
+	b.ReportMetric(sec(s3)/sec(local), "x-local")
+	b.ReportMetric(float64(rss)/(1<<20), "peakRSS-MiB")
+	b.ReportMetric(sec(m2), "m2-s")
+	b.ReportMetric(sec(m2imp), "m2-import-s")
+	b.ReportMetric(sec(m2-m2imp), "m2-fetch-s")
+	b.ReportMetric(float64(fetched)/1e6, "fetched-MB")
+	b.ReportMetric(sec(cp), "cp-s")
+	b.ReportMetric(sec(m2-m2imp)/sec(cp), "x-cp")
+	b.ReportMetric(sec(m2)/sec(cp), "x-cp-all")
+	b.Logf("base %d bytes (%d layers, vocab %d): jarvis2.yaml up to the network: local store %.2f s, s3:// store on versitygw %.2f s (%.2f× local; goal ≤ 1.3), peak RSS %.0f MiB; a second machine on the finished bucket %.2f s, of which imports %.2f s; its fetch %.2f s vs cp -r of the %d bytes it fetched %.2f s (%.2f× cp)",
+		base.Bytes, layers, vocab, sec(local), sec(s3), sec(s3)/sec(local), float64(rss)/(1<<20), sec(m2), sec(m2imp), sec(m2-m2imp), fetched, sec(cp), sec(m2-m2imp)/sec(cp))
+}
+
+// stageDigests maps each stage of rep but the imports to its outputs'
+// digests, failing unless every such stage's action is want.
+func stageDigests(b *testing.B, who string, rep pipeline.Report, want pipeline.Action) map[string]string {
+	b.Helper()
+	m := map[string]string{}
+	for _, st := range rep.Stages {
+		if st.Kind == "import" {
+			continue
+		}
+		if st.Action != want {
+			b.Fatalf("%s: stage %s: %s (%s), want %s", who, st.Stage, st.Action, st.Reason, want)
+		}
+		var parts []string
+		for _, o := range st.Outputs {
+			parts = append(parts, o.Path+" "+o.Digest.String())
+		}
+		sort.Strings(parts)
+		m[st.Stage] = strings.Join(parts, "\n")
+	}
+	return m
+}
+
+func sameDigests(b *testing.B, who string, got, want map[string]string) {
+	b.Helper()
+	if len(got) != len(want) {
+		b.Fatalf("%s: %d stages, the local run %d", who, len(got), len(want))
+	}
+	for st, w := range want {
+		if got[st] != w {
+			b.Fatalf("%s: stage %s: outputs differ from the local-store run's", who, st)
+		}
+	}
+}
+
+// treeBytes is the bytes of the regular files under dir.
+func treeBytes(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err == nil {
+			n += fi.Size()
+		}
+		return err
+	})
+	return n, err
 }
