@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -84,6 +85,10 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 	s, err := store.Open(ctx, b, store.Options{
 		CacheDir: filepath.Join(spec.Store, "shared"),
 		Host:     opts.Host,
+		// Parts (or ranged reads) in flight per blob: the stages' cores
+		// are busy too, and each part is hashed as it goes. Memory: about
+		// 16 MiB × (parallel + 1) per blob moving, two at a time.
+		Parallel: min(max(runtime.NumCPU()/2, store.DefaultParallel), 8),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", spec.Shared, err)
