@@ -22,7 +22,9 @@ import (
 // writers of small files (default localSmallWriters), FERRY_SMALL_READERS
 // their readers (smallReaders), FERRY_LOCAL_WRITEBACK=0 leaves the disk
 // writes to the syncfs at the end, FERRY_HASH_FIRST=1 hashes every source
-// before sending (PlanOptions without HashLater).
+// before sending (PlanOptions without HashLater). On a 16-core H200 host
+// (ext4, -benchtime 2x): the 1 GiB file 1.000 s against cp + sync 0.880 s
+// (1.14×), the 5000 files 0.567 s against 0.516 s (1.10×).
 func BenchmarkTransferLocal(b *testing.B) {
 	size := envInt(b, "FERRY_LOCAL_SIZE", 1<<30)
 	if v := os.Getenv("FERRY_LOCAL_WRITERS"); v != "" {

@@ -36,16 +36,13 @@ import (
 // toxiproxy adding that round trip between both clients and the server,
 // each connection bounded to what a TCP flow with a 4 MiB window moves at
 // that round trip (flowLimit; FERRY_S3_WINDOW). Targets: ≥ 1 on
-// loopback, ≥ 4 at 40 ms. On the 2-core dev machine (client, versitygw
-// and other helpers' work sharing it), one run each: at load 5.7 the
-// 2 GB object in 7.7 s (261 MB/s) against get+sync's 3.9 s (509 MB/s),
-// x-get 0.51, x-local 1.63 (CPU-bound: three SHA-256 passes, the chunk's,
-// the whole file's against its metadata and the destination's check of
-// what it wrote, on the cores versitygw serves from); the 5000 objects in
-// 5.5 s against 6.4 s, x-get 1.17, x-local 0.57 (a GET each). At
-// FERRY_S3_RTT_MS=40 (load 3.7), 500 MB: 3.5 s against 6.1 s, x-get 1.71,
-// x-local 0.99 (as fast as from local disk: the local destination is the
-// limit here); 500 objects: 1.5 s against 22.7 s, x-get 14.7.
+// loopback, ≥ 4 at 40 ms. On a 16-core H200 host, one run each: the 2 GB
+// object in 1.95 s (1025 MB/s) against get+sync's 2.49 s, x-get 1.28; the
+// 5000 objects in 1.17 s against 3.24 s, x-get 2.78. At FERRY_S3_RTT_MS=40
+// (each connection bounded to 105 MB/s): the 2 GB object in 2.20 s against
+// 21.48 s, x-get 9.77; 500 objects in 0.50 s against 21.40 s, x-get 43.
+// (On the 2-core dev machine, CPU-bound with versitygw on the same cores,
+// the 2 GB object was 0.51 of get+sync.)
 func BenchmarkTransferFromS3(b *testing.B) {
 	size := envInt(b, "FERRY_S3_SIZE", 2e9)
 	files := int(envInt(b, "FERRY_TREE_FILES", 5000))
