@@ -216,12 +216,13 @@ func BenchmarkJarvis2(b *testing.B) {
 //
 // On a 16-core H200 host (.benchdev/shared.sh with BENCH_VOCAB=32768: a
 // 4.56 GB base, 13.7 GB of outputs; the 64 GiB disk does not hold the
-// anchors' vocabulary three times over), one run: local 20.19 s, s3 37.97 s
-// (x-local 1.88, over the 1.3 goal: the uploads, about 430 MB/s into a
+// anchors' vocabulary three times over), one run: local 17.08 s, s3 30.20 s
+// (x-local 1.77, over the 1.3 goal: the uploads, about 550 MB/s into a
 // gateway that writes each part and then the assembled object on the same
-// disk, end 18 s after the local run would), peak RSS 999 MiB; the second
-// machine 20.74 s, imports 2.64 s, fetching 13.7 GB 18.10 s against cp -r
-// 5.86 s (x-cp 3.09).
+// disk, end 13 s after the local run would), peak RSS 993 MiB; the second
+// machine 17.67 s, imports 1.87 s, fetching 13.7 GB 15.79 s against cp -r
+// 4.66 s (x-cp 3.39). With two stages shared at once instead of four:
+// 20.19 s against 37.97 s, x-local 1.88, on another host of that kind.
 func BenchmarkJarvis2Shared(b *testing.B) {
 	base, adapterDir, layers, vocab := jarvis2Inputs(b)
 	const bucket = "ferry-bench"
