@@ -89,7 +89,7 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 		Host:     opts.Host,
 		// Parts (or ranged reads) in flight per blob: the stages' cores
 		// are busy too, and each part is hashed as it goes. Memory: about
-		// 16 MiB × (parallel + 1) per blob moving, two at a time.
+		// 16 MiB × (parallel + 1) per blob moving, publishers at a time.
 		Parallel: min(max(runtime.NumCPU()/2, store.DefaultParallel), 8),
 	})
 	if err != nil {
