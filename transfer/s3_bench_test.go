@@ -17,6 +17,21 @@ import (
 	"github.com/ferry-llm/ferry/internal/s3test"
 )
 
+// flowLimit is the rate, in KB/s, that one connection gets through the
+// benchmark's proxy at rttMs: a TCP flow moves at most its window per
+// round trip, and the proxy, which reads as fast as it can and delays
+// what it read, does not hold that back by itself. The window is
+// FERRY_S3_WINDOW bytes, by default 4 MiB, Linux's largest send buffer
+// by default (net.ipv4.tcp_wmem): 104.9 MB/s at 40 ms. 0 (no bound) with
+// FERRY_S3_WINDOW=0.
+func flowLimit(b *testing.B, rttMs int64) int64 {
+	w := envInt(b, "FERRY_S3_WINDOW", 4<<20)
+	if w <= 0 || rttMs <= 0 {
+		return 0
+	}
+	return w * 1000 / rttMs / 1000
+}
+
 // BenchmarkTransferS3 copies to versitygw on 127.0.0.1 (a real S3
 // gateway over a directory of the benchmark's TMPDIR): one file of
 // FERRY_S3_SIZE bytes (default 2 GB) and a tree of FERRY_TREE_FILES small
