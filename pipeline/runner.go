@@ -707,7 +707,10 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		default:
 			var rec *manifest.Record
 			var host string
-			if !forced {
+			// Forced, or --verify checking a transfer's copies on the
+			// hosts again: run here, whatever the shared store holds.
+			rerun := forced || d.cause == CauseRemote
+			if !rerun {
 				if rec, host, err = r.fromShared(ctx, st, d); err != nil {
 					sr.Action, sr.Error = ActionFailed, err.Error()
 					return sr, nil, err
@@ -715,7 +718,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 			}
 			var waited time.Duration
 			if rec == nil {
-				lease, rec, host, waited, err = r.leaseStage(ctx, st, d, forced)
+				lease, rec, host, waited, err = r.leaseStage(ctx, st, d, rerun)
 				sr.Waited = waited.Seconds()
 				if err != nil {
 					sr.Action, sr.Error = ActionFailed, err.Error()
