@@ -32,6 +32,26 @@ func flowLimit(b *testing.B, rttMs int64) int64 {
 	return w * 1000 / rttMs / 1000
 }
 
+// proxiedS3 puts, with FERRY_S3_RTT_MS set, a toxiproxy (a process of its
+// own) between the clients and srv, adding half the round trip each way,
+// each connection bounded as a TCP flow on such a path is (flowLimit):
+// the environment's S3 endpoint becomes the proxy, and the client c
+// returned goes through it too. Without it, c as it is.
+func proxiedS3(b *testing.B, srv *s3test.Server, c *s3api.Client) *s3api.Client {
+	rtt := envInt(b, "FERRY_S3_RTT_MS", 0)
+	if rtt <= 0 {
+		return c
+	}
+	if kbps := flowLimit(b, rtt); kbps > 0 {
+		b.Setenv("FERRY_TOXI_FLOW_KBPS", strconv.FormatInt(kbps, 10))
+	}
+	addr, _ := startProxy(b, strings.TrimPrefix(srv.Endpoint, "http://"), int(rtt/2))
+	b.Setenv("AWS_ENDPOINT_URL_S3", "http://"+addr)
+	o := c.Options()
+	o.BaseEndpoint = aws.String("http://" + addr)
+	return s3api.New(o)
+}
+
 // BenchmarkTransferS3 copies to versitygw on 127.0.0.1 (a real S3
 // gateway over a directory of the benchmark's TMPDIR): one file of
 // FERRY_S3_SIZE bytes (default 2 GB) and a tree of FERRY_TREE_FILES small
@@ -62,19 +82,7 @@ func BenchmarkTransferS3(b *testing.B) {
 	srv := s3test.Start(b, bucket)
 	srv.Env(b)
 	c := srv.Client()
-	if rtt := envInt(b, "FERRY_S3_RTT_MS", 0); rtt > 0 {
-		// Both clients reach the server through a toxiproxy (a process of
-		// its own) adding half the round trip each way, each connection
-		// bounded as a TCP flow on such a path is (flowLimit).
-		if kbps := flowLimit(b, rtt); kbps > 0 {
-			b.Setenv("FERRY_TOXI_FLOW_KBPS", strconv.FormatInt(kbps, 10))
-		}
-		addr, _ := startProxy(b, strings.TrimPrefix(srv.Endpoint, "http://"), int(rtt/2))
-		b.Setenv("AWS_ENDPOINT_URL_S3", "http://"+addr)
-		o := c.Options()
-		o.BaseEndpoint = aws.String("http://" + addr)
-		c = s3api.New(o)
-	}
+	c = proxiedS3(b, srv, c)
 	run := 0
 	fresh := func() string { run++; return fmt.Sprintf("run%d", run) }
 	for _, tc := range []struct {

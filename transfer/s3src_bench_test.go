@@ -7,8 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -70,18 +68,7 @@ func BenchmarkTransferFromS3(b *testing.B) {
 		}
 		srcs[tc.name] = src
 	}
-	if rtt := envInt(b, "FERRY_S3_RTT_MS", 0); rtt > 0 {
-		// Each proxied connection bounded as a TCP flow on such a path is
-		// (flowLimit), both clients through it.
-		if kbps := flowLimit(b, rtt); kbps > 0 {
-			b.Setenv("FERRY_TOXI_FLOW_KBPS", strconv.FormatInt(kbps, 10))
-		}
-		addr, _ := startProxy(b, strings.TrimPrefix(srv.Endpoint, "http://"), int(rtt/2))
-		b.Setenv("AWS_ENDPOINT_URL_S3", "http://"+addr)
-		o := c.Options()
-		o.BaseEndpoint = aws.String("http://" + addr)
-		c = s3api.New(o)
-	}
+	c = proxiedS3(b, srv, c)
 	for _, name := range []string{"file", "tree"} {
 		b.Run(name, func(b *testing.B) {
 			var keys []string
