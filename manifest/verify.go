@@ -351,3 +351,49 @@ func fsyncDirIfExists(dir string) error {
 	}
 	return fsutil.SyncDir(dir)
 }
+
+// DropRecords removes the records keys that no pipeline stage points at
+// (a key a stage points at is kept) and saves the manifest; their blobs
+// stay until GC removes those no record names. It returns how many went.
+// The caller must hold the lock.
+func (s *Store) DropRecords(keys []string) (int, error) {
+	s.mu.Lock()
+	live := map[string]bool{}
+	for _, stages := range s.m.Pipelines {
+		for _, k := range stages {
+			live[k] = true
+		}
+	}
+	n := 0
+	for _, k := range keys {
+		if _, ok := s.m.Records[k]; ok && !live[k] {
+			delete(s.m.Records, k)
+			n++
+		}
+	}
+	s.mu.Unlock()
+	if n == 0 {
+		return 0, nil
+	}
+	return n, s.Save()
+}
+
+// Unpointed returns the keys of the records no pipeline stage points at.
+func (s *Store) Unpointed() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	live := map[string]bool{}
+	for _, stages := range s.m.Pipelines {
+		for _, k := range stages {
+			live[k] = true
+		}
+	}
+	var keys []string
+	for k := range s.m.Records {
+		if !live[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}

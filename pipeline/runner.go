@@ -54,6 +54,10 @@ type Options struct {
 	// LeaseTTL is the ttl of the stage leases taken on a shared store
 	// (0: the pipeline file's lease_ttl, else DefaultLeaseTTL).
 	LeaseTTL time.Duration
+	// CacheMax bounds this machine's cache of a shared store, in bytes
+	// (0: the pipeline file's cache_max; none if that is 0 too): see
+	// trimCache.
+	CacheMax int64
 	// Host names this machine in the shared store's leases and records
 	// (default: the host name).
 	Host string
@@ -596,6 +600,10 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	// stage it made is in the shared store (or says why not).
 	if err := r.shared.wait(); err != nil {
 		stageErrs[""] = err
+	} else if ctx.Err() == nil {
+		if err := r.trimCache(ctx); err != nil {
+			stageErrs[""] = fmt.Errorf("trimming the cache %s: %w", spec.Store, err)
+		}
 	}
 	rep := r.report()
 	for _, st := range spec.Stages {

@@ -464,6 +464,54 @@ func (r *runner) sharedInput(ctx context.Context, st *StageSpec) (*manifest.Reco
 	return rec, srec.Host, err
 }
 
+// trimCache keeps this machine's cache of a shared store within its bound
+// (--cache-max, cache_max:) after a run: when its blobs take more, the
+// records no pipeline stage points at any more (results of earlier
+// parameters or inputs) that the shared store holds are dropped, and the
+// blobs no record names with them; a later run that wants one fetches it
+// again. What the stages' views show stays, whatever it takes (a warning
+// says so), and so do imports (the bucket does not have them).
+func (r *runner) trimCache(ctx context.Context) error {
+	bound := r.opts.CacheMax
+	if bound == 0 {
+		bound = r.spec.CacheMax
+	}
+	if bound <= 0 || r.shared == nil {
+		return nil
+	}
+	du, err := r.store.DiskUsage()
+	if err != nil {
+		return err
+	}
+	if du.BlobBytes <= bound {
+		return nil
+	}
+	var drop []string
+	for _, k := range r.store.Unpointed() {
+		_, err := r.shared.s.Backend().Head(ctx, "records/"+k+".json")
+		switch {
+		case err == nil:
+			drop = append(drop, k)
+		case !errors.Is(err, store.ErrNotFound):
+			return err
+		}
+	}
+	n, err := r.store.DropRecords(drop)
+	if err != nil {
+		return err
+	}
+	rep, err := r.store.GC(false)
+	if err != nil {
+		return err
+	}
+	left := du.BlobBytes - rep.RemovedBytes
+	r.log.Info("cache trimmed", "cache", r.store.Root, "records", n, "blobs", rep.RemovedBlobs, "freed", FormatBytes(rep.RemovedBytes), "left", FormatBytes(left), "bound", FormatBytes(bound))
+	if left > bound {
+		r.log.Warn("the cache is over its bound: what the stages' views show takes more", "cache", r.store.Root, "held", FormatBytes(left), "bound", FormatBytes(bound))
+	}
+	return nil
+}
+
 // waitShared waits for the outputs being shared behind the run and
 // returns what failed.
 func (sh *sharedStore) wait() error {

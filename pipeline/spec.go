@@ -40,6 +40,8 @@ type Spec struct {
 	Shared string
 	// LeaseTTL is the pipeline file's lease_ttl (0: the default).
 	LeaseTTL time.Duration
+	// CacheMax is the pipeline file's cache_max in bytes (0: no bound).
+	CacheMax int64
 	Stages   []*StageSpec
 	// Kinds are the stage kinds the file was parsed with; runs use them.
 	Kinds *Kinds
@@ -262,6 +264,12 @@ func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
 				return nil, fail(v.Line, "store: %v", err)
 			}
 			spec.Store = p
+		case "cache_max":
+			n, ok := ParseSize(v.Value)
+			if v.Kind != yaml.ScalarNode || !ok || n <= 0 {
+				return nil, fail(v.Line, "cache_max must be a size like 200GB or 1TiB")
+			}
+			spec.CacheMax = n
 		case "lease_ttl":
 			d, err := time.ParseDuration(v.Value)
 			if v.Kind != yaml.ScalarNode || err != nil || d < 100*time.Millisecond {
@@ -274,7 +282,7 @@ func Parse(name, dir string, b []byte, opts ...LoadOption) (*Spec, error) {
 			}
 			stagesNode = v
 		default:
-			return nil, fail(k.Line, "unknown key %q (expected name, store, lease_ttl, vars, stages)", k.Value)
+			return nil, fail(k.Line, "unknown key %q (expected name, store, lease_ttl, cache_max, vars, stages)", k.Value)
 		}
 	}
 	if spec.Name == "" {

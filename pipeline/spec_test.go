@@ -175,6 +175,12 @@ func TestParseObjectStore(t *testing.T) {
 			t.Errorf("UseCache: %v, %q", err, spec.Store)
 		}
 	}
+	if spec, err := Parse("p.yaml", "/d", []byte("name: x\nstore: s3://b/p\ncache_max: 200GB\nstages:\n  - name: a\n    import: { path: p }\n")); err != nil || spec.CacheMax != 200e9 {
+		t.Errorf("cache_max: %v", err)
+	}
+	if _, err := Parse("p.yaml", "/d", []byte("name: x\ncache_max: lots\nstages:\n  - name: a\n    import: { path: p }\n")); err == nil || !strings.HasPrefix(err.Error(), "p.yaml:2: cache_max must be a size") {
+		t.Errorf("cache_max: lots: %v", err)
+	}
 	if spec, err := Parse("p.yaml", "/d", []byte("name: x\nstages:\n  - name: a\n    import: { path: p }\n")); err != nil || spec.UseCache("/c") == nil {
 		t.Errorf("--cache on a local store must be refused: %v", err)
 	}

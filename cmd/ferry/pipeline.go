@@ -55,6 +55,7 @@ func pipelineCommand() *cli.Command {
 					&cli.StringFlag{Name: "known-hosts", Usage: "the known_hosts file transfer stages check, over the pipeline file's known_hosts"},
 					&cli.StringSliceFlag{Name: "identity", Aliases: []string{"i"}, Usage: "identity file (private key) transfer stages try before the config's (repeatable), over the pipeline file's identity"},
 					&cli.DurationFlag{Name: "lease-ttl", Usage: "on a shared store (store: s3://…): how long a stage's lease holds without renewal (renewed every third of it; a machine that dies is taken over after it), over the file's lease_ttl", DefaultText: pipeline.DefaultLeaseTTL.String()},
+					&cli.StringFlag{Name: "cache-max", Usage: "on a shared store: keep the cache under `SIZE` (like 200GB) after a run by dropping results no stage points at any more, which the bucket holds (fetched again when wanted); over the file's cache_max", DefaultText: "no bound"},
 					&cli.StringFlag{Name: "machine", EnvVars: []string{"FERRY_MACHINE"}, Usage: "this machine's `NAME` in a shared store's leases and records (\"being made on NAME\")", DefaultText: "the host name"},
 				),
 				Action: pipelineRun,
@@ -137,6 +138,13 @@ func pipelineOptions(c *cli.Context) (pipeline.Options, error) {
 		Host:     c.String("machine"),
 		Log:      slog.Default(),
 		SSH:      pipeline.SSHSettings{Config: c.String("ssh-config"), KnownHosts: c.String("known-hosts"), Identity: c.StringSlice("identity")},
+	}
+	if m := c.String("cache-max"); m != "" {
+		n, ok := pipeline.ParseSize(m)
+		if !ok || n == 0 {
+			return o, usageErrorf("--cache-max %q: want a size like 200GB or 1TiB", m)
+		}
+		o.CacheMax = n
 	}
 	if m := c.String("memory"); m != "" {
 		n, ok := pipeline.ParseSize(m)

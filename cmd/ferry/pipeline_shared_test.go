@@ -562,3 +562,67 @@ func TestPipelineSharedBadCases(t *testing.T) {
 		t.Errorf("store verify of the damaged bucket: exit %d, want 3", r.code)
 	}
 }
+
+// A bounded cache (--cache-max): after a run, results no stage points at
+// any more that the bucket holds leave the cache with their blobs; the
+// views stay; a later run that wants such a result fetches it again.
+func TestPipelineSharedCacheBound(t *testing.T) {
+	srv := s3test.Start(t, "ferry-bound")
+	srv.Env(t)
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	m := newSharedMachine(t, t.TempDir(), "mac", "s3://ferry-bound/team")
+	setType := func(typ string) {
+		t.Helper()
+		body, err := os.ReadFile(m.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := strings.NewReplacer("type: Q4_K_M", "type: "+typ, "type: Q6_K", "type: "+typ).Replace(string(body))
+		if err := os.WriteFile(m.file, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(typ string) []pipeline.Event {
+		t.Helper()
+		setType(typ)
+		cmd, ch, errb := m.startRun(t, "--cache-max", "1KB")
+		evs, code := collect(t, m, cmd, ch, errb)
+		if code != 0 {
+			t.Fatalf("%s: exit %d", typ, code)
+		}
+		return evs
+	}
+	blob := func() string {
+		t.Helper()
+		link, err := os.Readlink(filepath.Join(m.dir, "out", "quants", "Merged-3.7M-"+"Q4_K_M.gguf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return filepath.Join(m.cache, "blobs", "sha256", filepath.Base(link))
+	}
+	run("Q4_K_M")
+	q4 := blob()
+	if _, err := os.Stat(q4); err != nil {
+		t.Fatalf("the Q4_K_M blob is not in the cache after its run: %v", err)
+	}
+	evs := run("Q6_K")
+	if n := len(byStage(evs, pipeline.EventRun)["quants"]); n != 1 {
+		t.Fatalf("Q6_K: quants ran %d times", n)
+	}
+	if _, err := os.Stat(q4); err == nil {
+		t.Errorf("the Q4_K_M blob, which no stage points at and the bucket holds, is still in the cache")
+	}
+	if _, err := os.Stat(filepath.Join(m.dir, "out", "quants", "Merged-3.7M-Q6_K.gguf")); err != nil {
+		t.Errorf("the Q6_K view: %v", err)
+	}
+	evs = run("Q4_K_M")
+	if es := byStage(evs, pipeline.EventSkip)["quants"]; len(es) != 1 || !strings.HasPrefix(es[0].Reason, "made on mac") {
+		t.Errorf("back to Q4_K_M: quants %v, want fetched again from the bucket", es)
+	}
+	if _, err := os.Stat(q4); err != nil {
+		t.Errorf("the Q4_K_M blob was not fetched back: %v", err)
+	}
+	if r := execFerry(t, nil, "store", "verify", m.cache); r.code != 0 {
+		t.Errorf("store verify of the cache: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
