@@ -600,7 +600,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	// stage it made is in the shared store (or says why not).
 	if err := r.shared.wait(); err != nil {
 		stageErrs[""] = err
-	} else if ctx.Err() == nil {
+	} else if ctx.Err() == nil && len(stageErrs) == 0 {
+		// Only after a clean run: a failed stage may have adopted
+		// outputs its record does not name yet.
 		if err := r.trimCache(ctx); err != nil {
 			stageErrs[""] = fmt.Errorf("trimming the cache %s: %w", spec.Store, err)
 		}
