@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,3 +158,17 @@ func partials(t testing.TB, dir string) []string {
 }
 
 var _ = io.EOF
+
+// countSourceReads counts, until the test ends, how often each piece of a
+// source ("rel@offset") is read; the map is read once the run is over.
+func countSourceReads(t *testing.T) map[string]int {
+	var mu sync.Mutex
+	reads := map[string]int{}
+	hookSourceRead = func(rel string, off int64) {
+		mu.Lock()
+		reads[fmt.Sprintf("%s@%d", rel, off)]++
+		mu.Unlock()
+	}
+	t.Cleanup(func() { hookSourceRead = nil })
+	return reads
+}

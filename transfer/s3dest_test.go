@@ -2,12 +2,10 @@ package transfer
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -38,14 +36,7 @@ func TestS3DestMixed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	reads := map[string]int{}
-	hookSourceRead = func(rel string, off int64) {
-		mu.Lock()
-		reads[fmt.Sprintf("%s@%d", rel, off)]++
-		mu.Unlock()
-	}
-	t.Cleanup(func() { hookSourceRead = nil })
+	reads := countSourceReads(t)
 	state := t.TempDir()
 	rep, err := Run(context.Background(), p, dests, Options{StateDir: state, Log: testLog(t)})
 	if err != nil {

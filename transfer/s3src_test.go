@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -158,14 +157,7 @@ func TestS3SourceToS3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	reads := map[string]int{}
-	hookSourceRead = func(rel string, off int64) {
-		mu.Lock()
-		reads[fmt.Sprintf("%s@%d", rel, off)]++
-		mu.Unlock()
-	}
-	t.Cleanup(func() { hookSourceRead = nil })
+	reads := countSourceReads(t)
 	rep, err := Run(context.Background(), p, dests, Options{StateDir: t.TempDir(), Log: testLog(t)})
 	// At 5 MiB chunks raw.bin is one chunk: every file goes to both.
 	if err != nil {
