@@ -39,6 +39,7 @@ import (
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	s3api "github.com/aws/aws-sdk-go-v2/service/s3"
@@ -371,4 +372,14 @@ func (c *Client) GetRangeMatch(ctx context.Context, key, etag string, off int64,
 		}
 	}
 	return meta, nil
+}
+
+// UnsignedPayload, an option of a PutObject or UploadPart that carries
+// x-amz-checksum-sha256, leaves the body out of the request's signature:
+// the checksum, a signed header, already binds it, and the server checks
+// it (the store's probe makes sure of that). Signing the payload too would
+// hash every byte once more on each side: on loopback, where CPU is the
+// limit, a 200 MB file went at 59 MB/s signed.
+func UnsignedPayload(o *s3api.Options) {
+	o.APIOptions = append(o.APIOptions, v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware)
 }

@@ -169,7 +169,7 @@ func (b *Backend) Put(ctx context.Context, key string, body []byte, opt store.Pu
 		Bucket: &b.bucket, Key: aws.String(b.prefix + key),
 		Body: bytes.NewReader(body), ContentLength: aws.Int64(int64(len(body))),
 		ChecksumSHA256: b64(sum[:]), IfNoneMatch: inm, IfMatch: im,
-	})
+	}, s3client.UnsignedPayload)
 	if err != nil {
 		return store.Info{}, b.classify("put", key, err)
 	}
@@ -221,7 +221,7 @@ func (b *Backend) UploadPart(ctx context.Context, key, id string, n int, body []
 	out, err := b.c.UploadPart(ctx, &s3api.UploadPartInput{Bucket: &b.bucket, Key: aws.String(b.prefix + key),
 		UploadId: aws.String(id), PartNumber: aws.Int32(int32(n)),
 		Body: bytes.NewReader(body), ContentLength: aws.Int64(int64(len(body))),
-		ChecksumSHA256: b64(sum[:]), ChecksumAlgorithm: types.ChecksumAlgorithmSha256})
+		ChecksumSHA256: b64(sum[:]), ChecksumAlgorithm: types.ChecksumAlgorithmSha256}, s3client.UnsignedPayload)
 	if err != nil {
 		return store.Part{}, b.classify(fmt.Sprintf("upload part %d of", n), key, err)
 	}
