@@ -75,7 +75,7 @@ func (s *Store) PutBlob(ctx context.Context, d digest.Digest, src io.ReaderAt, s
 	if size <= s.opt.PartSize {
 		return s.putSmall(ctx, d, src, size, progress)
 	}
-	return s.putMultipart(ctx, d, src, size, progress)
+	return s.putMultipart(ctx, d, src, size, nil, progress)
 }
 
 func sumOf(d digest.Digest) [32]byte {
@@ -134,7 +134,11 @@ func (s *Store) uploadJournal(d digest.Digest) string {
 // storage, a unit "part N" with End (the offset after it) and State (the
 // sha256 state there).
 
-func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.ReaderAt, size int64, progress func(int64)) (err error) {
+// With unchanged set (PutKnownFile), src is not hashed whole: the parts'
+// own SHA-256s are compared with those the storage lists, a resume re-reads
+// every part, and unchanged must pass before the upload completes.
+func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.ReaderAt, size int64, unchanged func() error, progress func(int64)) (err error) {
+	known := unchanged != nil
 	key := BlobKey(d)
 	ps := s.partSize(size)
 	nparts := int((size + ps - 1) / ps)
@@ -223,7 +227,7 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	// and that the storage holds, with every part before it.
 	first := 1
 	h := hashing.NewWriter(nil)
-	for k := nparts - 1; k >= 1; k-- {
+	for k := nparts - 1; k >= 1 && !known; k-- {
 		st, ok := states[k]
 		if !ok || st.end != int64(k)*ps {
 			continue
@@ -250,8 +254,9 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	}
 	progress(int64(first-1) * ps)
 
-	// One reader hashes the parts in order and hands each to an uploader;
-	// finished parts are journaled in order. Buffers: Parallel+1.
+	// One reader hashes the blob in order and hands each part to an
+	// uploader, which hashes the part; finished parts are journaled in
+	// order. Buffers: Parallel+1.
 	type job struct {
 		n     int
 		buf   []byte
@@ -281,7 +286,7 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 			}
 			delete(done, next)
 			end := min(int64(next)*ps, size)
-			if next < nparts {
+			if next < nparts && !known {
 				if err := log.Append(journal.Entry{Unit: "part " + strconv.Itoa(next), End: end, State: st}); err != nil {
 					return err
 				}
@@ -303,8 +308,11 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 			if _, err := src.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
 				return fmt.Errorf("blob %s: read part %d at %d: %w", d.Short(), n, off, err)
 			}
-			h.Write(buf)
-			j := job{n: n, buf: buf, sum: sha256.Sum256(buf), state: h.State()}
+			j := job{n: n, buf: buf}
+			if !known {
+				h.Write(buf)
+				j.state = h.State()
+			}
 			select {
 			case jobs <- j:
 			case <-gctx.Done():
@@ -316,6 +324,9 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	for range s.opt.Parallel {
 		g.Go(func() error {
 			for j := range jobs {
+				// The part's own SHA-256 here, in parallel: the reader's
+				// one pass (the blob's digest, in order) is the limit.
+				j.sum = sha256.Sum256(j.buf)
 				p, ok := have[j.n]
 				if !ok || p.SHA256 != j.sum || p.Size != int64(len(j.buf)) {
 					var err error
@@ -335,7 +346,13 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	if got := digest.New(sumBytes(h)); got != d {
+	if known {
+		if err := unchanged(); err != nil {
+			s.b.AbortUpload(ctx, key, id)
+			os.Remove(jp)
+			return fmt.Errorf("blob %s: the source changed while uploading (%v); upload dropped: %w", d.Short(), err, ErrDigestMismatch)
+		}
+	} else if got := digest.New(sumBytes(h)); got != d {
 		s.b.AbortUpload(ctx, key, id)
 		os.Remove(jp)
 		return fmt.Errorf("blob %s: the source's bytes hash to %s (changed while uploading?); upload dropped: %w", d.Short(), got.Short(), ErrDigestMismatch)
@@ -402,6 +419,43 @@ func (s *Store) PutFile(ctx context.Context, d digest.Digest, path string, progr
 	return nil
 }
 
+// PutKnownFile is PutFile for a file the caller has hashed to d and can
+// tell unchanged since (a stamp of its size, times and inode): a blob over
+// the part size is not hashed whole again, which held an upload to one
+// core's SHA-256. Each part still carries its own SHA-256, which the
+// storage checks, and unchanged is called once every part is stored and
+// before the upload completes: its error drops the upload. Fetches hash
+// every blob whole (FetchBlob), as verify does.
+func (s *Store) PutKnownFile(ctx context.Context, d digest.Digest, path string, unchanged func() error, progress func(int64)) error {
+	if _, ok := s.b.(FilePutter); ok || unchanged == nil {
+		return s.PutFile(ctx, d, path, progress)
+	}
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if progress == nil {
+		progress = func(int64) {}
+	}
+	if fi.Size() <= s.opt.PartSize {
+		err = s.putSmall(ctx, d, f, fi.Size(), progress)
+	} else {
+		err = s.putMultipart(ctx, d, f, fi.Size(), unchanged, progress)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
 // ReadBlob reads a blob of at most max bytes whole and checks its digest.
 func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, max int64) ([]byte, error) {
 	body, _, err := s.b.Get(ctx, BlobKey(d), max)
@@ -418,9 +472,10 @@ func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, max int64) ([]byt
 }
 
 // FetchBlob copies the blob d to the file dst: ranged reads, Parallel at a
-// time, written into dst.partial, hashed in order; each chunk hashed is
-// journaled (dst.partial.journal: its end and the sha256 state there) once
-// the file is fsynced, so a later FetchBlob resumes after it. dst appears
+// time, written into dst.partial, hashed in order; at the end of the first
+// chunk after every Options.CheckpointEvery, the file is fsynced and the
+// point journaled (dst.partial.journal: its end and the sha256 state
+// there), so a later FetchBlob resumes after it. dst appears
 // only when the bytes hash to d; otherwise nothing is kept and the error
 // is ErrDigestMismatch.
 func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, progress func(int64)) (err error) {
@@ -478,19 +533,23 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 	}
 	progress(start)
 
+	last := time.Now()
 	err = s.stream(ctx, key, start, size, func(off int64, buf []byte) error {
 		if _, err := f.WriteAt(buf, off); err != nil {
 			return fmt.Errorf("%s: %w", partial, err)
 		}
 		h.Write(buf)
+		progress(int64(len(buf)))
+		// A checkpoint at the first chunk's end after CheckpointEvery: an
+		// fsync per chunk held a download to the disk's sync speed.
+		if time.Since(last) < s.opt.CheckpointEvery || h.Size() == size {
+			return nil
+		}
 		if err := f.Sync(); err != nil {
 			return fmt.Errorf("%s: fsync: %w", partial, err)
 		}
-		if err := log.Append(journal.Entry{Unit: "chunk", End: h.Size(), State: h.State()}); err != nil {
-			return err
-		}
-		progress(int64(len(buf)))
-		return nil
+		last = time.Now()
+		return log.Append(journal.Entry{Unit: "chunk", End: h.Size(), State: h.State()})
 	})
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/errkind"
@@ -19,6 +20,9 @@ const FormatVersion = 1
 const (
 	DefaultPartSize = 16 << 20
 	DefaultParallel = 4
+	// DefaultCheckpointEvery bounds what a killed download loses to about
+	// a second of fetching.
+	DefaultCheckpointEvery = time.Second
 )
 
 // Options set up a Store.
@@ -39,6 +43,9 @@ type Options struct {
 	// SkipProbe opens the store without probing its conditional writes
 	// (read-only commands; ferry store doctor probes it itself).
 	SkipProbe bool
+	// CheckpointEvery is how often a download is made durable and its
+	// point journaled, to resume from after a kill (DefaultCheckpointEvery).
+	CheckpointEvery time.Duration
 	// Existing refuses to make a new store: the format object must be
 	// there (ErrNoStore otherwise).
 	Existing bool
@@ -71,6 +78,9 @@ func Open(ctx context.Context, b Backend, opt Options) (*Store, error) {
 	}
 	if opt.Parallel <= 0 {
 		opt.Parallel = DefaultParallel
+	}
+	if opt.CheckpointEvery <= 0 {
+		opt.CheckpointEvery = DefaultCheckpointEvery
 	}
 	if opt.Host == "" {
 		opt.Host, _ = os.Hostname()

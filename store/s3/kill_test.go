@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -138,4 +139,140 @@ func (c *partCounter) UploadPart(ctx context.Context, key, id string, n int, bod
 		c.n.Add(1)
 	}
 	return p, err
+}
+
+// A process fetching a blob from S3 is killed with SIGKILL once its
+// journal holds two checkpoints; the next fetch, in another process,
+// reads only the bytes after the last checkpoint, and the file is the blob.
+func TestFetchKilled(t *testing.T) {
+	if os.Getenv("FERRY_KILL_CHILD") != "" {
+		fetchChild(t)
+		return
+	}
+	srv := s3test.Start(t, "ferry-kill")
+	srv.Env(t)
+	dir := t.TempDir()
+	r := rand.New(rand.NewPCG(5, 6))
+	data := make([]byte, 12*store.MinPartSize+777)
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	src := filepath.Join(dir, "blob")
+	if err := os.WriteFile(src, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := digest.Of(data)
+	ctx := context.Background()
+	b, err := s3store.Open(ctx, "s3://ferry-kill/p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := store.Options{CacheDir: filepath.Join(dir, "cache"), PartSize: store.MinPartSize, Parallel: 1}
+	s, err := store.Open(ctx, b, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutFile(ctx, d, src, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	dst := filepath.Join(dir, "out")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFetchKilled$")
+	cmd.Env = append(os.Environ(), "FERRY_KILL_CHILD="+dst, "FERRY_KILL_CACHE="+opt.CacheDir, "FERRY_KILL_DIGEST="+string(d))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	jp := dst + ".partial.journal"
+	deadline := time.Now().Add(30 * time.Second)
+	for n, _ := chunksIn(jp); n < 2; n, _ = chunksIn(jp) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the child journaled no 2 checkpoints in 30 s:\n%s", out.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	_, end := chunksIn(jp)
+	if end <= 0 || end >= int64(len(data)) {
+		t.Fatalf("the killed fetch journaled its end at %d of %d bytes", end, len(data))
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Fatalf("the killed fetch left %s: %v", dst, err)
+	}
+
+	cb := &rangeCounter{Backend: b}
+	s2, err := store.Open(ctx, cb, store.Options{CacheDir: opt.CacheDir, PartSize: store.MinPartSize, Parallel: 2, SkipProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.FetchBlob(ctx, d, dst, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cb.n.Load(), int64(len(data))-end; got != want {
+		t.Errorf("the resumed fetch read %d bytes; %d were left after the checkpoint at %d", got, want, end)
+	}
+	got, err := os.ReadFile(dst)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the fetched file is not the blob (%d bytes, %v)", len(got), err)
+	}
+	if _, err := os.Stat(jp); !os.IsNotExist(err) {
+		t.Errorf("the journal %s stayed after the fetch: %v", jp, err)
+	}
+	t.Logf("killed with %d of %d bytes journaled; the resume read %d", end, len(data), cb.n.Load())
+}
+
+func fetchChild(t *testing.T) {
+	ctx := context.Background()
+	b, err := s3store.Open(ctx, "s3://ferry-kill/p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(ctx, b, store.Options{CacheDir: os.Getenv("FERRY_KILL_CACHE"), PartSize: store.MinPartSize, Parallel: 1,
+		CheckpointEvery: 300 * time.Millisecond, SkipProbe: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := digest.Digest(os.Getenv("FERRY_KILL_DIGEST"))
+	// Slowed down after each chunk so that the kill lands mid-fetch.
+	err = s.FetchBlob(ctx, d, os.Getenv("FERRY_KILL_CHILD"), func(int64) { time.Sleep(150 * time.Millisecond) })
+	t.Fatalf("the child finished (%v) before it was killed", err)
+}
+
+// chunksIn counts the checkpoints of a download journal and returns the
+// end of the last.
+func chunksIn(path string) (int, int64) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	n, end := 0, int64(0)
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var e struct {
+			Unit string `json:"unit"`
+			End  int64  `json:"end"`
+		}
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Unit == "chunk" {
+			n, end = n+1, e.End
+		}
+	}
+	return n, end
+}
+
+type rangeCounter struct {
+	store.Backend
+	n atomic.Int64
+}
+
+func (c *rangeCounter) GetRange(ctx context.Context, key string, off int64, buf []byte) error {
+	err := c.Backend.GetRange(ctx, key, off, buf)
+	if err == nil {
+		c.n.Add(int64(len(buf)))
+	}
+	return err
 }
