@@ -107,6 +107,15 @@ func Start(t testing.TB, bucket string) *Server {
 		t.Skipf("s3test: %s", why)
 	}
 	dir := t.TempDir()
+	if d := os.Getenv("FERRY_S3TEST_DIR"); d != "" {
+		// A benchmark's choice of the server's disk (a tmpfs: the
+		// server's writes off the disk the code under test uses).
+		var err error
+		if dir, err = os.MkdirTemp(d, "s3test-"); err != nil {
+			t.Fatalf("s3test: FERRY_S3TEST_DIR=%s: %v", d, err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
 	root := filepath.Join(dir, "root")
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
@@ -203,6 +212,32 @@ func (s *Server) Stop() {
 			}
 		}
 	})
+}
+
+// CPU is the processor time the server has used so far (user and
+// system), read from /proc: 0 where there is none.
+func (s *Server) CPU() time.Duration {
+	if s.cmd.Process == nil {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// After the command name's closing parenthesis: state is field 3,
+	// utime and stime fields 14 and 15, in clock ticks (USER_HZ, 100 on
+	// Linux).
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	k, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+k) * 10 * time.Millisecond
 }
 
 // Log is what the server printed.

@@ -6,8 +6,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -35,6 +37,11 @@ func TestStart(t *testing.T) {
 	out.Body.Close()
 	if !bytes.Equal(b, body) {
 		t.Fatalf("GET: %q", b)
+	}
+	// It has started, made a bucket and served three requests: some
+	// processor time, and far from a minute of it (a misread field).
+	if cpu := s.CPU(); runtime.GOOS == "linux" && (cpu <= 0 || cpu > time.Minute) {
+		t.Errorf("CPU: %v", cpu)
 	}
 	s2 := Start(t, "bucket-one")
 	if s2.Endpoint == s.Endpoint {
