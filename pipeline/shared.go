@@ -389,13 +389,12 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		mu.Unlock()
 	}
 	g, gctx := errgroup.WithContext(ctx)
+outputs:
 	for _, o := range rec.Outputs {
 		select {
 		case sh.slots <- struct{}{}:
 		case <-gctx.Done():
-		}
-		if gctx.Err() != nil {
-			break
+			break outputs
 		}
 		// A blob whose stamp says it is the file hashed when it was made
 		// is not hashed whole again (its parts are, and the stamp is
