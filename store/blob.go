@@ -394,6 +394,14 @@ func (s *Store) PutFile(ctx context.Context, d digest.Digest, path string, progr
 		return err
 	}
 	if fp, ok := s.b.(FilePutter); ok && d.Validate() == nil {
+		// There already (a file:// store seeded again): no copy made and
+		// hashed only to be refused.
+		if ok, err := s.existing(ctx, d, fi.Size()); ok || err != nil {
+			if ok && progress != nil {
+				progress(fi.Size())
+			}
+			return err
+		}
 		_, err := fp.PutFile(ctx, BlobKey(d), path, sumOf(d))
 		if errors.Is(err, ErrPrecondition) {
 			ok, herr := s.existing(ctx, d, fi.Size())
