@@ -222,21 +222,22 @@ func BenchmarkJarvis2(b *testing.B) {
 // 3× the base each at the anchors slice) plus the gateway's multipart
 // assembly; each run's files are removed once measured.
 //
-// On a 16-core H200 host (.benchdev/shared.sh; one run each, the local
-// run measured alongside): at vocab 32768 (a 4.56 GB base, 13.7 GB of
-// outputs), gateway on the same disk: local 19.82 s, s3 30.54 s (x-local
-// 1.54), gateway CPU 65.8 s, peak RSS 1213 MiB; gateway on /dev/shm: local
-// 20.50 s, s3 24.54 s (x-local 1.20), peak RSS 1109 MiB. At the anchors'
-// vocabulary (248320: an 8.98 GB base, 27.1 GB of outputs; on the 64 GiB
-// disk only with the gateway on /dev/shm): local 34.09 s, s3 44.62 s
-// (x-local 1.31), gateway CPU 130.7 s, peak RSS 1376 MiB; its tail is
-// the F16's upload (8.99 GB, 14.9 s, part of it beside the quants stage),
-// whose completion the gateway makes by copying the parts. The second
-// machine: 24.75 s, imports 1.90 s, fetching 27.1 GB 22.86 s against
-// cp -r 11.36 s (x-cp 2.01; each fetched blob is fsynced, cp's are not).
-// Before the uploads stopped hashing each blob whole a second time, left
-// the body out of the request signature and sent a stage's outputs side
-// by side: 1.77× at vocab 32768 on the same disk.
+// On a 16-core H200 host (.benchdev/shared.sh, the local run measured
+// alongside): at vocab 32768 (a 4.56 GB base, 13.7 GB of outputs; mean of
+// 2 runs), gateway on the same disk: local 18.98 s, s3 27.47 s (x-local
+// 1.45), gateway CPU 48.7 s a run, peak RSS 1130 MiB; gateway on /dev/shm:
+// local 19.15 s, s3 23.52 s (x-local 1.23), peak RSS 1195 MiB. At the
+// anchors' vocabulary (248320: an 8.98 GB base, 27.1 GB of outputs; on
+// the 64 GiB disk only with the gateway on /dev/shm; one run): local
+// 34.09 s, s3 44.62 s (x-local 1.31), gateway CPU 130.7 s, peak RSS
+// 1376 MiB; its tail is the F16's upload (8.99 GB, 14.9 s, part of it
+// beside the quants stage), whose completion the gateway makes by copying
+// the parts. The second machine there: 24.75 s, imports 1.90 s, fetching
+// 27.1 GB 22.86 s against cp -r 11.36 s (x-cp 2.01; each fetched blob is
+// fsynced, cp's are not). Before the uploads stopped hashing each blob
+// whole a second time, left the body out of the request signature and
+// sent a stage's outputs side by side: 1.77× at vocab 32768 on the same
+// disk.
 func BenchmarkJarvis2Shared(b *testing.B) {
 	base, adapterDir, layers, vocab := jarvis2Inputs(b)
 	const bucket = "ferry-bench"
