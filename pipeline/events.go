@@ -26,7 +26,10 @@ const (
 	// when the holder or the time changes; the stage then skips (its
 	// record appeared) or runs (the lease ended without one).
 	EventWaiting EventType = "waiting"
-	EventEnd     EventType = "end" // the run ended (Report, Error)
+	// A stage made here is in the shared store, behind the run: Seconds
+	// its upload took (its outputs' Bytes), Reason where it went.
+	EventShared EventType = "shared"
+	EventEnd    EventType = "end" // the run ended (Report, Error)
 )
 
 // Event is one thing that happened in a run, for displays and for the

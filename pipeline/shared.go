@@ -457,7 +457,9 @@ outputs:
 	if err := r.setRef(ctx, st, rec.Key); err != nil {
 		return err
 	}
-	r.lifecycle("stage shared", "stage", st.Name, "step", r.stepOf(st.Name), "store", sh.s.String(), "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", time.Since(start).Seconds()))
+	took := time.Since(start).Seconds()
+	r.lifecycle("stage shared", "stage", st.Name, "step", r.stepOf(st.Name), "store", sh.s.String(), "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", took))
+	r.emit(Event{Event: EventShared, Stage: st.Name, Kind: st.Kind, Reason: "shared to " + sh.s.String(), Seconds: took, Bytes: total})
 	return nil
 }
 

@@ -61,6 +61,8 @@ func (d *display) event(e pipeline.Event) {
 		d.pg.Println(fmt.Sprintf("  = %s: %s, %s, %s", step, e.Reason, plural(len(e.Outputs), "output"), pipeline.FormatBytes(e.Bytes)))
 	case pipeline.EventWaiting:
 		d.pg.Println(fmt.Sprintf("  … %s: waiting (%s)", step, e.Reason))
+	case pipeline.EventShared:
+		d.pg.Println(fmt.Sprintf("  ↑ %s: %s in %s, %s", step, e.Reason, formatSeconds(e.Seconds), pipeline.FormatBytes(e.Bytes)))
 	case pipeline.EventRun:
 		d.pg.Println(fmt.Sprintf("  > %s: %s", step, e.Reason))
 	case pipeline.EventDone:

@@ -252,6 +252,25 @@ func twoMachines(t *testing.T, url, verifyArg string) {
 			t.Errorf("stage %s ran %d times and was skipped %d times across both machines, want 1 and 1", st, runs[st], len(skips[st]))
 		}
 	}
+	// Each machine shares what it ran, once, and nothing else: the
+	// imports stay where they were read.
+	for m, evs := range map[string][]pipeline.Event{a.name: evA, b.name: rb.evs} {
+		ran, shared := byStage(evs, pipeline.EventRun), byStage(evs, pipeline.EventShared)
+		for _, st := range []string{"base", "adapter", "merged", "f16", "quants", "checked"} {
+			want := len(ran[st])
+			if st == "base" || st == "adapter" {
+				want = 0
+			}
+			if len(shared[st]) != want {
+				t.Errorf("machine %s: stage %s ran %d times, shared %d times, want %d", m, st, len(ran[st]), len(shared[st]), want)
+			}
+			for _, e := range shared[st] {
+				if !strings.HasPrefix(e.Reason, "shared to ") || e.Bytes <= 0 {
+					t.Errorf("machine %s: stage %s's shared event: %+v", m, st, e)
+				}
+			}
+		}
+	}
 	for _, st := range []string{"base", "adapter"} {
 		if runs[st] != 2 {
 			t.Errorf("import %s ran %d times, want once per machine", st, runs[st])
