@@ -384,6 +384,21 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 // PutFile stores the file at path as the blob d (its SHA-256, known to the
 // caller that wrote or hashed it).
 func (s *Store) PutFile(ctx context.Context, d digest.Digest, path string, progress func(int64)) error {
+	return s.putFile(ctx, d, path, nil, progress)
+}
+
+// PutKnownFile is PutFile for a file the caller has hashed to d and can
+// tell unchanged since (a stamp of its size, times and inode): a blob over
+// the part size is not hashed whole again, which held an upload to one
+// core's SHA-256. Each part still carries its own SHA-256, which the
+// storage checks, and unchanged is called once every part is stored and
+// before the upload completes: its error drops the upload. Fetches hash
+// every blob whole (FetchBlob), as verify does. A nil unchanged is PutFile.
+func (s *Store) PutKnownFile(ctx context.Context, d digest.Digest, path string, unchanged func() error, progress func(int64)) error {
+	return s.putFile(ctx, d, path, unchanged, progress)
+}
+
+func (s *Store) putFile(ctx context.Context, d digest.Digest, path string, unchanged func() error, progress func(int64)) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -421,41 +436,18 @@ func (s *Store) PutFile(ctx context.Context, d digest.Digest, path string, progr
 		}
 		return err
 	}
-	if err := s.PutBlob(ctx, d, f, fi.Size(), progress); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
-}
-
-// PutKnownFile is PutFile for a file the caller has hashed to d and can
-// tell unchanged since (a stamp of its size, times and inode): a blob over
-// the part size is not hashed whole again, which held an upload to one
-// core's SHA-256. Each part still carries its own SHA-256, which the
-// storage checks, and unchanged is called once every part is stored and
-// before the upload completes: its error drops the upload. Fetches hash
-// every blob whole (FetchBlob), as verify does.
-func (s *Store) PutKnownFile(ctx context.Context, d digest.Digest, path string, unchanged func() error, progress func(int64)) error {
-	if _, ok := s.b.(FilePutter); ok || unchanged == nil {
-		return s.PutFile(ctx, d, path, progress)
-	}
 	if err := d.Validate(); err != nil {
-		return err
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	if progress == nil {
 		progress = func(int64) {}
 	}
-	if fi.Size() <= s.opt.PartSize {
+	switch {
+	case unchanged == nil:
+		err = s.PutBlob(ctx, d, f, fi.Size(), progress)
+	case fi.Size() <= s.opt.PartSize:
 		err = s.putSmall(ctx, d, f, fi.Size(), progress)
-	} else {
+	default:
 		err = s.putMultipart(ctx, d, f, fi.Size(), unchanged, progress)
 	}
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -35,35 +36,12 @@ func TestUploadKilled(t *testing.T) {
 	srv.Env(t)
 	dir := t.TempDir()
 	src := filepath.Join(dir, "blob")
-	r := rand.New(rand.NewPCG(3, 4))
-	data := make([]byte, 8*store.MinPartSize+999)
-	for i := range data {
-		data[i] = byte(r.Uint32())
-	}
-	if err := os.WriteFile(src, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	data := writeRandom(t, src, 3, 8*store.MinPartSize+999)
 	d := digest.Of(data)
 	cache := filepath.Join(dir, "cache")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestUploadKilled$")
-	cmd.Env = append(os.Environ(), "FERRY_KILL_CHILD="+src, "FERRY_KILL_CACHE="+cache, "FERRY_KILL_DIGEST="+string(d))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	jp := filepath.Join(cache, "uploads", d.Hex())
-	deadline := time.Now().Add(30 * time.Second)
-	for partsIn(jp) < killParts {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			cmd.Wait()
-			t.Fatalf("the child journaled no %d parts in 30 s:\n%s", killParts, out.String())
-		}
-		time.Sleep(time.Millisecond)
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	killChildWhen(t, "TestUploadKilled", []string{"FERRY_KILL_CHILD=" + src, "FERRY_KILL_CACHE=" + cache, "FERRY_KILL_DIGEST=" + string(d)},
+		fmt.Sprintf("%d journaled parts", killParts), func() bool { return partsIn(jp) >= killParts })
 	journaled := partsIn(jp)
 	nparts := int64(len(data)+store.MinPartSize-1) / store.MinPartSize
 	if int64(journaled) >= nparts-1 {
@@ -111,6 +89,42 @@ func uploadChild(t *testing.T) {
 	t.Fatalf("the child finished (%v) before it was killed", err)
 }
 
+// killChildWhen runs test in a child process with env added, and kills it
+// with SIGKILL once ready says so (within 30 s).
+func killChildWhen(t *testing.T, test string, env []string, what string, ready func() bool) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the child had no %s in 30 s:\n%s", what, out.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// writeRandom writes n pseudo-random bytes of seed to path and returns them.
+func writeRandom(t *testing.T, path string, seed uint64, n int) []byte {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // partsIn counts the part lines of an upload journal.
 func partsIn(path string) int {
 	f, err := os.Open(path)
@@ -152,15 +166,8 @@ func TestFetchKilled(t *testing.T) {
 	srv := s3test.Start(t, "ferry-kill")
 	srv.Env(t)
 	dir := t.TempDir()
-	r := rand.New(rand.NewPCG(5, 6))
-	data := make([]byte, 12*store.MinPartSize+777)
-	for i := range data {
-		data[i] = byte(r.Uint32())
-	}
 	src := filepath.Join(dir, "blob")
-	if err := os.WriteFile(src, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	data := writeRandom(t, src, 5, 12*store.MinPartSize+777)
 	d := digest.Of(data)
 	ctx := context.Background()
 	b, err := s3store.Open(ctx, "s3://ferry-kill/p")
@@ -177,25 +184,9 @@ func TestFetchKilled(t *testing.T) {
 	}
 
 	dst := filepath.Join(dir, "out")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFetchKilled$")
-	cmd.Env = append(os.Environ(), "FERRY_KILL_CHILD="+dst, "FERRY_KILL_CACHE="+opt.CacheDir, "FERRY_KILL_DIGEST="+string(d))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	jp := dst + ".partial.journal"
-	deadline := time.Now().Add(30 * time.Second)
-	for n, _ := chunksIn(jp); n < 2; n, _ = chunksIn(jp) {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			cmd.Wait()
-			t.Fatalf("the child journaled no 2 checkpoints in 30 s:\n%s", out.String())
-		}
-		time.Sleep(time.Millisecond)
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	killChildWhen(t, "TestFetchKilled", []string{"FERRY_KILL_CHILD=" + dst, "FERRY_KILL_CACHE=" + opt.CacheDir, "FERRY_KILL_DIGEST=" + string(d)},
+		"2 journaled checkpoints", func() bool { n, _ := chunksIn(jp); return n >= 2 })
 	_, end := chunksIn(jp)
 	if end <= 0 || end >= int64(len(data)) {
 		t.Fatalf("the killed fetch journaled its end at %d of %d bytes", end, len(data))
