@@ -232,7 +232,11 @@ func BenchmarkJarvis2(b *testing.B) {
 // 34.09 s, s3 44.62 s (x-local 1.31), gateway CPU 130.7 s, peak RSS
 // 1376 MiB; its tail is the F16's upload (8.99 GB, 14.9 s, part of it
 // beside the quants stage), whose completion the gateway makes by copying
-// the parts. The second machine there: 24.75 s, imports 1.90 s, fetching
+// the parts. The same on a 32-core two-H200 host pinned to 16 CPUs
+// (BENCH_CPUS=16, 128 GiB of disk; one run each): gateway on the same
+// disk, local 31.72 s, s3 51.82 s (x-local 1.63), gateway CPU 124.5 s,
+// peak RSS 1492 MiB, the F16's upload 23.2 s; on /dev/shm, local 30.80 s,
+// s3 41.72 s (x-local 1.35), peak RSS 1362 MiB. The second machine there: 24.75 s, imports 1.90 s, fetching
 // 27.1 GB 22.86 s against cp -r 11.36 s (x-cp 2.01; each fetched blob is
 // fsynced, cp's are not). Before the uploads stopped hashing each blob
 // whole a second time, left the body out of the request signature and
