@@ -111,9 +111,17 @@ func TestUpgradeV1(t *testing.T) {
 	if err := s.SaveUpgrade(); err != nil {
 		t.Fatal(err)
 	}
+	// Format 3: the import's record stays in manifest.json, the gguf
+	// one is a record object with a ref.
 	b, _ := os.ReadFile(filepath.Join(root, "manifest.json"))
-	if !strings.Contains(string(b), `"version": 2`) || strings.Contains(string(b), `"k1"`) {
+	if !strings.Contains(string(b), `"version": 3`) || strings.Contains(string(b), `"k1"`) || !strings.Contains(string(b), ik) || strings.Contains(string(b), gk) {
 		t.Errorf("saved manifest is not the converted one:\n%s", b)
+	}
+	if ref, err := os.ReadFile(filepath.Join(root, "refs", "pipelines", "p", "g")); err != nil || strings.TrimSpace(string(ref)) != gk {
+		t.Errorf("ref of p/g: %q %v, want %s", ref, err, gk)
+	}
+	if _, err := os.Stat(filepath.Join(root, "records", gk+".json")); err != nil {
+		t.Errorf("the gguf record object: %v", err)
 	}
 	if s2, err := Load(root); err != nil || s2.upgraded || s2.StageRecord("p", "g").Key != gk {
 		t.Errorf("reloaded: %v", err)

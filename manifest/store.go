@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,11 +16,14 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/store"
 )
 
 // FormatVersion is the manifest.json format this package writes. Format 1
-// (records keyed with ferry's version) is read and converted (upgradeV1).
-const FormatVersion = 2
+// (records keyed with ferry's version) is read and converted (upgradeV1);
+// format 2 (every record in manifest.json) is read and its records of
+// stages other than imports are written as record objects (SaveUpgrade).
+const FormatVersion = 3
 
 // maxManifestSize bounds manifest.json before it is read into memory.
 const maxManifestSize = 256 << 20
@@ -65,11 +69,14 @@ type Record struct {
 	// absolute path, with the stamp they had when read: facts of this
 	// machine. A record committed again under its key (the same files
 	// imported from another directory) keeps the sources it had too.
-	Sources  map[string]Stamp `json:"sources,omitempty"`
-	Outputs  []Output         `json:"outputs"`
-	Started  time.Time        `json:"started"`
-	Finished time.Time        `json:"finished"`
-	Status   Status           `json:"status"`
+	Sources map[string]Stamp `json:"sources,omitempty"`
+	// Host is the machine that made the record, when it is a record
+	// object (IsObject); an import's is this machine.
+	Host     string    `json:"host,omitempty"`
+	Outputs  []Output  `json:"outputs"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Status   Status    `json:"status"`
 }
 
 // OutputsDigest is the digest of the record's output list (paths, digests and
@@ -87,9 +94,12 @@ func OutputsDigest(outs []Output) Digest {
 // Manifest is the content of manifest.json.
 type Manifest struct {
 	Version int `json:"version"`
-	// Records by key.
+	// Records by key: in memory every record, in manifest.json (format 3)
+	// only those that are not record objects (imports).
 	Records map[string]*Record `json:"records"`
-	// Pipelines maps pipeline name → stage name → key of its latest record.
+	// Pipelines maps pipeline name → stage name → key of its latest
+	// record; manifest.json holds those naming its own records, the rest
+	// are refs.
 	Pipelines map[string]map[string]string `json:"pipelines"`
 	// Blobs maps a blob's hex digest to the stamp it had when committed or
 	// last verified.
@@ -142,7 +152,10 @@ func newManifest() *Manifest {
 // Store is a content-addressed store directory:
 //
 //	<root>/blobs/sha256/<hex>   committed blobs, read-only
-//	<root>/manifest.json        stage records (the commit point)
+//	<root>/records/<key>.json   stage records (the commit point), but imports'
+//	<root>/refs/pipelines/…     the latest record of each pipeline stage
+//	<root>/manifest.json        stamps, attempts, imports' records
+//	<root>/format, .tmp, …      the store/local layout (see objects.go)
 //	<root>/tmp/                 ingest temp files (garbage after a crash)
 //	<root>/ingest/<key>/<ref>/  resume journals of unfinished big outputs
 //	<root>/work/<key>/          scratch space of running stages
@@ -154,10 +167,15 @@ func newManifest() *Manifest {
 type Store struct {
 	Root string
 
+	// objs is the store of package store on Root: record objects and
+	// refs (nil when Load found none yet).
+	objs *store.Store
+
 	mu sync.Mutex
 	m  *Manifest
 	// upgraded says manifest.json is of an older format, converted in
-	// memory when read (SaveUpgrade writes it).
+	// memory when read (SaveUpgrade writes it); until then manifest.json
+	// is written in format 2, every record in it.
 	upgraded bool
 	// placeMu serialises moving finished files into blobs/, so that two
 	// stages committing the same content at once agree on the blob and its
@@ -179,7 +197,11 @@ func Open(root string) (*Store, error) {
 			return nil, fmt.Errorf("store %s: %w", abs, err)
 		}
 	}
-	return Load(abs)
+	objs, err := openObjects(abs, false)
+	if err != nil {
+		return nil, err
+	}
+	return load(abs, objs)
 }
 
 // Load reads the store at root without creating anything; a store that does
@@ -189,30 +211,53 @@ func Load(root string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{Root: abs, m: newManifest()}
+	objs, err := openObjects(abs, true)
+	if err != nil {
+		return nil, err
+	}
+	return load(abs, objs)
+}
+
+// load reads manifest.json and then the record objects and refs of objs.
+func load(abs string, objs *store.Store) (*Store, error) {
+	s := &Store{Root: abs, objs: objs, m: newManifest()}
+	if err := s.readManifest(); err != nil {
+		return nil, err
+	}
+	if objs != nil {
+		if err := loadObjects(context.Background(), objs, s.m); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// readManifest reads manifest.json into s.m (an empty one when there is
+// none).
+func (s *Store) readManifest() error {
 	p := s.ManifestPath()
 	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
-		return s, nil
+		return nil
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if fi.Size() > maxManifestSize {
-		return nil, fmt.Errorf("%s: %w: %d bytes is over the %d-byte limit", p, ErrCorruptManifest, fi.Size(), maxManifestSize)
+		return fmt.Errorf("%s: %w: %d bytes is over the %d-byte limit", p, ErrCorruptManifest, fi.Size(), maxManifestSize)
 	}
 	m, err := decodeManifest(f)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", p, err)
+		return fmt.Errorf("%s: %w", p, err)
 	}
 	s.m, s.upgraded = m, m.upgradedFrom != 0
 	s.settleReplacing()
-	return s, nil
+	return nil
 }
 
 // settleReplacing ends the replacements that a killed process left in
@@ -235,8 +280,8 @@ func decodeManifest(r interface{ Read([]byte) (int, error) }) (*Manifest, error)
 	if err := dec.Decode(m); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorruptManifest, err)
 	}
-	if m.Version != FormatVersion && m.Version != 1 {
-		return nil, fmt.Errorf("%w: format version %d, want 1 or %d", ErrCorruptManifest, m.Version, FormatVersion)
+	if m.Version < 1 || m.Version > FormatVersion {
+		return nil, fmt.Errorf("%w: format version %d, want 1 to %d", ErrCorruptManifest, m.Version, FormatVersion)
 	}
 	if m.Records == nil {
 		m.Records = map[string]*Record{}
@@ -274,6 +319,12 @@ func decodeManifest(r interface{ Read([]byte) (int, error) }) (*Manifest, error)
 			return nil, fmt.Errorf("%w: converting format 1: %v", ErrCorruptManifest, err)
 		}
 		m.upgradedFrom = 1
+	}
+	if m.Version == 2 {
+		if m.upgradedFrom == 0 {
+			m.upgradedFrom = 2
+		}
+		m.Version = FormatVersion
 	}
 	return m, nil
 }
@@ -338,6 +389,11 @@ func (s *Store) Damage(d Digest) string {
 	return s.m.Damaged[d.Hex()]
 }
 
+// NoStamp is what CheckBlob says of a blob this machine has no stamp of:
+// placed by `ferry store copy`, or by a stage killed after its record
+// object was written and before manifest.json was. A rehash settles it.
+const NoStamp = "no stamp recorded"
+
 // CheckBlob says what is wrong with blob d of the given size, or "" when it
 // is intact. Without rehash it compares the stamp recorded at commit (size,
 // mtime, inode) and reads no data; with rehash it reads and hashes the blob,
@@ -383,7 +439,7 @@ func (s *Store) CheckBlob(d Digest, size int64, rehash bool) string {
 	st, ok := s.m.Blobs[d.Hex()]
 	s.mu.Unlock()
 	if !ok {
-		return "no stamp recorded"
+		return NoStamp
 	}
 	if st != StampOf(fi) {
 		if where != "" {
@@ -436,6 +492,21 @@ func (s *Store) Commit(rec *Record) error {
 	}
 	rec.Status = StatusComplete
 	c := *rec
+	if s.objs != nil && IsObject(rec) {
+		// The record object is the commit point; the ref then says it
+		// is the stage's latest.
+		ctx := context.Background()
+		stored, err := s.putObject(ctx, rec)
+		if err != nil {
+			return fmt.Errorf("commit %s: %w", rec.Stage, err)
+		}
+		c = *stored
+		if rec.Pipeline != "" {
+			if err := s.pointRef(ctx, rec.Pipeline, rec.Stage, rec.Key); err != nil {
+				return fmt.Errorf("commit %s: %w", rec.Stage, err)
+			}
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.m.Records[rec.Key]; old != nil && len(old.Sources) > 0 && len(c.Sources) > 0 {
@@ -572,7 +643,31 @@ func (s *Store) Save() error {
 }
 
 func (s *Store) saveLocked() error {
-	b, err := json.MarshalIndent(s.m, "", "  ")
+	m := *s.m
+	if s.objs == nil || s.upgraded {
+		// Not converted yet: every record stays in manifest.json.
+		m.Version = 2
+	} else {
+		m.Records = map[string]*Record{}
+		for k, r := range s.m.Records {
+			if !IsObject(r) {
+				m.Records[k] = r
+			}
+		}
+		m.Pipelines = map[string]map[string]string{}
+		for p, stages := range s.m.Pipelines {
+			for st, k := range stages {
+				if m.Records[k] == nil {
+					continue // a ref
+				}
+				if m.Pipelines[p] == nil {
+					m.Pipelines[p] = map[string]string{}
+				}
+				m.Pipelines[p][st] = k
+			}
+		}
+	}
+	b, err := json.MarshalIndent(&m, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -597,11 +692,17 @@ func (s *Store) PipelineStages(pipeline string) map[string]string {
 func (s *Store) Link(pipeline, stage, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.m.Records[key] == nil {
+	rec := s.m.Records[key]
+	if rec == nil {
 		return fmt.Errorf("link %s/%s: no record %s", pipeline, stage, key)
 	}
 	if s.m.Pipelines[pipeline][stage] == key {
 		return nil
+	}
+	if s.objs != nil && IsObject(rec) {
+		if err := s.pointRef(context.Background(), pipeline, stage, key); err != nil {
+			return fmt.Errorf("link %s/%s: %w", pipeline, stage, err)
+		}
 	}
 	if s.m.Pipelines[pipeline] == nil {
 		s.m.Pipelines[pipeline] = map[string]string{}
@@ -610,31 +711,77 @@ func (s *Store) Link(pipeline, stage, key string) error {
 	return s.saveLocked()
 }
 
-// SaveUpgrade writes manifest.json in the current format if it was read in
-// an older one (converted in memory by Load), once, atomically: a kill
-// leaves the old file or the new one. Call it holding the lock.
+// SaveUpgrade writes the store in the current format if manifest.json was
+// read in an older one (converted in memory by Load): the records that
+// are record objects now are written as such with their refs, then
+// manifest.json, once, atomically: a kill leaves the old file or the new
+// one. Call it holding the lock.
 func (s *Store) SaveUpgrade() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.upgraded {
 		return nil
 	}
-	if err := s.saveLocked(); err != nil {
-		return err
+	if s.objs == nil {
+		objs, err := openObjects(s.Root, false)
+		if err != nil {
+			return err
+		}
+		s.objs = objs
+	}
+	// The records become objects, then the stages' pointers refs;
+	// manifest.json without them is written last: a kill before
+	// leaves format 2, converted again (the objects written stand).
+	ctx := context.Background()
+	for k, r := range s.m.Records {
+		if !IsObject(r) {
+			continue
+		}
+		stored, err := s.putObject(ctx, r)
+		if errors.Is(err, store.ErrBlobMissing) || errors.Is(err, store.ErrDigestMismatch) {
+			// A record whose blob is gone or damaged: its stage is
+			// made again, as it would have been.
+			delete(s.m.Records, k)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s: converting record %s: %w", s.ManifestPath(), k, err)
+		}
+		s.m.Records[k] = stored
+	}
+	for p, stages := range s.m.Pipelines {
+		for st, k := range stages {
+			if r := s.m.Records[k]; r != nil && IsObject(r) {
+				if err := s.pointRef(ctx, p, st, k); err != nil {
+					return fmt.Errorf("%s: converting %s/%s: %w", s.ManifestPath(), p, st, err)
+				}
+			}
+		}
 	}
 	s.upgraded = false
+	if err := s.saveLocked(); err != nil {
+		s.upgraded = true
+		return err
+	}
 	return nil
 }
 
 // Reload re-reads manifest.json. Call it after taking the lock: another run
 // may have committed records since the store was opened.
 func (s *Store) Reload() error {
-	fresh, err := Load(s.Root)
+	objs := s.objs
+	if objs == nil {
+		var err error
+		if objs, err = openObjects(s.Root, true); err != nil {
+			return err
+		}
+	}
+	fresh, err := load(s.Root, objs)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	s.m, s.upgraded = fresh.m, fresh.upgraded
+	s.m, s.upgraded, s.objs = fresh.m, fresh.upgraded, objs
 	s.mu.Unlock()
 	return nil
 }

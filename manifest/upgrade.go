@@ -63,7 +63,7 @@ func upgradeV1(m *Manifest) error {
 			}
 		}
 	}
-	m.Records, m.Version = records, FormatVersion
+	m.Records, m.Version = records, 2
 	return nil
 }
 

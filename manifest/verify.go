@@ -248,13 +248,20 @@ func (s *Store) gc(journals, prune bool) (*GCReport, error) {
 				live[k] = true
 			}
 		}
-		for k := range s.m.Records {
+		var objs []string
+		for k, r := range s.m.Records {
 			if !live[k] {
+				if IsObject(r) {
+					objs = append(objs, k)
+				}
 				delete(s.m.Records, k)
 				rep.PrunedRecords++
 			}
 		}
 		s.mu.Unlock()
+		if err := s.dropObjects(objs); err != nil {
+			return nil, err
+		}
 		// The manifest without those records is saved before any blob
 		// goes: a crash in between leaves garbage, never a dangling record.
 		if err := s.Save(); err != nil {
@@ -365,8 +372,12 @@ func (s *Store) DropRecords(keys []string) (int, error) {
 		}
 	}
 	n := 0
+	var objs []string
 	for _, k := range keys {
-		if _, ok := s.m.Records[k]; ok && !live[k] {
+		if r, ok := s.m.Records[k]; ok && !live[k] {
+			if IsObject(r) {
+				objs = append(objs, k)
+			}
 			delete(s.m.Records, k)
 			n++
 		}
@@ -374,6 +385,9 @@ func (s *Store) DropRecords(keys []string) (int, error) {
 	s.mu.Unlock()
 	if n == 0 {
 		return 0, nil
+	}
+	if err := s.dropObjects(objs); err != nil {
+		return 0, err
 	}
 	return n, s.Save()
 }

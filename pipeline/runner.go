@@ -195,6 +195,11 @@ func (r *runner) stepOf(name string) string {
 // is remembered for repaired.
 func (r *runner) checkOutput(st *StageSpec, o manifest.Output) string {
 	why := r.store.CheckBlob(o.Digest, o.Size, r.opts.Verify)
+	if why == manifest.NoStamp {
+		// A recorded output this machine never stamped (pulled by `ferry
+		// store copy`): hashed once, stamped when whole.
+		why = r.store.CheckBlob(o.Digest, o.Size, true)
+	}
 	if why != "" && r.store.Damage(o.Digest) != "" {
 		r.damagedMu.Lock()
 		if r.damaged == nil {
@@ -450,6 +455,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	store.SetHost(r.opts.Host)
 	r.store = store
 	lock, err := store.LockWait(ctx, "ferry pipeline run "+spec.File, r.opts.LockWait)
 	if err != nil {

@@ -8,14 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
 	"github.com/ferry-llm/ferry/store/local"
@@ -169,23 +167,6 @@ func shareable(st *StageSpec) bool { return st.Kind != "import" }
 
 func leaseName(key string) string { return "stage/" + key }
 
-func refName(pipeline, stage string) string { return "pipelines/" + pipeline + "/" + stage }
-
-// sharedMeta is what a shared record keeps beside its outputs: what made
-// it, for people and for the machines that fetch it. Nothing in it is a
-// path or a machine's fact.
-type sharedMeta struct {
-	Pipeline     string           `json:"pipeline"`
-	Stage        string           `json:"stage"`
-	Kind         string           `json:"kind"`
-	KindVersion  string           `json:"kind_version,omitempty"`
-	FerryVersion string           `json:"ferry_version,omitempty"`
-	Params       json.RawMessage  `json:"params"`
-	Inputs       []manifest.Input `json:"inputs,omitempty"`
-	Started      time.Time        `json:"started"`
-	Finished     time.Time        `json:"finished"`
-}
-
 // fromShared looks for st's key in the shared store; when a record is
 // there it fetches the outputs into the local store, commits the record
 // there too and returns it with the machine that made it.
@@ -213,20 +194,17 @@ func (r *runner) fromShared(ctx context.Context, st *StageSpec, d decision) (*ma
 // materialize fetches the blobs of srec the local store lacks (verified
 // before they are adopted) and commits the local record.
 func (r *runner) materialize(ctx context.Context, st *StageSpec, params json.RawMessage, ins []manifest.Input, srec *store.Record) (*manifest.Record, error) {
-	var meta sharedMeta
-	if len(srec.Meta) > 0 {
-		if err := json.Unmarshal(srec.Meta, &meta); err != nil {
-			return nil, errkind.Errorf(errkind.VerifyFailed, "%s: record %s: its meta: %v", r.shared.s, srec.Key, err)
-		}
+	rec, err := manifest.FromStoreRecord(r.shared.s.String(), srec)
+	if err != nil {
+		return nil, err
 	}
-	if params == nil {
-		params, ins = meta.Params, meta.Inputs
+	if params != nil {
+		rec.Params, rec.Inputs = params, ins
 	}
-	outs := make([]manifest.Output, len(srec.Outputs))
+	outs := rec.Outputs
 	var need []int
 	var total int64
-	for i, o := range srec.Outputs {
-		outs[i] = manifest.Output{Path: o.Path, Digest: o.Digest, Size: o.Size}
+	for i, o := range outs {
 		if r.store.CheckBlob(o.Digest, o.Size, false) != "" {
 			need = append(need, i)
 			total += o.Size
@@ -254,14 +232,9 @@ func (r *runner) materialize(ctx context.Context, st *StageSpec, params json.Raw
 			}
 		}
 	}
-	rec := &manifest.Record{
-		Key: srec.Key, Pipeline: r.spec.Name, Stage: st.Name, Kind: st.Kind,
-		FerryVersion: meta.FerryVersion, KindVersion: meta.KindVersion,
-		Params: params, Inputs: ins, Outputs: outs,
-		Started: meta.Started, Finished: meta.Finished,
-	}
+	rec.Pipeline, rec.Stage = r.spec.Name, st.Name
 	if rec.Kind == "" {
-		rec.Kind = meta.Kind
+		rec.Kind = st.Kind
 	}
 	if err := r.store.Commit(rec); err != nil {
 		return nil, err
@@ -429,25 +402,16 @@ outputs:
 			return err
 		}
 	}
-	meta, err := json.Marshal(sharedMeta{
-		Pipeline: r.spec.Name, Stage: st.Name, Kind: rec.Kind, KindVersion: rec.KindVersion,
-		FerryVersion: rec.FerryVersion, Params: rec.Params, Inputs: rec.Inputs,
-		Started: rec.Started, Finished: rec.Finished,
-	})
+	srec, err := manifest.ToStoreRecord(rec)
 	if err != nil {
 		return err
 	}
-	outs := make([]store.Output, len(rec.Outputs))
-	for i, o := range rec.Outputs {
-		outs[i] = store.Output{Path: o.Path, Digest: o.Digest, Size: o.Size}
-	}
-	sort.Slice(outs, func(i, j int) bool { return outs[i].Path < outs[j].Path })
 	if l != nil {
 		if err := l.Err(); err != nil {
 			return err
 		}
 	}
-	_, err = sh.s.CommitRecord(ctx, &store.Record{Key: rec.Key, Outputs: outs, Meta: meta})
+	_, err = sh.s.CommitRecord(ctx, srec)
 	if err != nil && !errors.Is(err, store.ErrRecordExists) {
 		// ErrRecordExists: another machine made the same key too (a
 		// forced run, a lease lost and taken over); the same bytes, the
@@ -463,35 +427,16 @@ outputs:
 	return nil
 }
 
-// setRef points refs/pipelines/<pipeline>/<stage> at key (compare and
-// swap, read again on a race).
+// setRef points refs/pipelines/<pipeline>/<stage> at key.
 func (r *runner) setRef(ctx context.Context, st *StageSpec, key string) error {
-	name := refName(r.spec.Name, st.Name)
-	for range 8 {
-		prev, err := r.shared.s.GetRef(ctx, name)
-		var p *store.Ref
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-		case err != nil:
-			return err
-		case prev.Value == key:
-			return nil
-		default:
-			p = &prev
-		}
-		_, err = r.shared.s.SetRef(ctx, name, key, p)
-		if !errors.Is(err, store.ErrRefConflict) {
-			return err
-		}
-	}
-	return fmt.Errorf("%s: ref %s: changed by others at every try", r.shared.s, name)
+	return r.shared.s.PointRef(ctx, manifest.StageRef(r.spec.Name, st.Name), key)
 }
 
 // sharedInput is the latest record of stage st of this pipeline in the
 // shared store (its ref), fetched into the local store: the input of a
 // stage run with --only or --from on a machine that did not make it.
 func (r *runner) sharedInput(ctx context.Context, st *StageSpec) (*manifest.Record, string, error) {
-	ref, err := r.shared.s.GetRef(ctx, refName(r.spec.Name, st.Name))
+	ref, err := r.shared.s.GetRef(ctx, manifest.StageRef(r.spec.Name, st.Name))
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, "", nil
 	}

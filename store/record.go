@@ -181,3 +181,35 @@ func (s *Store) SetRef(ctx context.Context, name, value string, prev *Ref) (Ref,
 	}
 	return Ref{Name: name, Value: value, ETag: in.ETag}, nil
 }
+
+// PointRef sets the ref name to value whatever it held, by compare and
+// swap (read again after a race, a few times).
+func (s *Store) PointRef(ctx context.Context, name, value string) error {
+	for range 8 {
+		prev, err := s.GetRef(ctx, name)
+		var p *Ref
+		switch {
+		case errors.Is(err, ErrNotFound):
+		case err != nil:
+			return err
+		case prev.Value == value:
+			return nil
+		default:
+			p = &prev
+		}
+		_, err = s.SetRef(ctx, name, value, p)
+		if !errors.Is(err, ErrRefConflict) {
+			return err
+		}
+	}
+	return fmt.Errorf("%s: ref %s: changed by others at every try", s.b, name)
+}
+
+// DropRecord deletes the record key: what a store's owner prunes (a result
+// no pipeline stage points at any more). Its blobs stay until gc.
+func (s *Store) DropRecord(ctx context.Context, key string) error {
+	if err := checkName("record", key); err != nil {
+		return err
+	}
+	return s.b.Delete(ctx, recordKey(key), "")
+}

@@ -167,3 +167,11 @@ func checkName(what, name string) error {
 	}
 	return nil
 }
+
+// WithHost is s naming this machine host in the records and leases it
+// writes.
+func (s *Store) WithHost(host string) *Store {
+	c := *s
+	c.opt.Host = host
+	return &c
+}

@@ -56,7 +56,7 @@ func pipelineCommand() *cli.Command {
 					&cli.StringSliceFlag{Name: "identity", Aliases: []string{"i"}, Usage: "identity file (private key) transfer stages try before the config's (repeatable), over the pipeline file's identity"},
 					&cli.DurationFlag{Name: "lease-ttl", Usage: "on a shared store (store: s3://…): how long a stage's lease holds without renewal (renewed every third of it; a machine that dies is taken over after it), over the file's lease_ttl", DefaultText: pipeline.DefaultLeaseTTL.String()},
 					&cli.StringFlag{Name: "cache-max", Usage: "on a shared store: keep the cache under `SIZE` (like 200GB) after a run by dropping results no stage points at any more, which the bucket holds (fetched again when wanted); over the file's cache_max", DefaultText: "no bound"},
-					&cli.StringFlag{Name: "machine", EnvVars: []string{"FERRY_MACHINE"}, Usage: "this machine's `NAME` in a shared store's leases and records (\"being made on NAME\")", DefaultText: "the host name"},
+					&cli.StringFlag{Name: "machine", EnvVars: []string{"FERRY_MACHINE"}, Usage: "this machine's `NAME` in the records it makes and a shared store's leases (\"being made on NAME\")", DefaultText: "the host name"},
 				),
 				Action: pipelineRun,
 			},

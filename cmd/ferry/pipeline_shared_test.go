@@ -421,7 +421,9 @@ func TestPipelineSharedSeedPlanOnly(t *testing.T) {
 	const url = "s3://ferry-seed/team"
 	root := t.TempDir()
 	gpu := newSharedMachine(t, root, "gpu", ".ferry")
-	if r := execFerry(t, nil, "pipeline", "run", "-j", "2", gpu.file); r.code != 0 {
+	// Its records name the machine that made them (--machine; the host
+	// name without it), and keep that name when shared later.
+	if r := execFerry(t, nil, "pipeline", "run", "-j", "2", "--machine", "gpu", gpu.file); r.code != 0 {
 		t.Fatalf("local run: exit %d\n%s", r.code, r.stderr)
 	}
 	body, err := os.ReadFile(gpu.file)

@@ -99,15 +99,29 @@ func openStoreArg(c *cli.Context) (*manifest.Store, *manifest.Lock, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	lock, err := s.TryLock(c.App.Name + " " + commandPath(c))
+	lock, err := lockStore(c, s)
 	if err != nil {
 		return nil, nil, err
 	}
+	return s, lock, nil
+}
+
+// lockStore takes s's lock and reads it again; a store of an older format
+// is converted once, now that the lock is held.
+func lockStore(c *cli.Context, s *manifest.Store) (*manifest.Lock, error) {
+	lock, err := s.TryLock(c.App.Name + " " + commandPath(c))
+	if err != nil {
+		return nil, err
+	}
 	if err := s.Reload(); err != nil {
 		lock.Unlock()
-		return nil, nil, err
+		return nil, err
 	}
-	return s, lock, nil
+	if err := s.SaveUpgrade(); err != nil {
+		lock.Unlock()
+		return nil, err
+	}
+	return lock, nil
 }
 
 func storeVerify(c *cli.Context) error {

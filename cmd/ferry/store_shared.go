@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
 	s3store "github.com/ferry-llm/ferry/store/s3"
 )
@@ -149,9 +150,26 @@ func storeCopy(c *cli.Context) error {
 		return usageErrorf("%s: want SRC and DST (s3://BUCKET/PREFIX or a directory), got %d arguments", commandPath(c), c.NArg())
 	}
 	srcArg, dstArg := c.Args().Get(0), c.Args().Get(1)
+	// A pipeline's store directory is converted to the current format
+	// first (its records become record objects), under its lock.
+	if ps, lock, err := lockPipelineStore(c, srcArg); err != nil {
+		return err
+	} else if ps != nil {
+		lock.Unlock()
+	}
 	src, err := openShared(c, srcArg, false)
 	if err != nil {
 		return err
+	}
+	// Into a pipeline's store, the lock is held while copying (its gc
+	// must not take a blob copied before its record), and the blobs
+	// placed get their stamps after.
+	dstPipeline, dstLock, err := lockPipelineStore(c, dstArg)
+	if err != nil {
+		return err
+	}
+	if dstLock != nil {
+		defer dstLock.Unlock()
 	}
 	if !s3store.IsURL(dstArg) {
 		if err := os.MkdirAll(dstArg, 0o755); err != nil {
@@ -171,6 +189,11 @@ func storeCopy(c *cli.Context) error {
 	rep, err := store.Copy(c.Context, src, dst, bar.Add)
 	bar.Close()
 	pg.Close()
+	if dstPipeline != nil {
+		if serr := stampCopied(dstPipeline); err == nil {
+			err = serr
+		}
+	}
 	if err != nil {
 		if ir := interruptedResume(c.Context, err, "what was copied is kept"); ir != nil {
 			return ir
@@ -186,4 +209,35 @@ func storeCopy(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "  ref %s\n", conflict)
 	}
 	return nil
+}
+
+// lockPipelineStore opens and locks arg when it is a pipeline's store
+// directory (it has manifest.json), converting it to the current format;
+// nil for anything else.
+func lockPipelineStore(c *cli.Context, arg string) (*manifest.Store, *manifest.Lock, error) {
+	if s3store.IsURL(arg) {
+		return nil, nil, nil
+	}
+	if _, err := os.Stat(filepath.Join(arg, "manifest.json")); err != nil {
+		return nil, nil, nil
+	}
+	s, err := manifest.Open(arg)
+	if err != nil {
+		return nil, nil, err
+	}
+	lock, err := lockStore(c, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, lock, nil
+}
+
+// stampCopied stamps the blobs a copy placed in a pipeline's store, so
+// that its stages find them intact without hashing them again.
+func stampCopied(s *manifest.Store) error {
+	if err := s.Reload(); err != nil {
+		return err
+	}
+	_, err := s.StampPlaced()
+	return err
 }
