@@ -2,9 +2,12 @@ package manifest
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/ferry-llm/ferry/store"
 )
 
 // FuzzManifest feeds arbitrary bytes to the manifest.json decoder: it must
@@ -23,6 +26,7 @@ func FuzzManifest(f *testing.F) {
 		`"g":{"key":"g","kind":"gguf","params":{"from":"i"},"inputs":[{"stage":"i","key":"i","digest":"sha256:` +
 		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" + `"}],"outputs":[]}},"pipelines":{"p":{"i":"i","g":"g"}}}`))
 	f.Add([]byte(`{"version":2,"records":{}}`))
+	f.Add([]byte(`{"version":3,"records":{},"pipelines":{"p":{"i":"i"}}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeManifest(bytes.NewReader(b))
 		if err != nil {
@@ -87,6 +91,42 @@ func FuzzJournal(f *testing.F) {
 		}
 		if int64(len(b)) != o.Size {
 			t.Fatalf("blob %d bytes, output says %d", len(b), o.Size)
+		}
+	})
+}
+
+// FuzzRecordObject feeds arbitrary record objects (records/<key>.json, its
+// meta included) to FromStoreRecord: a record or an error, never a panic,
+// and only well-formed outputs accepted; what it accepts goes back to the
+// same store record.
+func FuzzRecordObject(f *testing.F) {
+	f.Add([]byte(`{"key":"k","outputs":[{"path":"a/b","digest":"sha256:` +
+		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" + `","size":3}],"host":"gpu",` +
+		`"meta":{"pipeline":"p","stage":"s","kind":"gguf","kind_version":"1","params":{"from":"m"},` +
+		`"inputs":[{"stage":"m","key":"m1","digest":"sha256:` + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" + `"}],` +
+		`"started":"2026-11-27T10:00:00Z","finished":"2026-11-27T10:01:00Z"}}`))
+	f.Add([]byte(`{"key":"k","outputs":[{"path":"../x","digest":"sha256:00","size":-1}],"meta":[]}`))
+	f.Add([]byte(`{"key":"k","outputs":[],"meta":{"params":null}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var srec store.Record
+		if json.Unmarshal(b, &srec) != nil {
+			return
+		}
+		rec, err := FromStoreRecord("fuzz", &srec)
+		if err != nil {
+			return
+		}
+		for _, o := range rec.Outputs {
+			if o.Digest.Validate() != nil || checkRelPath(o.Path) != nil || o.Size < 0 {
+				t.Fatalf("accepted bad output %+v", o)
+			}
+		}
+		back, err := ToStoreRecord(rec)
+		if err != nil {
+			t.Fatalf("accepted record does not marshal back: %v", err)
+		}
+		if back.Key != srec.Key || len(back.Outputs) != len(srec.Outputs) || back.Host != srec.Host {
+			t.Fatalf("round trip: %+v, from %+v", back, srec)
 		}
 	})
 }

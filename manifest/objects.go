@@ -89,6 +89,9 @@ func FromStoreRecord(where string, srec *store.Record) (*Record, error) {
 		if err := checkRelPath(o.Path); err != nil {
 			return nil, errkind.Errorf(errkind.VerifyFailed, "%s: record %s: %v", where, srec.Key, err)
 		}
+		if err := o.Digest.Validate(); err != nil || o.Size < 0 {
+			return nil, errkind.Errorf(errkind.VerifyFailed, "%s: record %s: output %q: bad digest or size %d", where, srec.Key, o.Path, o.Size)
+		}
 		rec.Outputs[i] = Output{Path: o.Path, Digest: o.Digest, Size: o.Size}
 	}
 	return rec, nil

@@ -468,8 +468,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if err := store.Reload(); err != nil {
 		return nil, err
 	}
-	// A manifest.json of an older format (keys with ferry's version) was
-	// converted when read: written back once, now that the lock is held.
+	// A store of an older format (keys with ferry's version; every record
+	// in manifest.json) was converted when read: written back once, now
+	// that the lock is held.
 	if err := store.SaveUpgrade(); err != nil {
 		return nil, err
 	}
@@ -835,7 +836,8 @@ func (r *runner) env(st *StageSpec, key string, ins []Input, prog Progress, veri
 }
 
 // execute runs one stage and commits its record: blobs first (the stage
-// made them durable), then manifest.json, then the journals go.
+// made them durable), then the record (an object, or manifest.json for an
+// import), then the journals go.
 func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []Input, forced bool) (*manifest.Record, error) {
 	damaged := d.cause == CauseOutput
 	if forced || damaged {

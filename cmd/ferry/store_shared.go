@@ -14,8 +14,9 @@ import (
 )
 
 // The store commands on a shared store (package store): an s3:// URL, or
-// a directory in the shared layout (it has a "format" object, where a
-// pipeline's local store has manifest.json).
+// a directory in the shared layout (it has a "format" object and no
+// manifest.json: a pipeline's local store has both, and verify, gc and du
+// read it with this machine's facts, through package manifest).
 
 // sharedStoreArg reports whether the command's one argument names a
 // shared store.
