@@ -23,6 +23,7 @@ FUZZ_TARGETS := \
 	./merge:FuzzAdapterConfig:150000 \
 	./manifest:FuzzManifest:160000 \
 	./manifest:FuzzJournal:1500 \
+	./manifest:FuzzRecordObject:100000 \
 	./store:FuzzRecord:100000 \
 	./pipeline:FuzzSpec:20000 \
 	./verify:FuzzGGUF:150000 \
