@@ -21,18 +21,9 @@ import (
 // status read it as up to date, a run skips every stage and saves it in
 // the current format, under the keys this release gives the same stages.
 func TestConvertV1Store(t *testing.T) {
-	dir := t.TempDir()
-	spec := demoSpec(t, dir)
-	ctx := context.Background()
 	// The demo's blobs and the keys this release gives its stages.
-	fresh, err := Run(ctx, spec, Options{Stages: 2, Workers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{}
-	for _, s := range fresh.Stages {
-		want[s.Stage] = s.Key
-	}
+	spec, want := demoMade(t)
+	ctx := context.Background()
 	mpath := filepath.Join(spec.Store, "manifest.json")
 	var cur struct {
 		Blobs map[string]json.RawMessage `json:"blobs"`
@@ -178,17 +169,8 @@ func dropObjects(t *testing.T, dir string) {
 // keeping the records as they were (keys, times, the release that made
 // them).
 func TestConvertV2Store(t *testing.T) {
-	dir := t.TempDir()
-	spec := demoSpec(t, dir)
+	spec, want := demoMade(t)
 	ctx := context.Background()
-	fresh, err := Run(ctx, spec, Options{Stages: 2, Workers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{}
-	for _, s := range fresh.Stages {
-		want[s.Stage] = s.Key
-	}
 	made, err := manifest.Load(spec.Store)
 	if err != nil {
 		t.Fatal(err)
@@ -268,4 +250,20 @@ func TestConvertV2Store(t *testing.T) {
 			t.Errorf("stage %s: in manifest.json %v, pointer %q, object %v, ref %q", r.Stage, inManifest, saved.Pipelines["demo"][r.Stage], objErr, ref)
 		}
 	}
+}
+
+// demoMade runs the demo on a new store and returns it with the key of
+// each stage.
+func demoMade(t *testing.T) (*Spec, map[string]string) {
+	t.Helper()
+	spec := demoSpec(t, t.TempDir())
+	fresh, err := Run(context.Background(), spec, Options{Stages: 2, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, s := range fresh.Stages {
+		want[s.Stage] = s.Key
+	}
+	return spec, want
 }
