@@ -7,7 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -209,39 +211,41 @@ func BenchmarkJarvis2(b *testing.B) {
 // processor time versitygw spent during the s3 run), m2-s (the second
 // machine's run), m2-import-s (the longer of its two imports, which run
 // side by side), m2-fetch-s (m2-s less m2-import-s), fetched-MB, cp-s,
-// x-cp (m2-fetch-s over cp-s) and x-cp-all (m2-s over cp-s).
+// x-cp (m2-fetch-s over cp-s) and x-cp-all (m2-s over cp-s); on Linux
+// also local-disk-GB and s3-disk-GB, the bytes the block devices took
+// during each run and a sync after it (the gateway does not fsync).
+// FERRY_S3TEST_POSIX_FLAGS passes options to the gateway's posix backend
+// (--data-integrity-etag: ETags without an MD5 of every byte).
 //
 // The gateway keeps its objects under TMPDIR, on the disk the runs write
 // to, unless FERRY_S3TEST_DIR names another place: a tmpfs takes the
 // server's own writes off that disk, as a remote store's are. versitygw
 // writes each part of a multipart upload to a file and joins them by
-// copying at completion, so on the runs' disk the s3 run writes about
-// three times the bytes the local run does.
+// copying at completion, so on the runs' disk the s3 run writes up to
+// three times the bytes the local run does (2.3–2.5 times measured: part
+// files removed before the kernel wrote them back cost no disk).
 //
 // Disk: the base, then at most the s3 run's cache and the bucket (about
 // 3× the base each at the anchors slice) plus the gateway's multipart
 // assembly; each run's files are removed once measured.
 //
-// On a 16-core H200 host (.benchdev/shared.sh, the local run measured
-// alongside): at vocab 32768 (a 4.56 GB base, 13.7 GB of outputs; mean of
-// 2 runs), gateway on the same disk: local 18.98 s, s3 27.47 s (x-local
-// 1.45), gateway CPU 48.7 s a run, peak RSS 1130 MiB; gateway on /dev/shm:
-// local 19.15 s, s3 23.52 s (x-local 1.23), peak RSS 1195 MiB. At the
-// anchors' vocabulary (248320: an 8.98 GB base, 27.1 GB of outputs; on
-// the 64 GiB disk only with the gateway on /dev/shm; one run): local
-// 34.09 s, s3 44.62 s (x-local 1.31), gateway CPU 130.7 s, peak RSS
-// 1376 MiB; its tail is the F16's upload (8.99 GB, 14.9 s, part of it
-// beside the quants stage), whose completion the gateway makes by copying
-// the parts. The same on a 32-core two-H200 host pinned to 16 CPUs
-// (BENCH_CPUS=16, 128 GiB of disk; one run each): gateway on the same
-// disk, local 31.72 s, s3 51.82 s (x-local 1.63), gateway CPU 124.5 s,
-// peak RSS 1492 MiB, the F16's upload 23.2 s; on /dev/shm, local 30.80 s,
-// s3 41.72 s (x-local 1.35), peak RSS 1362 MiB. The second machine there: 24.75 s, imports 1.90 s, fetching
-// 27.1 GB 22.86 s against cp -r 11.36 s (x-cp 2.01; each fetched blob is
-// fsynced, cp's are not). Before the uploads stopped hashing each blob
-// whole a second time, left the body out of the request signature and
-// sent a stage's outputs side by side: 1.77× at vocab 32768 on the same
-// disk.
+// On a 32-core host pinned to 16 CPUs (.benchdev/shared.sh, BENCH_CPUS=16;
+// an ext4 disk taking 1.1 GB/s fsynced), at the anchors' vocabulary
+// (248320: an 8.98 GB base, 27.1 GB of outputs), one run each, local vs
+// s3 seconds and disk GB written:
+//
+//	gateway on the runs' disk, MD5 ETags:            29.30 / 46.57 s (1.59), 27.2 / 69.1 GB, gateway CPU 96.9 s
+//	gateway on the runs' disk, --data-integrity-etag: 30.77 / 44.76 s (1.45), 27.3 / 63.9 GB, gateway CPU 78.0 s
+//	gateway on /dev/shm, MD5 ETags:                  31.16 / 40.97 s (1.31), 27.2 / 27.2 GB, gateway CPU 110.3 s
+//	gateway on /dev/shm, --data-integrity-etag:      34.79 / 44.06 s (1.27), 27.2 / 27.2 GB, gateway CPU 89.1 s
+//
+// peak RSS 1327–1519 MiB; the second machine 25.0–26.7 s (imports
+// 2.1–2.4 s), fetching 27.1 GB 22.9–24.4 s against cp -r 9.9–11.7 s. The
+// earlier runs (README): 1.63× and 1.31–1.35× at this vocabulary, 1.45×
+// and 1.23× at vocab 32768 (mean of 2). Before the uploads stopped
+// hashing each blob whole a second time, left the body out of the request
+// signature and sent a stage's outputs side by side: 1.77× at vocab 32768
+// on the same disk.
 func BenchmarkJarvis2Shared(b *testing.B) {
 	base, adapterDir, layers, vocab := jarvis2Inputs(b)
 	const bucket = "ferry-bench"
@@ -263,13 +267,16 @@ func BenchmarkJarvis2Shared(b *testing.B) {
 	b.SetBytes(base.Bytes)
 	b.ResetTimer()
 	var local, s3, m2, m2imp, cp, gwCPU time.Duration
-	var rss, fetched int64
+	var rss, fetched, localW, s3W int64
 	for i := range b.N {
 		prefix := fmt.Sprint("run", i)
 		url := "s3://" + bucket + "/" + prefix
 		dir := filepath.Join(work, prefix)
+		w0 := diskWritten()
 		l := runJarvis2(b, filepath.Join(dir, "local"), spec, base.Dir, adapterDir)
 		b.StopTimer()
+		syscall.Sync()
+		w1 := diskWritten()
 		want := stageDigests(b, "local", l.rep, pipeline.ActionRun)
 		if err := os.RemoveAll(filepath.Join(dir, "local")); err != nil {
 			b.Fatal(err)
@@ -279,8 +286,16 @@ func BenchmarkJarvis2Shared(b *testing.B) {
 		m1 := filepath.Join(dir, "machine-1")
 		shared := strings.Replace(spec, "\nstore: .ferry\n", "\nstore: "+url+"\n", 1)
 		gw0 := srv.CPU()
+		w2 := diskWritten()
 		s := runJarvis2(b, m1, shared, base.Dir, adapterDir, "--cache", filepath.Join(m1, "cache"), "--machine", "machine-1")
 		b.StopTimer()
+		// What the run left dirty (the gateway does not fsync) is its
+		// writes too.
+		syscall.Sync()
+		if w0 >= 0 {
+			localW += w1 - w0
+			s3W += diskWritten() - w2
+		}
 		gwCPU += srv.CPU() - gw0
 		sameDigests(b, "the s3 run", stageDigests(b, "the s3 run", s.rep, pipeline.ActionRun), want)
 		if err := os.RemoveAll(m1); err != nil {
@@ -341,6 +356,13 @@ func BenchmarkJarvis2Shared(b *testing.B) {
 	b.ReportMetric(sec(s3)/sec(local), "x-local")
 	b.ReportMetric(float64(rss)/(1<<20), "peakRSS-MiB")
 	b.ReportMetric(sec(gwCPU), "gateway-cpu-s")
+	if localW > 0 {
+		// Bytes the block devices took during each run (and its sync):
+		// where the gateway shares the runs' disk, its writes are the
+		// s3 run's too.
+		b.ReportMetric(float64(localW)/n/1e9, "local-disk-GB")
+		b.ReportMetric(float64(s3W)/n/1e9, "s3-disk-GB")
+	}
 	b.ReportMetric(sec(m2), "m2-s")
 	b.ReportMetric(sec(m2imp), "m2-import-s")
 	b.ReportMetric(sec(m2-m2imp), "m2-fetch-s")
@@ -350,6 +372,34 @@ func BenchmarkJarvis2Shared(b *testing.B) {
 	b.ReportMetric(sec(m2)/sec(cp), "x-cp-all")
 	b.Logf("base %d bytes (%d layers, vocab %d): jarvis2.yaml up to the network: local store %.2f s, s3:// store on versitygw %.2f s (%.2f× local; goal ≤ 1.3), peak RSS %.0f MiB; a second machine on the finished bucket %.2f s, of which imports %.2f s; its fetch %.2f s vs cp -r of the %d bytes it fetched %.2f s (%.2f× cp)",
 		base.Bytes, layers, vocab, sec(local), sec(s3), sec(s3)/sec(local), float64(rss)/(1<<20), sec(m2), sec(m2imp), sec(m2-m2imp), fetched, sec(cp), sec(m2-m2imp)/sec(cp))
+}
+
+// diskWritten is the bytes written to this machine's block devices so
+// far (Linux: /sys/block/*/stat of the devices backed by hardware, so a
+// partition, a device-mapper or loop device is not counted twice), or -1
+// where that cannot be read.
+func diskWritten() int64 {
+	devs, err := filepath.Glob("/sys/block/*/device")
+	if err != nil || len(devs) == 0 {
+		return -1
+	}
+	var n int64
+	for _, d := range devs {
+		raw, err := os.ReadFile(filepath.Join(filepath.Dir(d), "stat"))
+		if err != nil {
+			return -1
+		}
+		f := strings.Fields(string(raw))
+		if len(f) < 7 {
+			return -1
+		}
+		sectors, err := strconv.ParseInt(f[6], 10, 64)
+		if err != nil {
+			return -1
+		}
+		n += sectors * 512 // the stat file counts 512-byte sectors
+	}
+	return n
 }
 
 // stageDigests maps each stage of rep but the imports to its outputs'

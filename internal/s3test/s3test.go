@@ -153,7 +153,11 @@ func start(bin, root, dir string) (*Server, error) {
 		done:      make(chan struct{}),
 	}
 	// Keep-alive, as S3 services serve: a client reuses its connections.
-	s.cmd = exec.Command(bin, "--port", "127.0.0.1:"+strconv.Itoa(port), "--quiet", "--keep-alive", "posix", root)
+	args := []string{"--port", "127.0.0.1:" + strconv.Itoa(port), "--quiet", "--keep-alive", "posix"}
+	// FERRY_S3TEST_POSIX_FLAGS: a benchmark's choice of the posix backend's
+	// options (e.g. --data-integrity-etag), as a deployment would set them.
+	args = append(args, strings.Fields(os.Getenv("FERRY_S3TEST_POSIX_FLAGS"))...)
+	s.cmd = exec.Command(bin, append(args, root)...)
 	s.cmd.Dir = dir
 	// Only what the server needs: no AWS_* or VGW_* settings of the user's.
 	s.cmd.Env = []string{

@@ -2,6 +2,7 @@ package s3_test
 
 import (
 	"context"
+	"crypto/md5"
 	"fmt"
 	"net"
 	"os"
@@ -18,10 +19,38 @@ import (
 )
 
 // The conformance suite against a real versitygw, each test in a prefix
-// of its own.
+// of its own: as it starts by default (ETags are MD5s), and with
+// --data-integrity-etag (ETags from CRC64NVME, no MD5 of every byte: the
+// setting README suggests for a gateway that serves ferry).
 func TestConformance(t *testing.T) {
+	for _, tc := range []struct{ name, flags string }{
+		{"default", ""},
+		{"data-integrity-etag", "--data-integrity-etag"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("FERRY_S3TEST_POSIX_FLAGS", tc.flags)
+			conformance(t, tc.flags != "")
+		})
+	}
+}
+
+func conformance(t *testing.T, integrityETags bool) {
 	srv := s3test.Start(t, "ferry-store")
 	srv.Env(t)
+	// The gateway runs as asked: its ETag of a body is the body's MD5
+	// only by default.
+	b, err := s3store.Open(context.Background(), "s3://ferry-store/etag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("ferry")
+	in, err := b.Put(context.Background(), "k", body, store.PutOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md5ETag := fmt.Sprintf("%q", fmt.Sprintf("%x", md5.Sum(body))); (in.ETag == md5ETag) == integrityETags {
+		t.Fatalf("ETag %s (the body's MD5 is %s): the gateway's flags %q were not applied", in.ETag, md5ETag, os.Getenv("FERRY_S3TEST_POSIX_FLAGS"))
+	}
 	var n atomic.Int64
 	storetest.Run(t, storetest.Harness{
 		New: func(t *testing.T) store.Backend {
