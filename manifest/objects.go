@@ -114,8 +114,11 @@ func openObjects(root string, existing bool) (*store.Store, error) {
 	}
 	// No probe: a directory honours its conditions (flock and link(2)),
 	// and one that is not shared needs none checked at every open.
+	// Its blobs are read here only by verify, several at a time: small
+	// reads, one in flight per blob, bound its memory (8 × 2 × 5 MiB).
 	s, err := store.Open(context.Background(), b, store.Options{
 		CacheDir: filepath.Join(root, "fetch"), SkipProbe: true, Existing: existing,
+		PartSize: store.MinPartSize, Parallel: 1,
 	})
 	if errors.Is(err, store.ErrNoStore) {
 		return nil, nil
@@ -268,4 +271,20 @@ func (s *Store) SetHost(host string) {
 	s.mu.Lock()
 	s.objs = s.objs.WithHost(host)
 	s.mu.Unlock()
+}
+
+// objects is the store of package store on this directory, made now if
+// the directory was read before it was ever opened for writing. The
+// caller holds the lock.
+func (s *Store) objects() (*store.Store, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.objs == nil {
+		objs, err := openObjects(s.Root, false)
+		if err != nil {
+			return nil, err
+		}
+		s.objs = objs
+	}
+	return s.objs, nil
 }

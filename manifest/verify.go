@@ -2,12 +2,14 @@ package manifest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 
 	"golang.org/x/sync/errgroup"
@@ -15,6 +17,7 @@ import (
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/hashing"
+	"github.com/ferry-llm/ferry/store"
 )
 
 // Problem is one thing `store verify` found wrong.
@@ -62,32 +65,36 @@ func (r *VerifyReport) OK() bool { return len(r.Problems) == 0 }
 // which stages must re-run; good blobs re-stamped); the caller must hold
 // the lock. progress, if not nil, is called with the bytes hashed.
 func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport, error) {
+	objs, err := s.objects()
+	if err != nil {
+		return nil, err
+	}
 	rep := &VerifyReport{Problems: []Problem{}}
 	dir := filepath.Join(s.Root, "blobs", Algorithm)
 	entries, err := os.ReadDir(dir)
 	if err != nil && !os.IsNotExist(err) {
 		return nil, err
 	}
-	referenced := map[string]bool{}
-	for _, r := range s.Records() {
+	records := s.Records()
+	referenced := map[Digest]bool{}
+	for _, r := range records {
 		for _, o := range r.Outputs {
-			referenced[o.Digest.Hex()] = true
+			referenced[o.Digest] = true
 		}
 	}
-	present := map[string]bool{}
-	damaged := map[string]string{}
-	// Hash the blobs on a bounded pool; results are reported in name order.
-	type hashed struct {
-		d       Digest
-		got     Digest
-		n       int64
-		st      Stamp
-		err     error // an in-place blob's file could not be read
-		skip    bool  // a stray entry
-		inPlace string
-		unread  bool // an in-place blob no record refers to
+	// The in-place blobs are this machine's: links to imported files,
+	// which the store's listing does not hold. An entry that is neither a
+	// file nor such a link is a stray (a misnamed file the store reports).
+	links := map[Digest]string{}
+	for _, e := range entries {
+		d, derr := digest.FromHex(e.Name())
+		switch {
+		case derr == nil && e.Type()&fs.ModeSymlink != 0:
+			links[d], _ = os.Readlink(s.BlobPath(d))
+		case !e.Type().IsRegular():
+			rep.Problems = append(rep.Problems, Problem{Path: filepath.Join(dir, e.Name()), What: "stray entry in the blob directory"})
+		}
 	}
-	res := make([]hashed, len(entries))
 	var progMu sync.Mutex
 	prog := func(n int64) {
 		if progress != nil {
@@ -96,27 +103,94 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 			progMu.Unlock()
 		}
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(1, min(runtime.NumCPU(), 8)))
-	for i, e := range entries {
-		d, derr := digest.FromHex(e.Name())
-		link := e.Type()&fs.ModeSymlink != 0
-		if derr != nil || !(e.Type().IsRegular() || link) {
-			res[i].skip = true
+	parallel := max(1, min(runtime.NumCPU(), 8))
+
+	// The store's part, as on every store: its blobs re-hashed, its
+	// records' outputs and the imports' (this machine's records, never
+	// objects) checked against them.
+	var also []*store.Record
+	for _, r := range records {
+		if IsObject(r) {
 			continue
 		}
-		res[i].d = d
-		if link {
-			res[i].inPlace, _ = os.Readlink(s.BlobPath(d))
-			if !referenced[d.Hex()] {
-				res[i].unread = true
-				continue
+		sr := &store.Record{Key: r.Key}
+		for _, o := range r.Outputs {
+			if _, ok := links[o.Digest]; !ok {
+				sr.Outputs = append(sr.Outputs, store.Output{Path: o.Path, Digest: o.Digest, Size: o.Size})
 			}
 		}
+		also = append(also, sr)
+	}
+	present := map[Digest]bool{}
+	got := map[Digest]Digest{}
+	srep, err := objs.VerifyWith(ctx, store.VerifyOptions{Progress: prog, Parallel: parallel, Also: also,
+		Blob: func(d, g Digest, _ int64) { present[d], got[d] = true, g }})
+	if err != nil {
+		return nil, err
+	}
+	rep.Blobs, rep.Bytes, rep.Records, rep.Unreferenced = srep.Blobs, srep.Bytes, srep.Records, srep.Unreferenced
+	damaged := map[string]string{}
+	for _, p := range srep.Problems {
+		stage := ""
+		if r := s.Record(p.Record); r != nil {
+			stage = r.Stage
+		}
+		switch {
+		case errors.Is(p.Err, store.ErrDigestMismatch):
+			damaged[p.Blob.Hex()] = "content does not match its digest"
+			rep.Problems = append(rep.Problems, Problem{Digest: p.Blob, What: "content does not match its digest (hashes to " + got[p.Blob].Short() + ")"})
+		case errors.Is(p.Err, store.ErrBlobMissing):
+			if _, ok := links[p.Blob]; ok {
+				continue // in place: checked below
+			}
+			damaged[p.Blob.Hex()] = "missing"
+			rep.Problems = append(rep.Problems, Problem{Digest: p.Blob, Record: p.Record, Stage: stage, Path: p.Output, What: "blob missing"})
+		case errors.Is(p.Err, store.ErrSizeMismatch):
+			damaged[p.Blob.Hex()] = "size differs from record"
+			rep.Problems = append(rep.Problems, Problem{Digest: p.Blob, Record: p.Record, Stage: stage, Path: p.Output,
+				What: strings.TrimPrefix(p.What, "output "+p.Output+": ")})
+		default: // an unreadable record, a misnamed file under blobs/
+			rep.Problems = append(rep.Problems, Problem{Digest: p.Blob, Record: p.Record, Stage: stage, What: p.What})
+		}
+	}
+	for d, g := range got {
+		if g != d {
+			continue
+		}
+		// Re-stamped as hashed (the stamp is what later runs trust).
+		fi, err := os.Stat(s.BlobPath(d))
+		if err != nil {
+			return nil, err
+		}
+		s.setStamp(d, StampOf(fi))
+	}
+
+	// This machine's part: the in-place blobs a record names, re-hashed
+	// through their links (the imported files, only read); one no record
+	// names is garbage for gc and is not read.
+	type hashed struct {
+		d   Digest
+		got Digest
+		n   int64
+		st  Stamp
+		err error // the imported file could not be read
+	}
+	var res []*hashed
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(parallel)
+	for d := range links {
+		present[d] = true
+		rep.InPlace++
+		if !referenced[d] {
+			rep.Unreferenced++
+			continue
+		}
+		h := &hashed{d: d}
+		res = append(res, h)
 		g.Go(func() error {
-			got, n, err := hashFileProgress(gctx, s.BlobPath(d), prog)
-			if err != nil && link && gctx.Err() == nil {
-				res[i].err = err
+			sum, n, err := hashFileProgress(gctx, s.BlobPath(d), prog)
+			if err != nil && gctx.Err() == nil {
+				h.err = err
 				return nil
 			}
 			if err != nil {
@@ -124,59 +198,43 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 			}
 			fi, err := os.Stat(s.BlobPath(d))
 			if err != nil {
-				return err
+				h.err = err
+				return nil
 			}
-			res[i].got, res[i].n, res[i].st = got, n, StampOf(fi)
+			h.got, h.n, h.st = sum, n, StampOf(fi)
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	for i, e := range entries {
-		r := res[i]
-		if r.skip {
-			rep.Problems = append(rep.Problems, Problem{Path: filepath.Join(dir, e.Name()), What: "stray entry in the blob directory"})
-			continue
-		}
-		present[r.d.Hex()] = true
-		if r.inPlace != "" {
-			rep.InPlace++
-		}
-		if r.unread {
-			continue
-		}
+	for _, h := range res {
+		where := " (read in place from " + links[h.d] + ")"
 		rep.Blobs++
-		rep.Bytes += r.n
-		where := ""
-		if r.inPlace != "" {
-			rep.InPlaceBytes += r.n
-			where = " (read in place from " + r.inPlace + ")"
-		}
+		rep.Bytes += h.n
+		rep.InPlaceBytes += h.n
 		switch {
-		case r.err != nil:
-			damaged[r.d.Hex()] = "missing" + where
-			rep.Problems = append(rep.Problems, Problem{Digest: r.d, What: fmt.Sprintf("in-place file cannot be read: %v", r.err)})
+		case h.err != nil:
+			damaged[h.d.Hex()] = "missing" + where
+			rep.Problems = append(rep.Problems, Problem{Digest: h.d, What: fmt.Sprintf("in-place file cannot be read: %v", h.err)})
 			continue
-		case r.got != r.d:
-			damaged[r.d.Hex()] = "content does not match its digest" + where
-			rep.Problems = append(rep.Problems, Problem{Digest: r.d, What: "content does not match its digest (hashes to " + r.got.Short() + ")" + where})
+		case h.got != h.d:
+			damaged[h.d.Hex()] = "content does not match its digest" + where
+			rep.Problems = append(rep.Problems, Problem{Digest: h.d, What: "content does not match its digest (hashes to " + h.got.Short() + ")" + where})
 			continue
 		}
-		s.setStamp(r.d, r.st)
+		s.setStamp(h.d, h.st)
 	}
-	for _, r := range s.Records() {
-		rep.Records++
+	// Every record naming a damaged blob says so; an in-place output's
+	// size is checked against its stamp.
+	for _, r := range records {
 		for _, o := range r.Outputs {
-			switch {
-			case !present[o.Digest.Hex()]:
-				damaged[o.Digest.Hex()] = "missing"
-				rep.Problems = append(rep.Problems, Problem{Digest: o.Digest, Record: r.Key, Stage: r.Stage, Path: o.Path, What: "blob missing"})
-			case damaged[o.Digest.Hex()] != "":
+			why := damaged[o.Digest.Hex()]
+			switch _, inPlace := links[o.Digest]; {
+			case why != "" && why != "missing" && why != "size differs from record":
 				rep.Problems = append(rep.Problems, Problem{Digest: o.Digest, Record: r.Key, Stage: r.Stage, Path: o.Path, What: "blob damaged"})
-			default:
-				st, _ := s.stamp(o.Digest)
-				if st.Size != o.Size {
+			case inPlace && why == "":
+				if st, _ := s.stamp(o.Digest); st.Size != o.Size {
 					damaged[o.Digest.Hex()] = "size differs from record"
 					rep.Problems = append(rep.Problems, Problem{Digest: o.Digest, Record: r.Key, Stage: r.Stage, Path: o.Path,
 						What: fmt.Sprintf("blob is %d bytes, record says %d", st.Size, o.Size)})
@@ -184,15 +242,10 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 			}
 		}
 	}
-	for h := range present {
-		if !referenced[h] {
-			rep.Unreferenced++
-		}
-	}
 	s.mu.Lock()
 	s.m.Damaged = damaged
 	for h := range s.m.Blobs {
-		if !present[h] {
+		if d, err := digest.FromHex(h); err != nil || !present[d] {
 			delete(s.m.Blobs, h)
 		}
 	}
@@ -222,11 +275,18 @@ type GCReport struct {
 	RemovedInPlace int `json:"removed_in_place"`
 	RemovedTemp    int `json:"removed_temp"`
 	KeptBlobs      int `json:"kept_blobs"`
+	// AbortedUploads: multipart uploads into the store (store copy's)
+	// left unfinished longer ago than store.DefaultGCGrace.
+	AbortedUploads int `json:"aborted_uploads"`
 }
 
-// GC removes blobs no record refers to and leftover ingest temp files, and
-// (with journals) the resume state of unfinished stage runs: their journals
-// and work directories. The caller must hold the lock.
+// GC removes blobs no record refers to (store.GC on this directory, with
+// the imports' blobs kept and no grace period: the lock keeps every
+// writer out), unfinished uploads into the store older than
+// store.DefaultGCGrace, in-place links no record names and leftover ingest
+// temp files, and (with journals) the resume state of unfinished stage
+// runs: their journals and work directories. The caller must hold the
+// lock.
 func (s *Store) GC(journals bool) (*GCReport, error) {
 	return s.gc(journals, false)
 }
@@ -239,6 +299,10 @@ func (s *Store) GCPrune(journals bool) (*GCReport, error) {
 }
 
 func (s *Store) gc(journals, prune bool) (*GCReport, error) {
+	objs, err := s.objects()
+	if err != nil {
+		return nil, err
+	}
 	rep := &GCReport{}
 	if prune {
 		s.mu.Lock()
@@ -268,37 +332,51 @@ func (s *Store) gc(journals, prune bool) (*GCReport, error) {
 			return nil, err
 		}
 	}
-	referenced := map[string]bool{}
+	// The store's part, as on every store: the blobs no record names go
+	// (those only the imports name, this machine's records and never
+	// objects, are kept with the rest), and uploads a killed copy left
+	// longer ago than the grace period.
+	var keep []Digest
+	referenced := map[Digest]bool{}
 	for _, r := range s.Records() {
 		for _, o := range r.Outputs {
-			referenced[o.Digest.Hex()] = true
+			keep = append(keep, o.Digest)
+			referenced[o.Digest] = true
 		}
 	}
+	srep, err := objs.GC(context.Background(), store.GCOptions{Exclusive: true, Keep: keep,
+		Removed: func(d Digest, _ store.Info) {
+			s.mu.Lock()
+			delete(s.m.Blobs, d.Hex())
+			delete(s.m.Damaged, d.Hex())
+			s.mu.Unlock()
+		}})
+	if err != nil {
+		return nil, err
+	}
+	rep.RemovedBlobs, rep.RemovedBytes, rep.KeptBlobs, rep.AbortedUploads = srep.RemovedBlobs, srep.RemovedBytes, srep.KeptBlobs, srep.AbortedUploads
+	// This machine's part: the in-place blobs (links to imported files)
+	// no record names. Removing one removes the link, never the imported
+	// file, and frees nothing.
 	dir := filepath.Join(s.Root, "blobs", Algorithm)
 	entries, err := os.ReadDir(dir)
 	if err != nil && !os.IsNotExist(err) {
 		return nil, err
 	}
 	for _, e := range entries {
-		if referenced[e.Name()] {
+		d, derr := digest.FromHex(e.Name())
+		if derr != nil || e.Type()&fs.ModeSymlink == 0 {
+			continue // a blob (the store's) or a stray (verify's)
+		}
+		if referenced[d] {
 			rep.KeptBlobs++
 			continue
 		}
-		fi, err := e.Info()
-		if err != nil {
-			return nil, err
-		}
-		// An in-place blob is a link: removing it removes the link, never
-		// the imported file, and frees nothing.
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 			return nil, err
 		}
 		rep.RemovedBlobs++
-		if fi.Mode().IsRegular() {
-			rep.RemovedBytes += fi.Size()
-		} else {
-			rep.RemovedInPlace++
-		}
+		rep.RemovedInPlace++
 		s.mu.Lock()
 		delete(s.m.Blobs, e.Name())
 		delete(s.m.Damaged, e.Name())

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-llm/ferry/internal/digest"
 )
@@ -85,8 +88,16 @@ func (s *Store) liveLeases(ctx context.Context) ([]LeaseUse, error) {
 type Problem struct {
 	Blob   digest.Digest `json:"blob,omitempty"`
 	Record string        `json:"record,omitempty"`
+	Output string        `json:"output,omitempty"` // the record's output that names Blob
 	What   string        `json:"what"`
+	// Err is ErrBlobMissing, ErrSizeMismatch or ErrDigestMismatch, where
+	// the problem is one of those.
+	Err error `json:"-"`
 }
+
+// ErrSizeMismatch reports a blob whose size is not the one a record
+// gives it.
+var ErrSizeMismatch = errors.New("store: the blob's size is not the record's")
 
 func (p Problem) String() string {
 	switch {
@@ -111,10 +122,39 @@ type VerifyReport struct {
 // OK reports whether nothing is wrong.
 func (r *VerifyReport) OK() bool { return len(r.Problems) == 0 }
 
+// VerifyOptions set up a VerifyWith.
+type VerifyOptions struct {
+	// Progress, when set, is told of bytes re-hashed (one call at a time).
+	Progress func(int64)
+	// Parallel is how many blobs are hashed at once (1 when 0).
+	Parallel int
+	// Also are records kept outside the store, checked as its own are:
+	// a pipeline directory's imports, which name this machine's files
+	// and are never objects.
+	Also []*Record
+	// Blob, when set, is told of each blob hashed: the digest its bytes
+	// hash to and their count (one call at a time). A cache on the same
+	// files stamps the good ones.
+	Blob func(d, got digest.Digest, size int64)
+}
+
 // Verify re-hashes every blob as the storage returns it (ranged reads)
 // and checks that every record's outputs are stored with their sizes.
 // progress is told of bytes re-hashed.
 func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport, error) {
+	return s.VerifyWith(ctx, VerifyOptions{Progress: progress})
+}
+
+// VerifyWith is Verify as opt sets it up.
+func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyReport, error) {
+	var mu sync.Mutex
+	progress := func(n int64) {
+		if opt.Progress != nil {
+			mu.Lock()
+			opt.Progress(n)
+			mu.Unlock()
+		}
+	}
 	rep := &VerifyReport{Store: s.b.String(), Problems: []Problem{}}
 	blobs, bad, err := s.blobs(ctx)
 	if err != nil {
@@ -128,7 +168,8 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 		return nil, err
 	}
 	rep.Problems = append(rep.Problems, probs...)
-	rep.Records = len(recs) + len(probs)
+	rep.Records = len(recs) + len(probs) + len(opt.Also)
+	recs = append(recs, opt.Also...)
 	referenced := map[digest.Digest]bool{}
 	for _, r := range recs {
 		for _, o := range r.Outputs {
@@ -136,9 +177,9 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 			in, ok := blobs[o.Digest]
 			switch {
 			case !ok:
-				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, What: fmt.Sprintf("output %s: %v", o.Path, ErrBlobMissing)})
+				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, Output: o.Path, What: fmt.Sprintf("output %s: %v", o.Path, ErrBlobMissing), Err: ErrBlobMissing})
 			case in.Size != o.Size:
-				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, What: fmt.Sprintf("output %s: blob holds %d bytes, the record says %d", o.Path, in.Size, o.Size)})
+				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, Output: o.Path, What: fmt.Sprintf("output %s: blob holds %d bytes, the record says %d", o.Path, in.Size, o.Size), Err: ErrSizeMismatch})
 			}
 		}
 	}
@@ -147,18 +188,46 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 		ds = append(ds, d)
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	for _, d := range ds {
-		got, size, err := s.HashBlob(ctx, d, progress)
-		if errors.Is(err, ErrBlobMissing) {
-			continue // removed since the listing (gc)
-		}
-		if err != nil {
-			return nil, err
+	// Hashed side by side; reported in digest order.
+	type hashed struct {
+		got  digest.Digest
+		size int64
+		gone bool
+	}
+	res := make([]hashed, len(ds))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(opt.Parallel, 1))
+	for i, d := range ds {
+		g.Go(func() error {
+			got, size, err := s.HashBlob(gctx, d, progress)
+			if errors.Is(err, ErrBlobMissing) {
+				res[i].gone = true // removed since the listing (gc)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			res[i] = hashed{got: got, size: size}
+			if opt.Blob != nil {
+				mu.Lock()
+				opt.Blob(d, got, size)
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	for i, d := range ds {
+		r := res[i]
+		if r.gone {
+			continue
 		}
 		rep.Blobs++
-		rep.Bytes += size
-		if got != d {
-			rep.Problems = append(rep.Problems, Problem{Blob: d, What: fmt.Sprintf("the storage returns %d bytes that hash to %s: %v", size, got, ErrDigestMismatch)})
+		rep.Bytes += r.size
+		if r.got != d {
+			rep.Problems = append(rep.Problems, Problem{Blob: d, What: fmt.Sprintf("the storage returns %d bytes that hash to %s: %v", r.size, r.got, ErrDigestMismatch), Err: ErrDigestMismatch})
 		}
 		if !referenced[d] {
 			rep.Unreferenced++
@@ -238,6 +307,17 @@ type GCOptions struct {
 	Grace time.Duration
 	// DryRun removes nothing.
 	DryRun bool
+	// Keep are blobs named by records kept outside the store (a pipeline
+	// directory's imports): kept as the records' own are.
+	Keep []digest.Digest
+	// Exclusive: the caller holds the store's exclusive lock (a pipeline
+	// directory's), so no stage is writing beside it: blobs get no grace
+	// period, and no lease is taken, read or removed. Unfinished uploads
+	// still get Grace (a killed copy resumes from them).
+	Exclusive bool
+	// Removed, when set, is told of each blob removed (or, with DryRun,
+	// that would be).
+	Removed func(d digest.Digest, in Info)
 }
 
 // DefaultGCGrace is GCOptions.Grace's default.
@@ -274,22 +354,23 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 	if opt.Grace <= 0 {
 		opt.Grace = DefaultGCGrace
 	}
-	rep := &GCReport{Store: s.b.String(), DryRun: opt.DryRun}
-	lease, err := s.AcquireLease(ctx, "gc", time.Minute)
-	if err != nil {
-		return nil, err
+	rep := &GCReport{Store: s.b.String(), DryRun: opt.DryRun, Leases: []LeaseUse{}}
+	var live []LeaseUse
+	leaseErr := func() error { return nil }
+	if !opt.Exclusive {
+		lease, err := s.AcquireLease(ctx, "gc", time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		defer lease.Release(context.WithoutCancel(ctx))
+		ctx, leaseErr = lease.Context(), lease.Err
+		if live, err = s.liveLeases(ctx); err != nil {
+			return nil, err
+		}
+		if err := s.removeOldLeases(ctx, opt, rep); err != nil {
+			return nil, err
+		}
 	}
-	defer lease.Release(context.WithoutCancel(ctx))
-	ctx = lease.Context()
-
-	live, err := s.liveLeases(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.removeOldLeases(ctx, opt, rep); err != nil {
-		return nil, err
-	}
-	rep.Leases = []LeaseUse{}
 	protected := map[digest.Digest]bool{}
 	for _, l := range live {
 		if l.Name == "gc" {
@@ -314,6 +395,9 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 			referenced[o.Digest] = true
 		}
 	}
+	for _, d := range opt.Keep {
+		referenced[d] = true
+	}
 	blobs, _, err := s.blobs(ctx)
 	if err != nil {
 		return nil, err
@@ -330,7 +414,7 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 			rep.KeptBlobs++
 		case protected[d]:
 			rep.KeptLeased++
-		case in.Date.Sub(in.Modified) < opt.Grace:
+		case !opt.Exclusive && in.Date.Sub(in.Modified) < opt.Grace:
 			rep.KeptYoung++
 		default:
 			if !opt.DryRun {
@@ -340,6 +424,9 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 			}
 			rep.RemovedBlobs++
 			rep.RemovedBytes += in.Size
+			if opt.Removed != nil {
+				opt.Removed(d, in)
+			}
 		}
 	}
 	// The storage's clock now: the format object's answer.
@@ -364,7 +451,7 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		}
 		rep.AbortedUploads++
 	}
-	return rep, lease.Err()
+	return rep, leaseErr()
 }
 
 // removeOldLeases deletes lease objects that are released or expired and

@@ -183,8 +183,12 @@ func storeGC(c *cli.Context) error {
 	if c.Bool("json") {
 		return printJSON(c, rep)
 	}
-	fmt.Fprintf(c.App.Writer, "store %s: pruned %d records, removed %d blobs (%d bytes) and %d temp entries; kept %d blobs\n",
-		s.Root, rep.PrunedRecords, rep.RemovedBlobs, rep.RemovedBytes, rep.RemovedTemp, rep.KeptBlobs)
+	aborted := ""
+	if rep.AbortedUploads > 0 {
+		aborted = fmt.Sprintf(", aborted %d unfinished uploads", rep.AbortedUploads)
+	}
+	fmt.Fprintf(c.App.Writer, "store %s: pruned %d records, removed %d blobs (%d bytes) and %d temp entries%s; kept %d blobs\n",
+		s.Root, rep.PrunedRecords, rep.RemovedBlobs, rep.RemovedBytes, rep.RemovedTemp, aborted, rep.KeptBlobs)
 	return nil
 }
 

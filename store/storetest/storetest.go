@@ -17,6 +17,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,6 +71,7 @@ func Run(t *testing.T, h Harness) {
 		{"LeaseLost", testLeaseLost},
 		{"Verify", testVerify},
 		{"GC", testGC},
+		{"MaintainWithCache", testMaintainWithCache},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
 	}
@@ -1186,5 +1189,80 @@ func testSameBlobAtOnce(t *testing.T, h Harness) {
 	noUploads(t, b)
 	if m, _ := filepath.Glob(dst + ".*"); len(m) != 0 {
 		t.Errorf("left behind: %v", m)
+	}
+}
+
+// What a machine's cache on the same store adds to verify and gc (a
+// pipeline directory is both): records kept outside the store (its
+// imports) checked and their blobs kept, blobs hashed side by side and
+// each reported, and a gc under the store's exclusive lock (no grace, no
+// lease) telling of each blob it removes.
+func testMaintainWithCache(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	var blobs []digest.Digest
+	for i := range 5 {
+		blobs = append(blobs, putBlob(t, s, []byte(fmt.Sprintf("blob %d\n", i))))
+	}
+	const size = int64(len("blob 0\n"))
+	if _, err := s.CommitRecord(ctx, &store.Record{Key: "k", Outputs: []store.Output{{Path: "x", Digest: blobs[0], Size: size}}}); err != nil {
+		t.Fatal(err)
+	}
+	missing := digest.Of([]byte("never stored"))
+	also := []*store.Record{
+		{Key: "import", Outputs: []store.Output{{Path: "w", Digest: blobs[1], Size: size}}},
+		{Key: "import-gone", Outputs: []store.Output{{Path: "gone", Digest: missing, Size: 3}}},
+		{Key: "import-resized", Outputs: []store.Output{{Path: "v", Digest: blobs[2], Size: size + 1}}},
+	}
+	seen := map[digest.Digest]int64{}
+	rep, err := s.VerifyWith(ctx, store.VerifyOptions{Parallel: 4, Also: also,
+		Blob: func(d, got digest.Digest, n int64) {
+			if got != d {
+				t.Errorf("blob %s hashes to %s", d, got)
+			}
+			seen[d] = n
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Blobs != 5 || len(seen) != 5 || rep.Records != 4 || rep.Unreferenced != 2 || len(rep.Problems) != 2 {
+		t.Fatalf("verify with the cache's records: %+v, blobs seen %v", rep, seen)
+	}
+	for _, p := range rep.Problems {
+		switch {
+		case p.Record == "import-gone" && p.Blob == missing && p.Output == "gone" && errors.Is(p.Err, store.ErrBlobMissing):
+		case p.Record == "import-resized" && p.Blob == blobs[2] && p.Output == "v" && errors.Is(p.Err, store.ErrSizeMismatch):
+		default:
+			t.Errorf("problem %+v", p)
+		}
+	}
+
+	// Exclusive: blobs just stored go (no grace period), those the
+	// cache's records name stay, and no lease is taken.
+	var removed []digest.Digest
+	g, err := s.GC(ctx, store.GCOptions{Exclusive: true, Keep: []digest.Digest{blobs[1], blobs[2]},
+		Removed: func(d digest.Digest, in store.Info) {
+			if in.Size != size {
+				t.Errorf("removed %s of %d bytes", d, in.Size)
+			}
+			removed = append(removed, d)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(removed, func(i, j int) bool { return removed[i] < removed[j] })
+	want := []digest.Digest{blobs[3], blobs[4]}
+	sort.Slice(want, func(i, j int) bool { return want[i] < want[j] })
+	if g.RemovedBlobs != 2 || g.RemovedBytes != 2*size || g.KeptBlobs != 3 || g.KeptYoung != 0 || !slices.Equal(removed, want) {
+		t.Fatalf("exclusive gc: %+v, removed %v, want %v", g, removed, want)
+	}
+	for i, d := range blobs {
+		if _, ok, err := s.HasBlob(ctx, d); ok != (i < 3) || err != nil {
+			t.Errorf("blob %d: stored %v (%v)", i, ok, err)
+		}
+	}
+	if _, err := b.Head(ctx, "leases/gc"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("an exclusive gc took the gc lease: %v", err)
 	}
 }
