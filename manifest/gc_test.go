@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,12 +109,24 @@ func TestGCOnStore(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	s.setDamaged(orphan.Digest, "marked by an earlier verify")
+	if _, ok := s.stamp(orphan.Digest); !ok {
+		t.Fatal("the orphan has no stamp to drop")
+	}
+
 	g, err := s.GC(false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if g.RemovedBlobs != 1 || g.RemovedBytes != orphan.Size || g.KeptBlobs != 2 || g.AbortedUploads != 1 {
 		t.Fatalf("gc: %+v", g)
+	}
+	// The machine's facts about a removed blob go with it.
+	if _, ok := s.stamp(orphan.Digest); ok || s.Damage(orphan.Digest) != "" {
+		t.Errorf("the removed blob kept its stamp or its damage mark (%q)", s.Damage(orphan.Digest))
+	}
+	if _, ok := s.stamp(imported.Digest); !ok {
+		t.Error("a kept blob lost its stamp")
 	}
 	for _, o := range []Output{imported, made, orphan} {
 		_, err := os.Stat(s.BlobPath(o.Digest))
@@ -131,5 +144,99 @@ func TestGCOnStore(t *testing.T) {
 	rep, err := s.Verify(ctx, nil)
 	if err != nil || !rep.OK() || rep.Records != 2 || rep.Blobs != 2 || rep.Unreferenced != 0 {
 		t.Fatalf("verify after gc: %+v, %v", rep, err)
+	}
+}
+
+// What verify says of damage on a pipeline's directory, each thing once:
+// a blob cut short that two records name (its bytes do not hash to its
+// name: one problem for the blob and "blob damaged" for each record, not
+// a size problem too), an import naming a whole blob with another size,
+// and entries under blobs/ no digest names (a file, a link, a directory
+// with a file in it), which gc removes but for the directory.
+func TestVerifyProblemsOnce(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	ingest := func(c string) Output {
+		d, n, err := s.Ingest(strings.NewReader(c), -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Output{Path: c, Digest: d, Size: n}
+	}
+	cut, whole := ingest("seventeen bytes!\n"), ingest("whole")
+	cut.Path = "cut.bin"
+	for i, r := range []*Record{
+		{Key: "a", Pipeline: "p", Stage: "one", Kind: "merge", Params: []byte(`{}`), Outputs: []Output{cut}},
+		{Key: "b", Pipeline: "p", Stage: "two", Kind: "merge", Params: []byte(`{"x":1}`), Outputs: []Output{cut}},
+		{Key: "imp", Pipeline: "p", Stage: "base", Kind: "import", Params: []byte(`{}`), Sources: map[string]Stamp{"/nowhere": {}},
+			Outputs: []Output{{Path: "w", Digest: whole.Digest, Size: whole.Size}}},
+	} {
+		if err := s.Commit(r); err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	// A record that lies about a size (Commit refuses to write one).
+	s.m.Records["imp"].Outputs[0].Size++
+	p := s.BlobPath(cut.Digest)
+	os.Chmod(p, 0o644)
+	if err := os.Truncate(p, 5); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(s.Root, "blobs", Algorithm)
+	os.WriteFile(filepath.Join(dir, "junk"), []byte("junk"), 0o644)
+	os.Symlink("/nowhere", filepath.Join(dir, "junk-link"))
+	os.MkdirAll(filepath.Join(dir, "junk-dir"), 0o755)
+	os.WriteFile(filepath.Join(dir, "junk-dir", "f"), []byte("f"), 0o644)
+
+	rep, err := s.Verify(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, pr := range rep.Problems {
+		got = append(got, pr.String())
+	}
+	want := []string{
+		"blob " + cut.Digest.Short() + ": content does not match its digest",
+		"blob " + cut.Digest.Short() + ": stage one output " + cut.Path + ": blob damaged",
+		"blob " + cut.Digest.Short() + ": stage two output " + cut.Path + ": blob damaged",
+		"blob " + whole.Digest.Short() + ": stage base output w: blob holds 5 bytes, the record says 6",
+		"stray entry in the blob directory", "stray entry in the blob directory", "stray entry in the blob directory",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d problems, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	strays := map[string]bool{}
+	for _, pr := range rep.Problems {
+		if pr.Path != "" {
+			strays[filepath.Base(pr.Path)] = true
+		}
+	}
+	for _, w := range want {
+		if !slices.ContainsFunc(got, func(g string) bool { return strings.HasPrefix(g, w) }) {
+			t.Errorf("no problem %q in:\n%s", w, strings.Join(got, "\n"))
+		}
+	}
+	if !strays["junk"] || !strays["junk-link"] || !strays["junk-dir"] {
+		t.Errorf("strays reported: %v", strays)
+	}
+	if !strings.Contains(s.Damage(cut.Digest), "does not match") {
+		t.Errorf("the cut blob's mark: %q", s.Damage(cut.Digest))
+	}
+	if !strings.Contains(s.Damage(whole.Digest), "size differs") {
+		t.Errorf("the resized import's mark: %q", s.Damage(whole.Digest))
+	}
+
+	g, err := s.GC(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.RemovedBlobs != 2 || g.RemovedBytes != 4 {
+		t.Errorf("gc of the strays: %+v", g)
+	}
+	for name, want := range map[string]bool{"junk": false, "junk-link": false, "junk-dir": true} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); (err == nil) != want {
+			t.Errorf("%s after gc: %v", name, err)
+		}
 	}
 }

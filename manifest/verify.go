@@ -86,12 +86,14 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 	// which the store's listing does not hold. An entry that is neither a
 	// file nor such a link is a stray (a misnamed file the store reports).
 	links := map[Digest]string{}
+	strayDirs := map[string]bool{}
 	for _, e := range entries {
 		d, derr := digest.FromHex(e.Name())
 		switch {
 		case derr == nil && e.Type()&fs.ModeSymlink != 0:
 			links[d], _ = os.Readlink(s.BlobPath(d))
 		case !e.Type().IsRegular():
+			strayDirs[e.Name()] = e.IsDir()
 			rep.Problems = append(rep.Problems, Problem{Path: filepath.Join(dir, e.Name()), What: "stray entry in the blob directory"})
 		}
 	}
@@ -130,6 +132,15 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 	}
 	rep.Blobs, rep.Bytes, rep.Records, rep.Unreferenced = srep.Blobs, srep.Bytes, srep.Records, srep.Unreferenced
 	damaged := map[string]string{}
+	// A blob whose bytes do not hash to its name is damaged whatever its
+	// size: each record naming it says "blob damaged" (below), not that
+	// its size is wrong.
+	for _, p := range srep.Problems {
+		if errors.Is(p.Err, store.ErrDigestMismatch) {
+			damaged[p.Blob.Hex()] = "content does not match its digest"
+			rep.Problems = append(rep.Problems, Problem{Digest: p.Blob, What: "content does not match its digest (hashes to " + got[p.Blob].Short() + ")"})
+		}
+	}
 	for _, p := range srep.Problems {
 		stage := ""
 		if r := s.Record(p.Record); r != nil {
@@ -137,8 +148,16 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 		}
 		switch {
 		case errors.Is(p.Err, store.ErrDigestMismatch):
-			damaged[p.Blob.Hex()] = "content does not match its digest"
-			rep.Problems = append(rep.Problems, Problem{Digest: p.Blob, What: "content does not match its digest (hashes to " + got[p.Blob].Short() + ")"})
+		case p.Key != "":
+			// A file under blobs/ not named by a digest: a stray, once
+			// (one inside a stray directory is that directory's).
+			rel, _ := strings.CutPrefix(p.Key, "blobs/"+Algorithm+"/")
+			if first, _, _ := strings.Cut(rel, "/"); rel != p.Key && strayDirs[first] {
+				continue
+			}
+			rep.Problems = append(rep.Problems, Problem{Path: filepath.Join(s.Root, filepath.FromSlash(p.Key)), What: "stray entry in the blob directory"})
+		case errors.Is(p.Err, store.ErrSizeMismatch) && damaged[p.Blob.Hex()] != "":
+			// damaged: said below
 		case errors.Is(p.Err, store.ErrBlobMissing):
 			if _, ok := links[p.Blob]; ok {
 				continue // in place: checked below
@@ -365,17 +384,30 @@ func (s *Store) gc(journals, prune bool) (*GCReport, error) {
 	}
 	for _, e := range entries {
 		d, derr := digest.FromHex(e.Name())
-		if derr != nil || e.Type()&fs.ModeSymlink == 0 {
-			continue // a blob (the store's) or a stray (verify's)
-		}
-		if referenced[d] {
+		link, regular := e.Type()&fs.ModeSymlink != 0, e.Type().IsRegular()
+		switch {
+		case derr == nil && regular:
+			continue // a blob: the store's
+		case derr == nil && link && referenced[d]:
 			rep.KeptBlobs++
 			continue
+		case !link && !regular:
+			continue // a directory or a device: verify reports it
+		}
+		// An unreferenced link, or a file or link not named by a digest
+		// (a stray: no record can name it).
+		fi, err := e.Info()
+		if err != nil {
+			return nil, err
 		}
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 			return nil, err
 		}
 		rep.RemovedBlobs++
+		if regular {
+			rep.RemovedBytes += fi.Size()
+			continue
+		}
 		rep.RemovedInPlace++
 		s.mu.Lock()
 		delete(s.m.Blobs, e.Name())

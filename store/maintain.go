@@ -89,6 +89,7 @@ type Problem struct {
 	Blob   digest.Digest `json:"blob,omitempty"`
 	Record string        `json:"record,omitempty"`
 	Output string        `json:"output,omitempty"` // the record's output that names Blob
+	Key    string        `json:"key,omitempty"`    // an object under blobs/ not named by a digest
 	What   string        `json:"what"`
 	// Err is ErrBlobMissing, ErrSizeMismatch or ErrDigestMismatch, where
 	// the problem is one of those.
@@ -161,7 +162,7 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 		return nil, err
 	}
 	for _, k := range bad {
-		rep.Problems = append(rep.Problems, Problem{What: "object " + k + " under blobs/ is not named by a digest"})
+		rep.Problems = append(rep.Problems, Problem{Key: k, What: "object " + k + " under blobs/ is not named by a digest"})
 	}
 	recs, probs, err := s.records(ctx)
 	if err != nil {
@@ -347,15 +348,14 @@ var ErrGCUnsure = errors.New("store: gc stopped: a record could not be read")
 
 // GC removes blobs no record names, no live lease protects and that are
 // older than the grace period, and unfinished uploads older than it. It
-// holds the lease "gc" while it runs. Leases are read before records
-// and records before blobs: a stage that commits its record and releases
-// its lease while gc runs is seen by one of the two.
+// holds the lease "gc" while it runs (unless Exclusive). Leases are read
+// before records and records before blobs: a stage that commits its
+// record and releases its lease while gc runs is seen by one of the two.
 func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 	if opt.Grace <= 0 {
 		opt.Grace = DefaultGCGrace
 	}
 	rep := &GCReport{Store: s.b.String(), DryRun: opt.DryRun, Leases: []LeaseUse{}}
-	var live []LeaseUse
 	leaseErr := func() error { return nil }
 	if !opt.Exclusive {
 		lease, err := s.AcquireLease(ctx, "gc", time.Minute)
@@ -364,9 +364,14 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		}
 		defer lease.Release(context.WithoutCancel(ctx))
 		ctx, leaseErr = lease.Context(), lease.Err
-		if live, err = s.liveLeases(ctx); err != nil {
-			return nil, err
-		}
+	}
+	// Read even under Exclusive: a directory someone also shares as
+	// file:// has stages writing under leases, not under its lock.
+	live, err := s.liveLeases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !opt.Exclusive {
 		if err := s.removeOldLeases(ctx, opt, rep); err != nil {
 			return nil, err
 		}
