@@ -69,13 +69,7 @@ func TestGCKeepsResumeState(t *testing.T) {
 func TestGCOnStore(t *testing.T) {
 	ctx := context.Background()
 	s := openTemp(t)
-	ingest := func(c string) Output {
-		d, n, err := s.Ingest(strings.NewReader(c), -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return Output{Path: c, Digest: d, Size: n}
-	}
+	ingest := func(c string) Output { return ingestString(t, s, c) }
 	imported, made, orphan := ingest("imported"), ingest("made"), ingest("orphan")
 	src := filepath.Join(t.TempDir(), "imported")
 	if err := os.WriteFile(src, []byte("imported"), 0o644); err != nil {
@@ -156,13 +150,7 @@ func TestGCOnStore(t *testing.T) {
 func TestVerifyProblemsOnce(t *testing.T) {
 	ctx := context.Background()
 	s := openTemp(t)
-	ingest := func(c string) Output {
-		d, n, err := s.Ingest(strings.NewReader(c), -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return Output{Path: c, Digest: d, Size: n}
-	}
+	ingest := func(c string) Output { return ingestString(t, s, c) }
 	cut, whole := ingest("seventeen bytes!\n"), ingest("whole")
 	cut.Path = "cut.bin"
 	for i, r := range []*Record{
@@ -239,4 +227,14 @@ func TestVerifyProblemsOnce(t *testing.T) {
 			t.Errorf("%s after gc: %v", name, err)
 		}
 	}
+}
+
+// ingestString stores c as a blob of s: the output named c.
+func ingestString(t *testing.T, s *Store, c string) Output {
+	t.Helper()
+	d, n, err := s.Ingest(strings.NewReader(c), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Output{Path: c, Digest: d, Size: n}
 }
