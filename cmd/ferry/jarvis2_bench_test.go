@@ -240,7 +240,10 @@ func BenchmarkJarvis2(b *testing.B) {
 //	gateway on /dev/shm, --data-integrity-etag:      34.79 / 44.06 s (1.27), 27.2 / 27.2 GB, gateway CPU 89.1 s
 //
 // peak RSS 1327–1519 MiB; the second machine 25.0–26.7 s (imports
-// 2.1–2.4 s), fetching 27.1 GB 22.9–24.4 s against cp -r 9.9–11.7 s. The
+// 2.1–2.4 s), fetching 27.1 GB 22.9–24.4 s against cp -r 9.9–11.7 s.
+// On a 16-core H200 host, gateway on /dev/shm with --data-integrity-etag,
+// mean of 2 runs (BENCH_TIME=2x): 33.92 / 41.37 s (1.22), peak RSS
+// 1560 MiB; the single run before them 34.77 / 42.02 s (1.21). The
 // earlier runs (README): 1.63× and 1.31–1.35× at this vocabulary, 1.45×
 // and 1.23× at vocab 32768 (mean of 2). Before the uploads stopped
 // hashing each blob whole a second time, left the body out of the request
