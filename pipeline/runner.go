@@ -753,6 +753,17 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		var done func()
 		ctx, done = underLease(ctx, lease)
 		defer done()
+		// A stage that stops before it runs (its plan fails, the run is
+		// cancelled while it waits for memory) gives its lease back, so
+		// that other machines do not wait for it until this run ends.
+		defer func() {
+			if lease == nil {
+				return // handed over below
+			}
+			if rerr := lease.Release(context.WithoutCancel(runCtx)); rerr != nil && lease.Err() == nil {
+				r.log.Warn("could not release a stage lease (it expires after its ttl)", "stage", st.Name, "err", rerr)
+			}
+		}()
 	}
 	if d.action == ActionSkip {
 		sr.Action, sr.Outputs, sr.Cause = ActionSkip, d.rec.Outputs, ""
@@ -801,9 +812,8 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		if lease != nil {
 			if lerr := lease.Err(); lerr != nil {
 				err = fmt.Errorf("%w (its work is kept: the next run resumes it)", lerr)
-			} else if rerr := lease.Release(context.WithoutCancel(ctx)); rerr != nil {
-				r.log.Warn("could not release a stage lease (it expires after its ttl)", "stage", st.Name, "err", rerr)
 			}
+			// Released by the deferred call above, unless lost.
 		}
 		return sr, nil, err // runStage says whether it failed or was interrupted
 	}
@@ -811,6 +821,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		// Shared behind the run; the lease is released once the record
 		// is in the shared store.
 		r.publish(runCtx, st, rec, lease)
+		lease = nil
 	}
 	sr.Key, sr.Outputs = rec.Key, rec.Outputs
 	if err := r.store.MakeView(sr.View, rec.Outputs); err != nil {

@@ -103,6 +103,9 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 	if ttl == 0 {
 		ttl = DefaultLeaseTTL
 	}
+	if min := s.MinLeaseTTL(); ttl < min {
+		return nil, fmt.Errorf("store %s: lease ttl %v is too short: at least %v there (its dates have whole seconds)", spec.Shared, ttl, min)
+	}
 	return &sharedStore{s: s, ttl: ttl, poll: min(max(ttl/8, 50*time.Millisecond), 2*time.Second), slots: make(chan struct{}, publishers)}, nil
 }
 
@@ -219,15 +222,7 @@ func (r *runner) materialize(ctx context.Context, st *StageSpec, params json.Raw
 		prog.SetTotal(total)
 		defer closeProgress(prog)
 		for _, i := range need {
-			o := outs[i]
-			// A name per digest: a killed fetch resumes from its partial.
-			tmp := filepath.Join(dir, o.Digest.Hex())
-			if err := r.shared.s.FetchBlob(ctx, o.Digest, tmp, prog.Add); err != nil {
-				return nil, fmt.Errorf("fetching %s (%s) from %s: %w", o.Path, FormatBytes(o.Size), r.shared.s, err)
-			}
-			_, _, err := r.store.AdoptKnown(tmp, o.Digest, o.Size)
-			os.Remove(tmp)
-			if err != nil {
+			if err := r.fetchOutput(ctx, outs[i], dir, prog); err != nil {
 				return nil, err
 			}
 		}
@@ -240,6 +235,25 @@ func (r *runner) materialize(ctx context.Context, st *StageSpec, params json.Raw
 		return nil, err
 	}
 	return rec, nil
+}
+
+// fetchOutput fetches the blob of o into the local store through a file
+// in dir named by its digest (a killed fetch resumes from its partial).
+// Two stages of this run that want the same blob (a tokenizer file, say)
+// take turns: the second finds it stored.
+func (r *runner) fetchOutput(ctx context.Context, o manifest.Output, dir string, prog Progress) error {
+	defer r.lockKey("blob " + o.Digest.Hex())()
+	if r.store.CheckBlob(o.Digest, o.Size, false) == "" {
+		prog.Add(o.Size)
+		return nil
+	}
+	tmp := filepath.Join(dir, o.Digest.Hex())
+	if err := r.shared.s.FetchBlob(ctx, o.Digest, tmp, prog.Add); err != nil {
+		return fmt.Errorf("fetching %s (%s) from %s: %w", o.Path, FormatBytes(o.Size), r.shared.s, err)
+	}
+	_, _, err := r.store.AdoptKnown(tmp, o.Digest, o.Size)
+	os.Remove(tmp)
+	return err
 }
 
 // progress is the progress reporter of a stage (a no-op without one).
@@ -349,6 +363,22 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		ds = append(ds, o.Digest)
 	}
 	start := time.Now()
+	// The outputs are protected from gc before they are stored or found
+	// stored (Lease.Protect): under the stage's lease, or, for a stage
+	// made here earlier, a pin of its own.
+	if l == nil {
+		pin, err := sh.s.Pin(ctx, sh.ttl)
+		if err != nil {
+			return err
+		}
+		defer pin.Release(context.WithoutCancel(ctx))
+		l = pin
+	}
+	if len(ds) > 0 {
+		if err := l.Protect(ctx, ds...); err != nil {
+			return err
+		}
+	}
 	// Its upload shows on the stage's progress bar again.
 	prog := r.progress(st.Name)
 	prog.SetTotal(total)
@@ -397,19 +427,12 @@ outputs:
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if l != nil && len(ds) > 0 {
-		if err := l.Protect(ctx, ds...); err != nil {
-			return err
-		}
-	}
 	srec, err := manifest.ToStoreRecord(rec)
 	if err != nil {
 		return err
 	}
-	if l != nil {
-		if err := l.Err(); err != nil {
-			return err
-		}
+	if err := l.Err(); err != nil {
+		return err
 	}
 	_, err = sh.s.CommitRecord(ctx, srec)
 	if err != nil && !errors.Is(err, store.ErrRecordExists) {

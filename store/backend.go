@@ -87,6 +87,37 @@ type FileGetter interface {
 	GetFile(ctx context.Context, key, dst string) error
 }
 
+// DateGrain is offered by a backend whose dates (Info.Modified, Info.Date)
+// are coarse: S3's have whole seconds. A lease's age is judged from them,
+// so its ttl must be at least MinLeaseTTLGrains of this grain (see
+// Lease.renew).
+type DateGrain interface {
+	DateGrain() time.Duration
+}
+
+// MinLeaseTTLGrains is how many of its storage's date grains a lease's ttl
+// must span at least.
+const MinLeaseTTLGrains = 3
+
+// LocalFiler is offered by a backend whose objects are files on this
+// machine (store/local): Copy stores a blob from its file.
+type LocalFiler interface {
+	// LocalFile is key's file; ErrNotFound when there is none.
+	LocalFile(key string) (string, error)
+}
+
+// FileAdopter is offered by a backend on this machine's file systems
+// (store/local): a file written in its TempDir becomes an object by a
+// link, not a copy.
+type FileAdopter interface {
+	// TempDir is a directory on the storage's file system for such files.
+	TempDir() (string, error)
+	// AdoptFile makes the file at path (in TempDir, its bytes checked by
+	// the caller: a fetched blob's digest) the object key, create-only:
+	// ErrPrecondition when key exists. The file stays at path too.
+	AdoptFile(ctx context.Context, key, path string) (Info, error)
+}
+
 // Info is what the storage says of an object.
 type Info struct {
 	Key      string

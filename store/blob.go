@@ -123,9 +123,12 @@ func (s *Store) putSmall(ctx context.Context, d digest.Digest, src io.ReaderAt, 
 	return err
 }
 
-// uploadJournal is the journal of an upload of blob d.
+// uploadJournal is the journal of an upload of blob d into this store: a
+// directory per store, so that uploads of one blob into two stores (a
+// copy to two buckets, one killed) keep their own.
 func (s *Store) uploadJournal(d digest.Digest) string {
-	return filepath.Join(s.opt.CacheDir, "uploads", d.Hex())
+	id := sha256.Sum256([]byte(s.b.String()))
+	return filepath.Join(s.opt.CacheDir, "uploads", hex.EncodeToString(id[:8]), d.Hex())
 }
 
 // A multipart upload's journal: the ref names the blob, its size, the part

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/digest"
@@ -91,6 +93,8 @@ type Lease struct {
 	wmu  sync.Mutex
 	info LeaseInfo
 	etag string
+
+	released atomic.Bool
 }
 
 // write replaces the lease object with change applied to its content,
@@ -104,6 +108,15 @@ func (l *Lease) write(ctx context.Context, change func(*LeaseInfo)) error {
 	next.Seq++
 	body, _ := json.Marshal(next)
 	in, err := l.s.b.Put(ctx, leaseKey(l.name), body, PutOptions{IfMatch: l.etag})
+	if errors.Is(err, ErrPrecondition) {
+		// A write whose answer was lost and that was sent again (by the
+		// SDK's retries or the next renewal) finds its own version: not
+		// a takeover. The holder's id and sequence number say so.
+		cur, cin, rerr := l.s.readLease(ctx, l.name)
+		if rerr == nil && cur.ID == next.ID && cur.Seq == next.Seq {
+			in, err = cin, nil
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -111,18 +124,80 @@ func (l *Lease) write(ctx context.Context, change func(*LeaseInfo)) error {
 	return nil
 }
 
-// Protect records blobs the holder stored for what it is making, so that
-// gc keeps them while the lease is live, before a record names them.
+// Protect records blobs the holder is storing (or reusing, already
+// stored) for what it is making, so that gc keeps them while the lease is
+// live, before a record names them. Call it before looking whether they
+// are stored: it then waits while a gc runs (holds its lease), so that a
+// gc that read the leases before this write, and may be deleting a blob
+// it found unreferenced, ends before the caller takes that blob for
+// stored.
 func (l *Lease) Protect(ctx context.Context, ds ...digest.Digest) error {
+	return l.protect(ctx, false, ds)
+}
+
+// ProtectOnly is Protect that first drops the blobs protected before (a
+// copy moving from one record to the next: those a record names now are
+// kept by it).
+func (l *Lease) ProtectOnly(ctx context.Context, ds ...digest.Digest) error {
+	return l.protect(ctx, true, ds)
+}
+
+func (l *Lease) protect(ctx context.Context, only bool, ds []digest.Digest) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	err := l.write(ctx, func(i *LeaseInfo) { i.Blobs = append(i.Blobs, ds...) })
+	err := l.write(ctx, func(i *LeaseInfo) {
+		if only {
+			i.Blobs = nil
+		}
+		i.Blobs = append(i.Blobs, ds...)
+	})
 	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%s: lease %s: taken over by another holder: %w", l.s.b, l.name, ErrLeaseLost)
 		l.cancel(err)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return l.s.waitGC(ctx, l.ttl)
+}
+
+// waitGC waits while another machine's gc holds its lease, looking again
+// every poll (at most a second).
+func (s *Store) waitGC(ctx context.Context, poll time.Duration) error {
+	poll = min(max(poll/4, 10*time.Millisecond), time.Second)
+	for {
+		_, until, live, err := s.LeaseStatus(ctx, gcLease)
+		if errors.Is(err, ErrNotFound) || err == nil && !live {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case <-time.After(min(poll, max(time.Until(until), 10*time.Millisecond))):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Pin takes a lease of its own (pin/<host>-<random>) for a writer that
+// protects blobs outside a stage's lease: a copy between stores, a stage
+// made earlier and shared late. Release it when the records are written.
+func (s *Store) Pin(ctx context.Context, ttl time.Duration) (*Lease, error) {
+	var id [8]byte
+	rand.Read(id[:])
+	host := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_' {
+			return r
+		}
+		return '_'
+	}, s.opt.Host)
+	if len(host) > 64 {
+		host = host[:64]
+	}
+	return s.AcquireLease(ctx, "pin/"+host+"-"+hex.EncodeToString(id[:]), max(ttl, s.MinLeaseTTL()))
 }
 
 func leaseKey(name string) string { return "leases/" + name }
@@ -135,19 +210,29 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 	if err := checkName("lease", name); err != nil {
 		return nil, err
 	}
-	if ttl < 10*time.Millisecond {
-		return nil, fmt.Errorf("store: lease ttl %v is too short", ttl)
+	if min := s.MinLeaseTTL(); ttl < min {
+		return nil, fmt.Errorf("%s: lease ttl %v is too short: at least %v there", s.b, ttl, min)
 	}
 	var id [16]byte
 	rand.Read(id[:])
 	info := LeaseInfo{Holder: s.opt.Host, ID: hex.EncodeToString(id[:]), TTLMs: ttl.Milliseconds()}
 	body, _ := json.Marshal(info)
 	key := leaseKey(name)
+	// A write whose answer was lost (and that the SDK sent again, to a
+	// 412) may still have landed: the lease read back then holds this
+	// acquisition's id. Its time is taken as the first write's, the
+	// earliest it can have been written (the holder gives up early, not
+	// late), and from as the holder a takeover of ours replaced.
+	var first time.Time
+	from := ""
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		sent := time.Now()
+		if first.IsZero() {
+			first = sent
+		}
 		in, err := s.b.Put(ctx, key, body, PutOptions{IfNoneMatch: true})
 		if err == nil {
 			return s.startLease(ctx, name, ttl, info, in.ETag, "", sent), nil
@@ -162,6 +247,9 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 		if err != nil {
 			return nil, err
 		}
+		if cur.ID == info.ID {
+			return s.startLease(ctx, name, ttl, info, cin.ETag, from, first), nil
+		}
 		age := cin.Date.Sub(cin.Modified)
 		if !cur.Released && age <= cur.TTL() {
 			return nil, &HeldError{Name: name, Holder: cur.Holder, Until: time.Now().Add(cur.TTL() - age)}
@@ -174,6 +262,7 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 		if !errors.Is(err, ErrPrecondition) && !errors.Is(err, ErrNotFound) {
 			return nil, err
 		}
+		from = cur.Holder
 		// Someone else took it over or it changed: look again. Bounded:
 		// a lease that changes on every look is held by someone.
 		if attempt >= 8 {
@@ -182,9 +271,24 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 	}
 }
 
+// MinLeaseTTL is the shortest ttl a lease may have on this store: another
+// machine may judge a lease up to one date grain older than it is, and its
+// holder gives it up after 2/3 of its ttl, so the ttl spans at least
+// MinLeaseTTLGrains grains (3s on S3); 10ms where dates are fine-grained.
+func (s *Store) MinLeaseTTL() time.Duration {
+	if g, ok := s.b.(DateGrain); ok {
+		return max(MinLeaseTTLGrains*g.DateGrain(), 10*time.Millisecond)
+	}
+	return 10 * time.Millisecond
+}
+
+// maxLeaseBytes bounds a lease object read: its Blobs, a stage's outputs,
+// are some thousands at most.
+const maxLeaseBytes = 1 << 20
+
 // readLease reads a lease object.
 func (s *Store) readLease(ctx context.Context, name string) (LeaseInfo, Info, error) {
-	body, in, err := s.b.Get(ctx, leaseKey(name), 64<<10)
+	body, in, err := s.b.Get(ctx, leaseKey(name), maxLeaseBytes)
 	if err != nil {
 		return LeaseInfo{}, Info{}, err
 	}
@@ -251,8 +355,12 @@ func (s *Store) startLease(ctx context.Context, name string, ttl time.Duration, 
 func (l *Lease) Context() context.Context { return l.ctx }
 
 // Err is nil while the lease is held or after Release, else why it was
-// lost (errors.Is ErrLeaseLost).
+// lost (errors.Is ErrLeaseLost) or stopped being renewed (the context
+// it was acquired with ended).
 func (l *Lease) Err() error {
+	if l.released.Load() {
+		return nil
+	}
 	if err := context.Cause(l.ctx); err != nil && !errors.Is(err, errReleased) {
 		return err
 	}
@@ -311,7 +419,9 @@ func (l *Lease) renew(ctx context.Context, sent time.Time) {
 }
 
 // Release gives the lease up: the next AcquireLease takes it at once. It
-// returns ErrLeaseLost if the lease was lost before.
+// returns ErrLeaseLost if the lease was lost before. A lease whose
+// context ended (Ctrl-C) is released too: the run that comes next, here
+// or elsewhere, need not wait for its ttl.
 func (l *Lease) Release(ctx context.Context) error {
 	select {
 	case <-l.stop:
@@ -319,7 +429,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		close(l.stop)
 	}
 	<-l.done
-	if err := l.Err(); err != nil {
+	if l.released.Load() {
+		return nil
+	}
+	if err := l.Err(); errors.Is(err, ErrLeaseLost) {
 		return err
 	}
 	err := l.write(ctx, func(i *LeaseInfo) { i.Released = true })
@@ -333,6 +446,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.cancel(fmt.Errorf("%s: lease %s: release: %w", l.s.b, l.name, err))
 		return err
 	}
+	l.released.Store(true)
 	l.cancel(errReleased)
 	return nil
 }

@@ -19,11 +19,9 @@ import (
 func (s *Store) blobs(ctx context.Context) (map[digest.Digest]Info, []string, error) {
 	out := map[digest.Digest]Info{}
 	var bad []string
-	prefix := "blobs/" + digest.Algorithm + "/"
 	err := s.b.List(ctx, "blobs/", func(in Info) error {
-		h, ok := strings.CutPrefix(in.Key, prefix)
-		d, err := digest.FromHex(h)
-		if !ok || err != nil {
+		d, ok := blobOfKey(in.Key)
+		if !ok {
 			bad = append(bad, in.Key)
 			return nil
 		}
@@ -32,6 +30,16 @@ func (s *Store) blobs(ctx context.Context) (map[digest.Digest]Info, []string, er
 	})
 	return out, bad, err
 }
+
+// blobOfKey is the digest whose blob key is key (BlobKey), if it is one.
+func blobOfKey(key string) (digest.Digest, bool) {
+	h, ok := strings.CutPrefix(key, "blobs/"+digest.Algorithm+"/")
+	d, err := digest.FromHex(h)
+	return d, ok && err == nil
+}
+
+// gcLease is the lease GC holds while it runs.
+const gcLease = "gc"
 
 // records reads every record; unreadable ones are returned as problems.
 func (s *Store) records(ctx context.Context) ([]*Record, []Problem, error) {
@@ -312,9 +320,12 @@ type GCOptions struct {
 	// directory's imports): kept as the records' own are.
 	Keep []digest.Digest
 	// Exclusive: the caller holds the store's exclusive lock (a pipeline
-	// directory's), so no stage is writing beside it: blobs get no grace
-	// period, and no lease is taken, read or removed. Unfinished uploads
-	// still get Grace (a killed copy resumes from them).
+	// directory's), so no stage of a run on it is writing beside it:
+	// blobs get no grace period and old leases are not removed. The gc
+	// lease is still taken and live leases still read: a machine that
+	// shares the directory as file:// writes under leases, not under the
+	// lock. Unfinished uploads still get Grace (a killed copy resumes
+	// from them).
 	Exclusive bool
 	// Removed, when set, is told of each blob removed (or, with DryRun,
 	// that would be).
@@ -347,26 +358,27 @@ type GCReport struct {
 var ErrGCUnsure = errors.New("store: gc stopped: a record could not be read")
 
 // GC removes blobs no record names, no live lease protects and that are
-// older than the grace period, and unfinished uploads older than it. It
-// holds the lease "gc" while it runs (unless Exclusive). Leases are read
-// before records and records before blobs: a stage that commits its
-// record and releases its lease while gc runs is seen by one of the two.
+// older than the grace period, and unfinished uploads older than it
+// that no live lease protects. It holds the lease "gc" while it runs.
+// That lease is taken before leases are read, leases before records and
+// records before blobs:
+//   - a stage that commits its record and releases its lease while gc
+//     runs is seen by one of the two;
+//   - a writer protects the blobs of a record in its lease before it
+//     looks whether they are stored, then waits while a gc holds its
+//     lease (Lease.Protect): either this gc read its protection, or the
+//     writer waited for this gc to end before it reused a stored blob.
 func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 	if opt.Grace <= 0 {
 		opt.Grace = DefaultGCGrace
 	}
 	rep := &GCReport{Store: s.b.String(), DryRun: opt.DryRun, Leases: []LeaseUse{}}
-	leaseErr := func() error { return nil }
-	if !opt.Exclusive {
-		lease, err := s.AcquireLease(ctx, "gc", time.Minute)
-		if err != nil {
-			return nil, err
-		}
-		defer lease.Release(context.WithoutCancel(ctx))
-		ctx, leaseErr = lease.Context(), lease.Err
+	lease, err := s.AcquireLease(ctx, gcLease, time.Minute)
+	if err != nil {
+		return nil, err
 	}
-	// Read even under Exclusive: a directory someone also shares as
-	// file:// has stages writing under leases, not under its lock.
+	defer lease.Release(context.WithoutCancel(ctx))
+	ctx, leaseErr := lease.Context(), lease.Err
 	live, err := s.liveLeases(ctx)
 	if err != nil {
 		return nil, err
@@ -378,7 +390,7 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 	}
 	protected := map[digest.Digest]bool{}
 	for _, l := range live {
-		if l.Name == "gc" {
+		if l.Name == gcLease {
 			continue // this one's
 		}
 		rep.Leases = append(rep.Leases, l)
@@ -441,6 +453,11 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 	}
 	var stale []Upload
 	if err := s.b.ListUploads(ctx, "", func(u Upload) error {
+		// An upload a live lease protects is going on, however long it
+		// has taken (a slow link, a resume after a kill).
+		if d, ok := blobOfKey(u.Key); ok && protected[d] {
+			return nil
+		}
 		if !u.Initiated.IsZero() && now.Date.Sub(u.Initiated) > opt.Grace {
 			stale = append(stale, u)
 		}
@@ -480,7 +497,7 @@ func (s *Store) removeOldLeases(ctx context.Context, opt GCOptions, rep *GCRepor
 		return err
 	}
 	for _, n := range names {
-		if n == "gc" {
+		if n == gcLease {
 			continue
 		}
 		li, in, err := s.readLease(ctx, n)

@@ -111,7 +111,7 @@ func Probe(ctx context.Context, b Backend) *ProbeReport {
 
 	err = b.Delete(ctx, a, `"0123456789abcdef0123456789abcdef"`)
 	_, herr = b.Head(ctx, a)
-	rep.ConditionalDelete = err != nil && herr == nil
+	rep.ConditionalDelete = errors.Is(err, ErrPrecondition) && herr == nil
 	check("delete with a stale If-Match is refused", false, rep.ConditionalDelete, "answered %v, then the key %s", orOK(err), existsWord(herr))
 	return rep
 }

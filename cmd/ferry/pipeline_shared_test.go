@@ -378,7 +378,7 @@ func TestPipelineSharedTakeover(t *testing.T) {
 	collect(t, a, cmdA, chA, errA)
 
 	start := time.Now()
-	cmdB, chB, errB := b.startRun(t, "--lease-ttl", "2s")
+	cmdB, chB, errB := b.startRun(t, "--lease-ttl", "3s")
 	evB, code := collect(t, b, cmdB, chB, errB)
 	if code != 0 {
 		t.Fatalf("machine-b: exit %d", code)
@@ -395,7 +395,7 @@ func TestPipelineSharedTakeover(t *testing.T) {
 		t.Fatalf("store verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	// machine-a comes back: what machine-b made is fetched, not run.
-	cmdA, chA, errA = a.startRun(t, "--lease-ttl", "2s")
+	cmdA, chA, errA = a.startRun(t, "--lease-ttl", "3s")
 	evA, code := collect(t, a, cmdA, chA, errA)
 	if code != 0 {
 		t.Fatalf("machine-a again: exit %d", code)

@@ -30,7 +30,7 @@ func Synth() pipeline.Kind {
 // deterministic pseudo-random bytes in journaled units, so the kill test and
 // the benchmarks can exercise resumable big outputs without model data.
 //
-//	synth: { size: 100MB, units: 50, seed: 1, from: other, file: data.bin, memory: 1GB, fail: "" }
+//	synth: { size: 100MB, units: 50, seed: 1, from: other, file: data.bin, memory: 1GB, fail: "", fail_plan: "" }
 //
 // Unit i holds bytes from a ChaCha8 stream seeded by sha256 of (seed, i,
 // the digests of the from stages), so any unit can be made without the
@@ -42,16 +42,18 @@ func Synth() pipeline.Kind {
 // memory is the peak memory its planner declares (default: its 1 MiB
 // buffer), so tests can check that a run keeps within its budget; fail
 // makes Run fail with that message before it writes anything, so tests can
-// make a stage fail without changing its key. Neither changes the output;
-// neither is part of the stage key.
+// make a stage fail without changing its key, and fail_plan makes its
+// planner fail (once its inputs are here: a plan of fetched inputs waits
+// for the run). None changes the output; none is part of the stage key.
 type synthStage struct {
-	Size   int64    `json:"size"`
-	Units  int64    `json:"units"`
-	Seed   int64    `json:"seed"`
-	File   string   `json:"file"`
-	From   []string `json:"from,omitempty"`
-	Memory int64    `json:"-"`
-	Fail   string   `json:"-"`
+	Size     int64    `json:"size"`
+	Units    int64    `json:"units"`
+	Seed     int64    `json:"seed"`
+	File     string   `json:"file"`
+	From     []string `json:"from,omitempty"`
+	Memory   int64    `json:"-"`
+	Fail     string   `json:"-"`
+	FailPlan string   `json:"-"`
 }
 
 var (
@@ -96,6 +98,9 @@ func newSynth(p *pipeline.Params) (pipeline.Stage, error) {
 	if s.Fail, err = p.String("fail", false); err != nil {
 		return nil, err
 	}
+	if s.FailPlan, err = p.String("fail_plan", false); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -105,6 +110,9 @@ func (s *synthStage) Plan(ctx context.Context, env *pipeline.Env) (*pipeline.Sta
 		if env.Input(f) == nil {
 			return nil, fmt.Errorf("synth: input %q not given", f)
 		}
+	}
+	if s.FailPlan != "" {
+		return nil, errors.New(s.FailPlan)
 	}
 	return &pipeline.StagePlan{Summary: fmt.Sprintf("%d bytes in %d units", s.Size, s.Units), Memory: s.Memory}, nil
 }

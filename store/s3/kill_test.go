@@ -39,10 +39,17 @@ func TestUploadKilled(t *testing.T) {
 	data := writeRandom(t, src, 3, 8*store.MinPartSize+999)
 	d := digest.Of(data)
 	cache := filepath.Join(dir, "cache")
-	jp := filepath.Join(cache, "uploads", d.Hex())
+	// The journal, in the cache's directory of this store.
+	jp := func() string {
+		m, _ := filepath.Glob(filepath.Join(cache, "uploads", "*", d.Hex()))
+		if len(m) != 1 {
+			return filepath.Join(cache, "none")
+		}
+		return m[0]
+	}
 	killChildWhen(t, "TestUploadKilled", []string{"FERRY_KILL_CHILD=" + src, "FERRY_KILL_CACHE=" + cache, "FERRY_KILL_DIGEST=" + string(d)},
-		fmt.Sprintf("%d journaled parts", killParts), func() bool { return partsIn(jp) >= killParts })
-	journaled := partsIn(jp)
+		fmt.Sprintf("%d journaled parts", killParts), func() bool { return partsIn(jp()) >= killParts })
+	journaled := partsIn(jp())
 	nparts := int64(len(data)+store.MinPartSize-1) / store.MinPartSize
 	if int64(journaled) >= nparts-1 {
 		t.Fatalf("the child was killed too late (%d parts journaled)", journaled)

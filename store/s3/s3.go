@@ -73,6 +73,10 @@ func OpenWith(ctx context.Context, url string, opt Options) (*Backend, error) {
 
 func (b *Backend) String() string { return b.cl.String() }
 
+// DateGrain is a second: S3's Date and Last-Modified have whole seconds
+// (store.DateGrain).
+func (b *Backend) DateGrain() time.Duration { return time.Second }
+
 // Endpoint is the server the backend talks to, for messages.
 func (b *Backend) Endpoint() string { return b.endpoint }
 

@@ -65,7 +65,7 @@ func conformance(t *testing.T, integrityETags bool) {
 			storetest.DamageFile(t, srv.ObjectPath(sb.Bucket(), sb.ObjectKey(key)))
 		},
 		// Dates have whole seconds.
-		LeaseTTL: 2 * time.Second,
+		LeaseTTL: 3 * time.Second,
 	})
 }
 

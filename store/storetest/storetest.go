@@ -69,6 +69,8 @@ func Run(t *testing.T, h Harness) {
 		{"Leases", testLeases},
 		{"LeaseExpiry", testLeaseExpiry},
 		{"LeaseLost", testLeaseLost},
+		{"LeaseAnswersLost", testLeaseAnswersLost},
+		{"GCWhileReusing", testGCWhileReusing},
 		{"Verify", testVerify},
 		{"GC", testGC},
 		{"MaintainWithCache", testMaintainWithCache},
@@ -81,6 +83,10 @@ func Run(t *testing.T, h Harness) {
 // size and inode: a blob damaged on the storage's disk, for a Damage.
 func DamageFile(t *testing.T, p string) {
 	t.Helper()
+	if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o200 == 0 {
+		os.Chmod(p, fi.Mode().Perm()|0o200) // a read-only blob
+		defer os.Chmod(p, fi.Mode().Perm())
+	}
 	f, err := os.OpenFile(p, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -181,6 +187,17 @@ func (b ignoring) Delete(ctx context.Context, key, ifMatch string) error {
 	return b.Backend.Delete(ctx, key, "")
 }
 
+// failingDelete is a server that answers a conditional delete with an
+// error that is not 412 (501 Not Implemented, say) and deletes nothing.
+type failingDelete struct{ store.Backend }
+
+func (b failingDelete) Delete(ctx context.Context, key, ifMatch string) error {
+	if ifMatch != "" {
+		return errors.New("501 Not Implemented")
+	}
+	return b.Backend.Delete(ctx, key, "")
+}
+
 // A server that ignores conditional writes fails the probe, and Open
 // refuses it with an error that names what failed.
 func testProbeRefuses(t *testing.T, h Harness) {
@@ -197,6 +214,11 @@ func testProbeRefuses(t *testing.T, h Harness) {
 	}
 	if _, err := b.Head(context.Background(), "format"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a refused store was written to: %v", err)
+	}
+	// A conditional delete answered with another error is not one the
+	// server honours: gc then keeps old leases instead of failing.
+	if rep := store.Probe(context.Background(), failingDelete{h.New(t)}); !rep.OK || rep.ConditionalDelete {
+		t.Errorf("probe of a server failing conditional deletes: %+v", rep)
 	}
 }
 
@@ -582,7 +604,7 @@ func testUploadResume(t *testing.T, h Harness) {
 	if err := b.GetRange(context.Background(), store.BlobKey(d), 0, got); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("resumed blob differs: %v", err)
 	}
-	if m, _ := filepath.Glob(filepath.Join(cache, "uploads", "*")); len(m) != 0 {
+	if m, _ := filepath.Glob(filepath.Join(cache, "uploads", "*", "*")); len(m) != 0 {
 		t.Errorf("journal left: %v", m)
 	}
 }
@@ -764,6 +786,12 @@ func testLeases(t *testing.T, h Harness) {
 	b := h.New(t)
 	a, bb := open(t, b, "machine-a"), open(t, b, "machine-b")
 	ttl := h.LeaseTTL
+	// A ttl shorter than three of the storage's date grains is refused.
+	if min := a.MinLeaseTTL(); ttl < min {
+		t.Fatalf("the harness's ttl %v is under the store's minimum %v", ttl, min)
+	} else if _, err := a.AcquireLease(ctx, "stage/short", min-time.Millisecond); err == nil || !strings.Contains(err.Error(), "too short") {
+		t.Fatalf("a lease of %v (minimum %v): %v", min-time.Millisecond, min, err)
+	}
 	la, err := a.AcquireLease(ctx, "stage/k1", ttl)
 	if err != nil {
 		t.Fatal(err)
@@ -920,6 +948,169 @@ func testLeaseLost(t *testing.T, h Harness) {
 	}
 }
 
+// resending is the backend behind a link that loses the answers of lease
+// writes: each is applied, and then sent again (as the SDK's retries
+// send a request whose answer did not come), and the second answer is
+// the one the store gets: 412.
+type resending struct {
+	store.Backend
+	resent atomic.Int64
+}
+
+func (b *resending) Put(ctx context.Context, key string, body []byte, opt store.PutOptions) (store.Info, error) {
+	in, err := b.Backend.Put(ctx, key, body, opt)
+	if err != nil || !strings.HasPrefix(key, "leases/stage/") || !opt.IfNoneMatch && opt.IfMatch == "" {
+		return in, err
+	}
+	b.resent.Add(1)
+	return b.Backend.Put(ctx, key, body, opt)
+}
+
+// A lease write that landed but whose answer was lost is the holder's,
+// not a takeover: the acquisition holds the lease, renewals, Protect and
+// Release go on.
+func testLeaseAnswersLost(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := &resending{Backend: h.New(t)}
+	a := open(t, b, "machine-a")
+	other := open(t, b.Backend, "machine-b")
+	// Each write here is three requests: room for them on a busy machine.
+	ttl := max(h.LeaseTTL, 3*time.Second)
+	l, err := a.AcquireLease(ctx, "stage/k4", ttl)
+	if err != nil {
+		t.Fatalf("acquire whose create was sent twice: %v", err)
+	}
+	if l.TakenFrom != "" {
+		t.Errorf("taken from %q", l.TakenFrom)
+	}
+	// Two renewals, each sent twice.
+	for deadline := time.Now().Add(3 * ttl); b.resent.Load() < 3 && time.Now().Before(deadline); {
+		time.Sleep(ttl / 20)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("after renewals sent twice: %v", err)
+	}
+	if err := l.Protect(ctx, digest.Of([]byte("x"))); err != nil {
+		t.Fatalf("protect sent twice: %v", err)
+	}
+	if _, err := other.AcquireLease(ctx, "stage/k4", ttl); !errors.Is(err, store.ErrLeaseHeld) {
+		t.Fatalf("another machine's acquire: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("release sent twice: %v", err)
+	}
+	li, _, live, err := other.LeaseStatus(ctx, "stage/k4")
+	if err != nil || live || !li.Released || li.Holder != "machine-a" {
+		t.Errorf("after release: %+v live %v, %v", li, live, err)
+	}
+	if n := b.resent.Load(); n < 4 {
+		t.Errorf("%d lease writes sent twice, want at least 4 (create, a renewal, protect, release)", n)
+	}
+	// A takeover sent twice holds the lease too.
+	l2, err := a.AcquireLease(ctx, "stage/k4", ttl)
+	if err != nil || l2.TakenFrom != "machine-a" {
+		t.Fatalf("takeover of a released lease, sent twice: %v", err)
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listHook runs fn (once) when the blobs are listed: gc has read the
+// leases and records by then.
+type listHook struct {
+	store.Backend
+	once sync.Once
+	fn   func()
+}
+
+func (b *listHook) List(ctx context.Context, prefix string, fn func(store.Info) error) error {
+	if prefix == "blobs/" {
+		b.once.Do(b.fn)
+	}
+	return b.Backend.List(ctx, prefix, fn)
+}
+
+// A writer that reuses a stored blob no record names while gc runs: gc
+// has read the leases and records before the writer protects the blob,
+// and deletes it; the writer, having protected it, waits for gc to end
+// before it looks for the blob, stores it again and commits its record.
+// No record names a blob that is gone.
+func testGCWhileReusing(t *testing.T, h Harness) {
+	ctx := context.Background()
+	raw := h.New(t)
+	w := open(t, raw, "writer")
+	data := []byte("made by a run whose record was dropped\n")
+	d := putBlob(t, w, data)
+	grace := 500 * time.Millisecond
+	time.Sleep(grace + time.Second) // older than grace by whole-second dates too
+	wrote := make(chan error, 1)
+	b := &listHook{Backend: raw}
+	b.fn = func() {
+		l, err := w.AcquireLease(ctx, "stage/reuse", h.LeaseTTL)
+		if err != nil {
+			wrote <- err
+			return
+		}
+		protected := make(chan struct{})
+		go func() {
+			defer l.Release(ctx)
+			go func() {
+				// The protection is written before Protect waits for gc.
+				for {
+					li, _, _, err := w.LeaseStatus(ctx, "stage/reuse")
+					if err == nil && slices.Contains(li.Blobs, d) {
+						close(protected)
+						return
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}()
+			if err := l.Protect(ctx, d); err != nil {
+				wrote <- err
+				return
+			}
+			if _, live, err := w.HasBlob(ctx, d); err != nil {
+				wrote <- err
+				return
+			} else if live {
+				wrote <- errors.New("the blob gc deleted is still there after Protect")
+				return
+			}
+			if err := w.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+				wrote <- err
+				return
+			}
+			_, err := w.CommitRecord(ctx, &store.Record{Key: "reuse", Outputs: []store.Output{{Path: "x", Digest: d, Size: int64(len(data))}}})
+			wrote <- err
+		}()
+		<-protected
+	}
+	g := open(t, b, "gc")
+	rep, err := g.GC(ctx, store.GCOptions{Grace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.RemovedBlobs != 1 {
+		t.Errorf("gc removed %d blobs, want 1 (it read the leases before the writer's protection)", rep.RemovedBlobs)
+	}
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer did not finish")
+	}
+	if _, ok, err := w.HasBlob(ctx, d); !ok || err != nil {
+		t.Fatalf("record committed, its blob stored %v (%v)", ok, err)
+	}
+	vr, err := w.Verify(ctx, nil)
+	if err != nil || !vr.OK() {
+		t.Errorf("verify: %+v, %v", vr, err)
+	}
+}
+
 func putBlob(t *testing.T, s *store.Store, data []byte) digest.Digest {
 	t.Helper()
 	d := digest.Of(data)
@@ -1004,6 +1195,15 @@ func testGC(t *testing.T, h Harness) {
 	if _, err := b.CreateUpload(ctx, store.BlobKey(digest.Of([]byte("abandoned")))); err != nil {
 		t.Fatal(err)
 	}
+	// An upload the live lease protects is going on, however old.
+	inflight := digest.Of([]byte("a long upload"))
+	if err := live.Protect(ctx, inflight); err != nil {
+		t.Fatal(err)
+	}
+	inflightID, err := b.CreateUpload(ctx, store.BlobKey(inflight))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// Within the grace period nothing goes.
 	rep, err := s.GC(ctx, store.GCOptions{Grace: time.Hour})
@@ -1038,6 +1238,13 @@ func testGC(t *testing.T, h Harness) {
 		if _, ok, err := s.HasBlob(ctx, d); ok != want || err != nil {
 			t.Errorf("blob %s: stored %v (%v), want %v", d.Short(), ok, err, want)
 		}
+	}
+	var uploads []string
+	if err := b.ListUploads(ctx, "", func(u store.Upload) error { uploads = append(uploads, u.ID); return nil }); err != nil || !slices.Equal(uploads, []string{inflightID}) {
+		t.Errorf("uploads after gc: %v (%v), want the protected one", uploads, err)
+	}
+	if err := b.AbortUpload(ctx, store.BlobKey(inflight), inflightID); err != nil {
+		t.Fatal(err)
 	}
 	noUploads(t, b)
 	u, err := s.DiskUsage(ctx)
@@ -1150,7 +1357,7 @@ func testPutKnownFile(t *testing.T, h Harness) {
 		t.Error("fetched bytes differ")
 	}
 	noUploads(t, b)
-	if m, _ := filepath.Glob(filepath.Join(cache, "uploads", "*")); len(m) != 0 {
+	if m, _ := filepath.Glob(filepath.Join(cache, "uploads", "*", "*")); len(m) != 0 {
 		t.Errorf("journal left: %v", m)
 	}
 }
@@ -1239,7 +1446,7 @@ func testMaintainWithCache(t *testing.T, h Harness) {
 	}
 
 	// Exclusive: blobs just stored go (no grace period), those the
-	// cache's records name stay, and no lease is taken.
+	// cache's records name stay.
 	var removed []digest.Digest
 	g, err := s.GC(ctx, store.GCOptions{Exclusive: true, Keep: []digest.Digest{blobs[1], blobs[2]},
 		Removed: func(d digest.Digest, in store.Info) {
@@ -1262,7 +1469,9 @@ func testMaintainWithCache(t *testing.T, h Harness) {
 			t.Errorf("blob %d: stored %v (%v)", i, ok, err)
 		}
 	}
-	if _, err := b.Head(ctx, "leases/gc"); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("an exclusive gc took the gc lease: %v", err)
+	// It held the gc lease (a machine sharing the directory as file://
+	// waits for it before reusing a blob) and gave it back.
+	if li, _, live, err := s.LeaseStatus(ctx, "gc"); err != nil || live || !li.Released || li.Holder != "a" {
+		t.Errorf("the gc lease after an exclusive gc: %+v live %v, %v", li, live, err)
 	}
 }
