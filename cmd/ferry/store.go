@@ -53,7 +53,7 @@ func storeCommand() *cli.Command {
 					&cli.BoolFlag{Name: "journals", Usage: "also remove the resume state (journals, work dirs) of unfinished stages"},
 					&cli.BoolFlag{Name: "prune-records", Usage: "first drop records no pipeline stage points at (old parameters or inputs)"},
 					&cli.DurationFlag{Name: "grace", Value: store.DefaultGCGrace, Usage: "shared store: keep unreferenced blobs and unfinished uploads younger than this (by the server's clock)"},
-					dryRunFlag("shared store: say what would be removed, remove nothing"),
+					dryRunFlag("say what would be removed, remove nothing"),
 					jsonFlag("print the result as JSON"),
 				},
 				Action: storeGC,
@@ -70,7 +70,7 @@ func loadStoreArg(c *cli.Context) (*manifest.Store, error) {
 	if c.NArg() != 1 {
 		return nil, usageErrorf("%s: want a store directory or a pipeline file, got %d arguments", commandPath(c), c.NArg())
 	}
-	arg := c.Args().First()
+	arg := storeArg(c.Args().First())
 	fi, err := os.Stat(arg)
 	if err != nil {
 		return nil, err
@@ -167,6 +167,12 @@ func storeGC(c *cli.Context) error {
 	if arg, ok := sharedStoreArg(c); ok {
 		return sharedGC(c, arg)
 	}
+	if c.IsSet("grace") {
+		return usageErrorf("%s --grace: a pipeline's store is collected under its lock, where no stage writes beside gc, so no grace period applies (--grace is for a shared store)", commandPath(c))
+	}
+	if c.Bool("dry-run") {
+		return storeGCDryRun(c)
+	}
 	s, lock, err := openStoreArg(c)
 	if err != nil {
 		return err
@@ -192,15 +198,62 @@ func storeGC(c *cli.Context) error {
 	return nil
 }
 
+// gcDryRun is what `store gc --dry-run` says of a pipeline's store.
+type gcDryRun struct {
+	Store  string `json:"store"`
+	DryRun bool   `json:"dry_run"`
+	// Records, Blobs and Bytes would be removed (Bytes counts leftover
+	// temp files too; never the imported files read in place: only
+	// their links go).
+	Records int   `json:"pruned_records"`
+	Blobs   int   `json:"removed_blobs"`
+	Bytes   int64 `json:"removed_bytes"`
+	// ResumeBytes: the resume state --journals would remove.
+	ResumeBytes int64 `json:"removed_resume_bytes,omitempty"`
+}
+
+// storeGCDryRun says what gc would remove from a pipeline's store, from
+// what `store du` reads (no lock, nothing removed).
+func storeGCDryRun(c *cli.Context) error {
+	s, du, err := loadStoreDU(c)
+	if err != nil {
+		return err
+	}
+	free := du.GC
+	if c.Bool("prune-records") {
+		free = du.GCPrune
+	}
+	rep := gcDryRun{Store: s.Root, DryRun: true, Records: free.Records, Blobs: free.Blobs, Bytes: free.Bytes}
+	if c.Bool("journals") {
+		rep.ResumeBytes = du.ResumeBytes
+	}
+	if c.Bool("json") {
+		return printJSON(c, rep)
+	}
+	journals := ""
+	if c.Bool("journals") {
+		journals = fmt.Sprintf(", and %s of unfinished stages' resume state", sizeText(rep.ResumeBytes))
+	}
+	fmt.Fprintf(c.App.Writer, "store %s: would prune %d records and remove %d blobs (%s, temp files included)%s; nothing removed\n",
+		s.Root, rep.Records, rep.Blobs, sizeText(rep.Bytes), journals)
+	return nil
+}
+
+// loadStoreDU loads the pipeline store the command names and measures it.
+func loadStoreDU(c *cli.Context) (*manifest.Store, *manifest.DiskUsage, error) {
+	s, err := loadStoreArg(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	du, err := s.DiskUsage()
+	return s, du, err
+}
+
 func storeDU(c *cli.Context) error {
 	if arg, ok := sharedStoreArg(c); ok {
 		return sharedDU(c, arg)
 	}
-	s, err := loadStoreArg(c)
-	if err != nil {
-		return err
-	}
-	du, err := s.DiskUsage()
+	_, du, err := loadStoreDU(c)
 	if err != nil {
 		return err
 	}

@@ -50,7 +50,7 @@ func storeDoctor(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return usageErrorf("%s: want one store (s3://BUCKET/PREFIX or a directory), got %d arguments", commandPath(c), c.NArg())
 	}
-	b, err := openBackend(c.Context, c.Args().First())
+	b, err := openBackend(c.Context, storeArg(c.Args().First()))
 	if err != nil {
 		return err
 	}

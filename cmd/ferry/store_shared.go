@@ -1,13 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
 	s3store "github.com/ferry-llm/ferry/store/s3"
@@ -18,13 +22,22 @@ import (
 // manifest.json: a pipeline's local store has both, and verify, gc and du
 // read it with this machine's facts, through package manifest).
 
+// storeArg is a store argument with the file:// of a directory's URL
+// (as a pipeline file's store: names it) taken off.
+func storeArg(arg string) string {
+	if p, ok := strings.CutPrefix(arg, "file://"); ok {
+		return p
+	}
+	return arg
+}
+
 // sharedStoreArg reports whether the command's one argument names a
 // shared store.
 func sharedStoreArg(c *cli.Context) (string, bool) {
 	if c.NArg() != 1 {
 		return "", false
 	}
-	arg := c.Args().First()
+	arg := storeArg(c.Args().First())
 	if s3store.IsURL(arg) {
 		return arg, true
 	}
@@ -82,6 +95,9 @@ func sharedGC(c *cli.Context, arg string) error {
 		if c.Bool(f) {
 			return usageErrorf("%s --%s: not for a shared store (its resume state is each machine's, and records are pruned by no one yet)", commandPath(c), f)
 		}
+	}
+	if g := c.Duration("grace"); g <= 0 {
+		return usageErrorf("%s --grace %v: must be positive", commandPath(c), g)
 	}
 	s, err := openShared(c, arg, true)
 	if err != nil {
@@ -150,12 +166,18 @@ func storeCopy(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return usageErrorf("%s: want SRC and DST (s3://BUCKET/PREFIX or a directory), got %d arguments", commandPath(c), c.NArg())
 	}
-	srcArg, dstArg := c.Args().Get(0), c.Args().Get(1)
+	srcArg, dstArg := storeArg(c.Args().Get(0)), storeArg(c.Args().Get(1))
 	// A pipeline's store directory is converted to the current format
 	// first (its records become record objects), under its lock.
+	imports := 0 // a pipeline store's import records, which stay
 	if ps, lock, err := lockPipelineStore(c, srcArg); err != nil {
 		return err
 	} else if ps != nil {
+		for _, r := range ps.Records() {
+			if r.Kind == "import" {
+				imports++
+			}
+		}
 		lock.Unlock()
 	}
 	src, err := openShared(c, srcArg, false)
@@ -173,7 +195,7 @@ func storeCopy(c *cli.Context) error {
 		defer dstLock.Unlock()
 	}
 	if !s3store.IsURL(dstArg) {
-		if err := os.MkdirAll(dstArg, 0o755); err != nil {
+		if err := copyDirDest(dstArg); err != nil {
 			return err
 		}
 	}
@@ -187,7 +209,7 @@ func storeCopy(c *cli.Context) error {
 	}
 	pg := newProgress(c, false)
 	bar := pg.New("copying", -1, "task", "store copy")
-	rep, err := store.Copy(c.Context, src, dst, bar.Add)
+	rep, err := store.Copy(c.Context, src, dst, store.CopyOptions{Total: bar.SetTotal, Progress: bar.Add})
 	bar.Close()
 	pg.Close()
 	if dstPipeline != nil {
@@ -195,19 +217,62 @@ func storeCopy(c *cli.Context) error {
 			err = serr
 		}
 	}
-	if err != nil {
+	if err != nil && rep == nil {
 		if ir := interruptedResume(c.Context, err, "what was copied is kept"); ir != nil {
 			return ir
 		}
 		return err
 	}
 	if c.Bool("json") {
-		return printJSON(c, rep)
+		if jerr := printJSON(c, rep); jerr != nil {
+			return jerr
+		}
+		return err
 	}
-	fmt.Fprintf(c.App.Writer, "%s -> %s: %d records (%d already there), %d blobs copied (%s; %d already there), %d refs (%d already there)\n",
+	w := c.App.Writer
+	fmt.Fprintf(w, "%s -> %s: %d records copied (%d already there), %d blobs copied (%s; %d already there), %d refs copied (%d already there)\n",
 		rep.From, rep.To, rep.Records, rep.RecordsThere, rep.Blobs, sizeText(rep.Bytes), rep.BlobsThere, rep.Refs, rep.RefsThere)
-	for _, conflict := range rep.RefsConflicts {
-		fmt.Fprintf(c.App.Writer, "  ref %s\n", conflict)
+	if imports > 0 {
+		fmt.Fprintf(w, "  %d import records stay in %s: they name this machine's files (every machine imports its own)\n", imports, rep.From)
+	}
+	for _, rc := range rep.RefsConflicts {
+		fmt.Fprintf(w, "  ref %s: the source names record %s, the destination %s (the destination's kept)\n", rc.Name, rc.Source, rc.Destination)
+	}
+	for _, f := range rep.Failed {
+		fmt.Fprintf(w, "  NOT COPIED %s\n", f)
+	}
+	return err
+}
+
+// copyDirDest makes sure the directory dst can take a copied store: a
+// store already (shared layout or a pipeline's), an empty directory, or
+// a new one in a directory that exists. Anything else (a model's
+// directory, a typo's neighbour) is refused before a file is written.
+func copyDirDest(dst string) error {
+	fi, err := os.Stat(dst)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.Mkdir(dst, 0o755); err != nil {
+			return errkind.Mark(errkind.BadInput, fmt.Errorf("store copy: destination %s: %w", dst, err))
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return usageErrorf("store copy: destination %s is not a directory", dst)
+	}
+	for _, f := range []string{"format", "manifest.json"} {
+		if _, err := os.Stat(filepath.Join(dst, f)); err == nil {
+			return nil
+		}
+	}
+	ents, err := os.ReadDir(dst)
+	if err != nil {
+		return err
+	}
+	if len(ents) > 0 {
+		return usageErrorf("store copy: destination %s is neither a ferry store nor empty (it holds %s): give a store, an empty directory or a new one", dst, ents[0].Name())
 	}
 	return nil
 }

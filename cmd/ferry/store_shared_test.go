@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,8 +54,12 @@ func TestStoreSharedCommands(t *testing.T) {
 		return out
 	}
 	const bucket = "s3://ferry-cli/team"
+	before := treeOf(t, seed)
 	out := run(0, "store", "copy", "--cache", filepath.Join(t.TempDir(), "cache"), seed, bucket)
-	if !strings.Contains(out, "1 records (0 already there), 2 blobs copied (25.2 MB; 0 already there)") {
+	if after := treeOf(t, seed); after != before {
+		t.Errorf("the copy's source changed:\n%s\nafter:\n%s", before, after)
+	}
+	if !strings.Contains(out, "1 records copied (0 already there), 2 blobs copied (25.2 MB; 0 already there)") {
 		t.Errorf("copy: %s", out)
 	}
 	out = run(0, "store", "verify", bucket)
@@ -70,6 +75,7 @@ func TestStoreSharedCommands(t *testing.T) {
 		t.Errorf("gc: %s", out)
 	}
 	run(2, "store", "gc", "--journals", bucket)
+	run(2, "store", "gc", "--grace", "0s", bucket)
 
 	back := filepath.Join(t.TempDir(), "mac")
 	run(0, "store", "copy", bucket, back)
@@ -79,6 +85,32 @@ func TestStoreSharedCommands(t *testing.T) {
 		t.Fatalf("pulled blob: %v", err)
 	}
 
+	// A destination that is neither a store nor empty (a model's
+	// directory) is refused before anything is written into it.
+	model := filepath.Join(t.TempDir(), "model")
+	os.MkdirAll(model, 0o755)
+	os.WriteFile(filepath.Join(model, "model.safetensors"), data[:100], 0o644)
+	if out, code, err := runFerry(t, "store", "copy", bucket, model); code != 2 || err == nil || !strings.Contains(err.Error(), "neither a ferry store nor empty") {
+		t.Errorf("copy into a model's directory: exit %d, %v\n%s", code, err, out)
+	}
+	if ents, _ := os.ReadDir(model); len(ents) != 1 {
+		t.Errorf("the model's directory holds %d entries after a refused copy", len(ents))
+	}
+	// file:// names a directory as a pipeline file's store: does.
+	run(0, "store", "verify", "file://"+back)
+
+	// A blob gone from the bucket (a lifecycle rule, a hand): copying
+	// again puts it back, though its record is there.
+	if err := os.Remove(srv.ObjectPath("ferry-cli", "team/blobs/sha256/"+outs[1].Digest.Hex())); err != nil {
+		t.Fatal(err)
+	}
+	run(3, "store", "verify", bucket)
+	out = run(0, "store", "copy", seed, bucket)
+	if !strings.Contains(out, "0 records copied (1 already there), 1 blobs copied (22 B; 1 already there)") {
+		t.Errorf("copy that repairs: %s", out)
+	}
+	run(0, "store", "verify", bucket)
+
 	// A blob damaged on the server's disk: verify exits 3 and names it.
 	if err := os.WriteFile(srv.ObjectPath("ferry-cli", "team/blobs/sha256/"+outs[1].Digest.Hex()), []byte(`{"model_type":"qwen2"}`), 0o644); err != nil {
 		t.Fatal(err)
@@ -87,7 +119,41 @@ func TestStoreSharedCommands(t *testing.T) {
 	if !strings.Contains(out, "DAMAGED blob "+string(outs[1].Digest)) {
 		t.Errorf("verify of a damaged blob: %s", out)
 	}
+	// A copy from it copies what it can and names what it could not.
+	if err := s.PutBlob(ctx, digest.Of([]byte("other")), bytes.NewReader([]byte("other")), 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitRecord(ctx, &store.Record{Key: "k2", Outputs: []store.Output{{Path: "o", Digest: digest.Of([]byte("other")), Size: 5}}}); err != nil {
+		t.Fatal(err)
+	}
+	run(0, "store", "copy", seed, bucket)
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	out = run(3, "store", "copy", bucket, pulled)
+	if !strings.Contains(out, "1 records copied (0 already there)") || !strings.Contains(out, "NOT COPIED record k1, output config.json") {
+		t.Errorf("copy of a bucket with a damaged blob: %s", out)
+	}
+	if _, err := os.Stat(filepath.Join(pulled, "records", "k1.json")); err == nil {
+		t.Error("the record whose blob is damaged was copied")
+	}
 	if out, _, err := runFerry(t, "store", "verify", "s3://ferry-cli/nothing-here"); err == nil || !strings.Contains(err.Error(), "no ferry store there") {
 		t.Errorf("verify of an empty prefix: %v\n%s", err, out)
 	}
+}
+
+// treeOf lists every path under dir, with its size and mode.
+func treeOf(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		fmt.Fprintf(&b, "%s %d %v\n", rel, fi.Size(), fi.Mode())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }

@@ -86,6 +86,26 @@ func TestStoreDU(t *testing.T) {
 		}
 	}
 
+	// --dry-run removes nothing and says what gc would; --grace is for
+	// a shared store.
+	var dry gcDryRun
+	if err := json.Unmarshal([]byte(run("store", "gc", "--prune-records", "--dry-run", "--json", p)), &dry); err != nil {
+		t.Fatal(err)
+	}
+	if !dry.DryRun || dry.Records != 1 || dry.Blobs != 1 || dry.Bytes != 5000 {
+		t.Errorf("gc --dry-run: %+v", dry)
+	}
+	if text := run("store", "gc", "--prune-records", "--dry-run", p); !strings.Contains(text, "would prune 1 records and remove 1 blobs (5.00 kB") {
+		t.Errorf("gc --dry-run: %s", text)
+	}
+	var again manifest.DiskUsage
+	if err := json.Unmarshal([]byte(run("store", "du", "--json", p)), &again); err != nil || again.GCPrune != du.GCPrune {
+		t.Errorf("after gc --dry-run: %+v, %v", again.GCPrune, err)
+	}
+	if _, code, err := runFerry(t, "store", "gc", "--grace", "1h", p); code != 2 || err == nil || !strings.Contains(err.Error(), "no grace period applies") {
+		t.Errorf("gc --grace on a pipeline's store: exit %d, %v", code, err)
+	}
+
 	var g manifest.GCReport
 	if err := json.Unmarshal([]byte(run("store", "gc", "--prune-records", "--json", p)), &g); err != nil {
 		t.Fatal(err)

@@ -60,12 +60,18 @@ func New(root string) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []string{tmpDir, uploadsDir, locksDir} {
-		if err := os.MkdirAll(filepath.Join(abs, d), 0o755); err != nil {
-			return nil, fmt.Errorf("store %s: %w", abs, err)
-		}
-	}
 	return &Backend{root: abs}, nil
+}
+
+// sub is the store's own directory d (tmpDir, uploadsDir, locksDir),
+// made when first written to: a store that is only read (the source of
+// a copy) is left as it was.
+func (b *Backend) sub(d string) (string, error) {
+	p := filepath.Join(b.root, d)
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		return "", fmt.Errorf("store %s: %w", b.root, err)
+	}
+	return p, nil
 }
 
 // Root is the store's directory.
@@ -215,7 +221,11 @@ func (b *Backend) GetRange(ctx context.Context, key string, off int64, buf []byt
 
 // writeTemp writes body to a new fsynced temp file and returns its path.
 func (b *Backend) writeTemp(body []byte) (string, error) {
-	f, err := os.CreateTemp(filepath.Join(b.root, tmpDir), "put-*")
+	dir, err := b.sub(tmpDir)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(dir, "put-*")
 	if err != nil {
 		return "", err
 	}
@@ -268,6 +278,15 @@ func (b *Backend) Put(ctx context.Context, key string, body []byte, opt store.Pu
 // conditions.
 func (b *Backend) place(key, p, tmp string, opt store.PutOptions) (store.Info, error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return store.Info{}, err
+	}
+	// Readable by every user of a directory several share (temp files
+	// are made 0600); a blob read-only, as a pipeline's store keeps them.
+	mode := fs.FileMode(0o644)
+	if strings.HasPrefix(key, "blobs/") {
+		mode = 0o444
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
 		return store.Info{}, err
 	}
 	if opt.IfNoneMatch {
@@ -331,6 +350,10 @@ func (b *Backend) Delete(ctx context.Context, key, ifMatch string) error {
 			return nil
 		}
 		return err
+	}
+	if strings.HasPrefix(key, "probe/") && strings.Count(key, "/") == 2 {
+		// The probe's scratch directory goes with its last object.
+		os.Remove(filepath.Dir(p))
 	}
 	return fsutil.SyncDir(filepath.Dir(p))
 }
@@ -398,8 +421,11 @@ func (b *Backend) List(ctx context.Context, prefix string, fn func(store.Info) e
 func (b *Backend) lock(key string) (func(), error) {
 	h := fnv.New32a()
 	h.Write([]byte(key))
-	p := filepath.Join(b.root, locksDir, strconv.Itoa(int(h.Sum32()%lockStripes)))
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	dir, err := b.sub(locksDir)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(int(h.Sum32()%lockStripes))), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -447,7 +473,11 @@ func (b *Backend) CreateUpload(ctx context.Context, key string) (string, error) 
 	var r [16]byte
 	rand.Read(r[:])
 	id := hex.EncodeToString(r[:])
-	d := filepath.Join(b.root, uploadsDir, id)
+	ups, err := b.sub(uploadsDir)
+	if err != nil {
+		return "", err
+	}
+	d := filepath.Join(ups, id)
 	if err := os.Mkdir(d, 0o755); err != nil {
 		return "", err
 	}
@@ -542,7 +572,11 @@ func (b *Backend) CompleteUpload(ctx context.Context, key, id string, parts []st
 	if err != nil {
 		return store.Info{}, err
 	}
-	f, err := os.CreateTemp(filepath.Join(b.root, tmpDir), "complete-*")
+	dir, err := b.sub(tmpDir)
+	if err != nil {
+		return store.Info{}, err
+	}
+	f, err := os.CreateTemp(dir, "complete-*")
 	if err != nil {
 		return store.Info{}, err
 	}
@@ -595,6 +629,9 @@ func (b *Backend) ListUploads(ctx context.Context, prefix string, fn func(store.
 		return err
 	}
 	ents, err := os.ReadDir(filepath.Join(b.root, uploadsDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // none made yet
+	}
 	if err != nil {
 		return err
 	}
@@ -651,12 +688,19 @@ func (b *Backend) PutFile(ctx context.Context, key, path string, sum [32]byte) (
 	if err != nil {
 		return store.Info{}, err
 	}
-	f, err := os.CreateTemp(filepath.Join(b.root, tmpDir), "file-*")
+	dir, err := b.sub(tmpDir)
+	if err != nil {
+		return store.Info{}, err
+	}
+	f, err := os.CreateTemp(dir, "file-*")
 	if err != nil {
 		return store.Info{}, err
 	}
 	tmp := f.Name()
 	f.Close()
+	// A clone makes its destination (it may not exist yet): the random
+	// name stays reserved only by its use here.
+	os.Remove(tmp)
 	defer os.Remove(tmp)
 	if err := copyFile(path, tmp); err != nil {
 		return store.Info{}, fmt.Errorf("%s: %w", path, err)
@@ -669,6 +713,35 @@ func (b *Backend) PutFile(ctx context.Context, key, path string, sum [32]byte) (
 		return store.Info{}, fmt.Errorf("%s from %s: %w", key, path, store.ErrBadDigest)
 	}
 	return b.place(key, p, tmp, store.PutOptions{IfNoneMatch: true})
+}
+
+// LocalFile implements store.LocalFiler.
+func (b *Backend) LocalFile(key string) (string, error) {
+	p, err := b.path(key)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+		return "", notFound(key)
+	} else if err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+// TempDir implements store.FileAdopter.
+func (b *Backend) TempDir() (string, error) { return b.sub(tmpDir) }
+
+// AdoptFile implements store.FileAdopter: a hard link of path at key.
+func (b *Backend) AdoptFile(ctx context.Context, key, path string) (store.Info, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Info{}, err
+	}
+	p, err := b.path(key)
+	if err != nil {
+		return store.Info{}, err
+	}
+	return b.place(key, p, path, store.PutOptions{IfNoneMatch: true})
 }
 
 // GetFile implements store.FileGetter: a clone or a copy of key's file.

@@ -60,15 +60,15 @@ func TestCopyLocalS3(t *testing.T) {
 	// record is.
 	kctx, cancel := context.WithCancel(ctx)
 	var moved int64
-	_, err = store.Copy(kctx, src, dst, func(n int64) {
+	_, err = store.Copy(kctx, src, dst, store.CopyOptions{Progress: func(n int64) {
 		if moved += n; moved >= int64(len(blobs[0])+len(blobs[1])) {
 			cancel()
 		}
-	})
+	}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("killed copy: %v", err)
 	}
-	rep, err := store.Copy(ctx, src, dst, nil)
+	rep, err := store.Copy(ctx, src, dst, store.CopyOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestCopyLocalS3(t *testing.T) {
 	if v, err := dst.Verify(ctx, nil); err != nil || !v.OK() || v.Blobs != 3 || v.Records != 2 || v.Unreferenced != 0 {
 		t.Fatalf("verify after copy: %+v, %v", v, err)
 	}
-	if rep, err := store.Copy(ctx, src, dst, nil); err != nil || rep.Blobs != 0 || rep.Records != 0 || rep.RecordsThere != 2 || rep.RefsThere != 1 {
+	if rep, err := store.Copy(ctx, src, dst, store.CopyOptions{}); err != nil || rep.Blobs != 0 || rep.Records != 0 || rep.RecordsThere != 2 || rep.RefsThere != 1 {
 		t.Errorf("second copy: %+v, %v", rep, err)
 	}
 	r, err := dst.Record(ctx, "merge")
@@ -89,7 +89,7 @@ func TestCopyLocalS3(t *testing.T) {
 	// And back, onto another machine's local store.
 	lb2, _ := local.New(filepath.Join(t.TempDir(), "mac"))
 	back := openStore(lb2)
-	if _, err := store.Copy(ctx, dst, back, nil); err != nil {
+	if _, err := store.Copy(ctx, dst, back, store.CopyOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, o := range outs {
