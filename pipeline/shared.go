@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
 	"github.com/ferry-llm/ferry/store/local"
@@ -66,6 +67,18 @@ type sharedStore struct {
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	errs  []error
+	// failed: why each stage that failed to share did (StageReport.NotShared).
+	failed map[string]string
+}
+
+// notShared is why stage failed to be shared ("" if it did not fail).
+func (sh *sharedStore) notShared(stage string) string {
+	if sh == nil {
+		return ""
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.failed[stage]
 }
 
 // publishers is how many blobs are uploaded at once, of one stage or
@@ -92,6 +105,9 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 		// are busy too, and each part is hashed as it goes. Memory: about
 		// 16 MiB × (parallel + 1) per blob moving, publishers at a time.
 		Parallel: min(max(runtime.NumCPU()/2, store.DefaultParallel), 8),
+		// The cache is this run's alone (its lock): a lease a killed
+		// earlier run on it held is taken over at once, not after its ttl.
+		ResumeLeases: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", spec.Shared, err)
@@ -104,7 +120,7 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 		ttl = DefaultLeaseTTL
 	}
 	if min := s.MinLeaseTTL(); ttl < min {
-		return nil, fmt.Errorf("store %s: lease ttl %v is too short: at least %v there (its dates have whole seconds)", spec.Shared, ttl, min)
+		return nil, errkind.Errorf(errkind.Usage, "store %s: lease ttl %v is too short: at least %v there (its dates have whole seconds)", spec.Shared, ttl, min)
 	}
 	return &sharedStore{s: s, ttl: ttl, poll: min(max(ttl/8, 50*time.Millisecond), 2*time.Second), slots: make(chan struct{}, publishers)}, nil
 }
@@ -163,6 +179,23 @@ func (r *runner) planShared(ctx context.Context, st *StageSpec, key string) (*In
 		outs[i] = manifest.Output{Path: o.Path, Digest: o.Digest, Size: o.Size}
 	}
 	return &Input{Stage: st.Name, Dir: r.spec.ViewDir(st), Outputs: outs, Digest: manifest.OutputsDigest(outs), Key: key, fetched: true}, srec.Host, nil
+}
+
+// planSharedRef is the input a plan sees for st, not selected, when this
+// machine has no record of it and the shared store's ref of it names one:
+// what a run fetches (sharedInput); nil when there is none.
+func (r *runner) planSharedRef(ctx context.Context, st *StageSpec) (*Input, string, error) {
+	if r.shared == nil {
+		return nil, "", nil
+	}
+	ref, err := r.shared.s.GetRef(ctx, manifest.StageRef(r.spec.Name, st.Name))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	return r.planShared(ctx, st, ref.Value)
 }
 
 // shareable says whether st's records go to the shared store.
@@ -297,6 +330,7 @@ func (r *runner) leaseStage(ctx context.Context, st *StageSpec, d decision, forc
 	if err != nil {
 		return nil, nil, "", waited, err
 	}
+	r.noteTakeover(st, l)
 	if forced {
 		return l, nil, "", waited, nil
 	}
@@ -310,6 +344,17 @@ func (r *runner) leaseStage(ctx context.Context, st *StageSpec, d decision, forc
 		return nil, rec, host, waited, err
 	}
 	return l, nil, "", waited, nil
+}
+
+// noteTakeover logs a stage lease taken over from a machine that had
+// stopped renewing it (died, or was killed and ran here before).
+func (r *runner) noteTakeover(st *StageSpec, l *store.Lease) {
+	switch l.Took {
+	case store.TookExpired:
+		r.log.Info("stage lease taken over", "stage", st.Name, "from", l.TakenFrom, "why", "its lease expired (the machine stopped renewing it)")
+	case store.TookResumed:
+		r.log.Info("stage lease taken over", "stage", st.Name, "from", l.TakenFrom, "why", "a run on this cache held it and was killed")
+	}
 }
 
 // underLease is ctx, also cancelled (with the lease's error as its cause)
@@ -342,6 +387,10 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 		if err != nil {
 			sh.mu.Lock()
 			sh.errs = append(sh.errs, fmt.Errorf("stage %s: made here, not shared to %s: %w (the next run shares it)", st.Name, sh.s, err))
+			if sh.failed == nil {
+				sh.failed = map[string]string{}
+			}
+			sh.failed[st.Name] = err.Error()
 			sh.mu.Unlock()
 		}
 	}()
@@ -363,17 +412,26 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		ds = append(ds, o.Digest)
 	}
 	start := time.Now()
-	// The outputs are protected from gc before they are stored or found
-	// stored (Lease.Protect): under the stage's lease, or, for a stage
-	// made here earlier, a pin of its own.
 	if l == nil {
-		pin, err := sh.s.Pin(ctx, sh.ttl)
-		if err != nil {
+		// A stage made here earlier (a run killed while it uploaded, a
+		// store seeded late): shared under the stage's lease, so that a
+		// machine that wants it meanwhile waits instead of making it.
+		// Another machine holding it is making it: its record, when it
+		// comes, is the one.
+		var err error
+		if l, err = sh.s.WaitLease(ctx, leaseName(rec.Key), sh.ttl, sh.poll, nil); err != nil {
 			return err
 		}
-		defer pin.Release(context.WithoutCancel(ctx))
-		l = pin
+		defer l.Release(context.WithoutCancel(ctx))
+		r.noteTakeover(st, l)
+		if _, err := sh.s.Backend().Head(ctx, "records/"+rec.Key+".json"); err == nil {
+			return r.setRef(ctx, st, rec.Key)
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
 	}
+	// The outputs are protected from gc before they are stored or found
+	// stored (Lease.Protect).
 	if len(ds) > 0 {
 		if err := l.Protect(ctx, ds...); err != nil {
 			return err

@@ -3,10 +3,13 @@ package store
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
 // A lease says that one machine is making something (a stage key) so
@@ -51,6 +55,43 @@ type LeaseInfo struct {
 // TTL is the lease's ttl.
 func (i LeaseInfo) TTL() time.Duration { return time.Duration(i.TTLMs) * time.Millisecond }
 
+// How a lease was taken over (Lease.Took).
+const (
+	TookReleased = "released"
+	TookExpired  = "expired"
+	TookResumed  = "resumed"
+)
+
+// liveLeases are the leases a process holds, by name.
+type liveLeases struct {
+	mu sync.Mutex
+	m  map[string]*Lease
+}
+
+// leaseJournal is the file that holds the id of lease name while this
+// cache's process holds it (Options.ResumeLeases).
+func (s *Store) leaseJournal(name string) string {
+	h := sha256.Sum256([]byte(name))
+	return filepath.Join(s.opt.CacheDir, "leases", hex.EncodeToString(h[:16]))
+}
+
+// resumable says whether the lease name with id was taken by an earlier
+// process with this cache (its journal holds id) that is gone: no lease
+// of this process holds it.
+func (s *Store) resumable(name, id string) bool {
+	if !s.opt.ResumeLeases {
+		return false
+	}
+	s.live.mu.Lock()
+	l := s.live.m[name]
+	s.live.mu.Unlock()
+	if l != nil {
+		return false
+	}
+	b, err := os.ReadFile(s.leaseJournal(name))
+	return err == nil && string(b) == id
+}
+
 // ErrLeaseHeld reports a lease another holder has and renews.
 var ErrLeaseHeld = errors.New("store: lease held")
 
@@ -80,8 +121,11 @@ type Lease struct {
 	ttl  time.Duration
 
 	// TakenFrom names the holder whose expired or released lease this
-	// one took over ("" for a fresh one).
+	// one took over ("" for a fresh one); Took says how: TookReleased,
+	// TookExpired, or TookResumed (a lease this cache's killed earlier
+	// process held: Options.ResumeLeases).
 	TakenFrom string
+	Took      string
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -222,9 +266,9 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 	// 412) may still have landed: the lease read back then holds this
 	// acquisition's id. Its time is taken as the first write's, the
 	// earliest it can have been written (the holder gives up early, not
-	// late), and from as the holder a takeover of ours replaced.
+	// late), and from (fromTook) as the holder a takeover of ours replaced.
 	var first time.Time
-	from := ""
+	from, fromTook := "", ""
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -248,21 +292,32 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 			return nil, err
 		}
 		if cur.ID == info.ID {
-			return s.startLease(ctx, name, ttl, info, cin.ETag, from, first), nil
+			l := s.startLease(ctx, name, ttl, info, cin.ETag, from, first)
+			l.Took = fromTook
+			return l, nil
 		}
 		age := cin.Date.Sub(cin.Modified)
-		if !cur.Released && age <= cur.TTL() {
+		took := TookReleased
+		switch {
+		case cur.Released:
+		case age > cur.TTL():
+			took = TookExpired
+		case s.resumable(name, cur.ID):
+			took = TookResumed
+		default:
 			return nil, &HeldError{Name: name, Holder: cur.Holder, Until: time.Now().Add(cur.TTL() - age)}
 		}
 		sent = time.Now()
 		in, err = s.b.Put(ctx, key, body, PutOptions{IfMatch: cin.ETag})
 		if err == nil {
-			return s.startLease(ctx, name, ttl, info, in.ETag, cur.Holder, sent), nil
+			l := s.startLease(ctx, name, ttl, info, in.ETag, cur.Holder, sent)
+			l.Took = took
+			return l, nil
 		}
 		if !errors.Is(err, ErrPrecondition) && !errors.Is(err, ErrNotFound) {
 			return nil, err
 		}
-		from = cur.Holder
+		from, fromTook = cur.Holder, took
 		// Someone else took it over or it changed: look again. Bounded:
 		// a lease that changes on every look is held by someone.
 		if attempt >= 8 {
@@ -346,8 +401,35 @@ func (s *Store) startLease(ctx context.Context, name string, ttl time.Duration, 
 	lctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	l := &Lease{s: s, name: name, ttl: ttl, TakenFrom: from, ctx: lctx, cancel: cancel,
 		stop: make(chan struct{}), done: make(chan struct{}), info: info, etag: etag}
+	s.live.mu.Lock()
+	s.live.m[name] = l
+	s.live.mu.Unlock()
+	if s.opt.ResumeLeases {
+		// Best effort: without it a later process waits for the ttl.
+		jp := s.leaseJournal(name)
+		if err := os.MkdirAll(filepath.Dir(jp), 0o755); err == nil {
+			fsutil.WriteFileAtomic(jp, []byte(info.ID), 0o644)
+		}
+	}
 	go l.renew(ctx, sent)
 	return l
+}
+
+// forget drops l from this process's live leases; with its journal when
+// it is released or lost (a lease left to expire keeps it: a later
+// process with this cache takes it over).
+func (l *Lease) forget(journal bool) {
+	s := l.s
+	s.live.mu.Lock()
+	if s.live.m[l.name] == l {
+		delete(s.live.m, l.name)
+	}
+	s.live.mu.Unlock()
+	if journal && s.opt.ResumeLeases {
+		if b, err := os.ReadFile(s.leaseJournal(l.name)); err == nil && string(b) == l.info.ID {
+			os.Remove(s.leaseJournal(l.name))
+		}
+	}
 }
 
 // Context is cancelled, with ErrLeaseLost as its cause, when the lease is
@@ -382,6 +464,13 @@ var errReleased = errors.New("store: lease released")
 // it may see the lease up to a second older than it is.
 func (l *Lease) renew(ctx context.Context, sent time.Time) {
 	defer close(l.done)
+	// A lost lease is no longer this process's; one stopped by Release
+	// or its context stays so until Release.
+	defer func() {
+		if errors.Is(l.Err(), ErrLeaseLost) {
+			l.forget(true)
+		}
+	}()
 	every := l.ttl / 3
 	keep := l.ttl * 2 / 3
 	deadline := sent.Add(keep)
@@ -433,12 +522,14 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	if err := l.Err(); errors.Is(err, ErrLeaseLost) {
+		l.forget(true)
 		return err
 	}
 	err := l.write(ctx, func(i *LeaseInfo) { i.Released = true })
 	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%s: lease %s: taken over before release: %w", l.s.b, l.name, ErrLeaseLost)
 		l.cancel(err)
+		l.forget(true)
 		return err
 	}
 	if err != nil {
@@ -448,5 +539,6 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.released.Store(true)
 	l.cancel(errReleased)
+	l.forget(true)
 	return nil
 }

@@ -49,6 +49,12 @@ type Options struct {
 	// Existing refuses to make a new store: the format object must be
 	// there (ErrNoStore otherwise).
 	Existing bool
+	// ResumeLeases journals the id of each lease taken under CacheDir
+	// (CacheDir/leases/), so that a later process with this CacheDir
+	// takes a lease its killed predecessor held over at once, instead of
+	// waiting for its ttl. Only for a CacheDir one process uses at a time
+	// (a pipeline's cache, under its lock).
+	ResumeLeases bool
 }
 
 // ErrNoStore reports a location that holds no store (Options.Existing).
@@ -60,6 +66,9 @@ type Store struct {
 	opt Options
 	// probe is what Open's probe found (nil with SkipProbe).
 	probe *ProbeReport
+	// live are the leases this process holds (shared by WithHost's
+	// copies).
+	live *liveLeases
 }
 
 // ErrNotShareable reports storage that failed the conditional-write probe:
@@ -92,7 +101,7 @@ func Open(ctx context.Context, b Backend, opt Options) (*Store, error) {
 		}
 		opt.CacheDir = d + "/ferry/store"
 	}
-	s := &Store{b: b, opt: opt}
+	s := &Store{b: b, opt: opt, live: &liveLeases{m: map[string]*Lease{}}}
 	if !opt.SkipProbe {
 		rep := Probe(ctx, b)
 		if err := rep.Err(); err != nil {

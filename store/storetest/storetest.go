@@ -9,6 +9,7 @@ package storetest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -70,6 +71,7 @@ func Run(t *testing.T, h Harness) {
 		{"LeaseExpiry", testLeaseExpiry},
 		{"LeaseLost", testLeaseLost},
 		{"LeaseAnswersLost", testLeaseAnswersLost},
+		{"LeaseResume", testLeaseResume},
 		{"GCWhileReusing", testGCWhileReusing},
 		{"Verify", testVerify},
 		{"GC", testGC},
@@ -1016,6 +1018,58 @@ func testLeaseAnswersLost(t *testing.T, h Harness) {
 	}
 }
 
+// A process killed holding a lease leaves it to expire for every other
+// machine, but the next process with its cache (Options.ResumeLeases)
+// takes it over at once; one interrupted (its context ended) releases it.
+func testLeaseResume(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	cache := t.TempDir()
+	resume := func(o *store.Options) { o.CacheDir, o.ResumeLeases = cache, true }
+	const ttl = time.Minute // nothing here may wait for it
+	first := open(t, b, "machine-a", resume)
+	actx, die := context.WithCancel(ctx)
+	if _, err := first.AcquireLease(actx, "stage/k5", ttl); err != nil {
+		t.Fatal(err)
+	}
+	die()
+	other := open(t, b, "machine-b")
+	if _, err := other.AcquireLease(ctx, "stage/k5", ttl); !errors.Is(err, store.ErrLeaseHeld) {
+		t.Fatalf("another machine's acquire of a dead holder's lease within its ttl: %v", err)
+	}
+	next := open(t, b, "machine-a", resume)
+	l, err := next.AcquireLease(ctx, "stage/k5", ttl)
+	if err != nil || l.Took != store.TookResumed || l.TakenFrom != "machine-a" {
+		t.Fatalf("the next process with the cache: %+v, %v", l, err)
+	}
+	if _, err := next.AcquireLease(ctx, "stage/k5", ttl); !errors.Is(err, store.ErrLeaseHeld) {
+		t.Fatalf("acquire of a lease the process holds: %v", err)
+	}
+	// Interrupted: the context ends, Release still gives it up.
+	cctx, interrupt := context.WithCancel(ctx)
+	l6, err := next.AcquireLease(cctx, "stage/k6", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	interrupt()
+	<-l6.Context().Done()
+	if err := l6.Release(ctx); err != nil {
+		t.Fatalf("release after the context ended: %v", err)
+	}
+	l7, err := other.AcquireLease(ctx, "stage/k6", ttl)
+	if err != nil || l7.Took != store.TookReleased || l7.TakenFrom != "machine-a" {
+		t.Fatalf("acquire after an interrupted holder released: %+v, %v", l7, err)
+	}
+	for _, l := range []*store.Lease{l, l7} {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, _ := filepath.Glob(filepath.Join(cache, "leases", "*")); len(m) != 0 {
+		t.Errorf("lease journals left after release: %v", m)
+	}
+}
+
 // listHook runs fn (once) when the blobs are listed: gc has read the
 // leases and records by then.
 type listHook struct {
@@ -1054,35 +1108,31 @@ func testGCWhileReusing(t *testing.T, h Harness) {
 		}
 		protected := make(chan struct{})
 		go func() {
-			defer l.Release(ctx)
-			go func() {
-				// The protection is written before Protect waits for gc.
-				for {
-					li, _, _, err := w.LeaseStatus(ctx, "stage/reuse")
-					if err == nil && slices.Contains(li.Blobs, d) {
-						close(protected)
-						return
-					}
-					time.Sleep(5 * time.Millisecond)
+			// The protection is written before Protect waits for gc.
+			for {
+				li, _, _, err := w.LeaseStatus(ctx, "stage/reuse")
+				if err == nil && slices.Contains(li.Blobs, d) {
+					close(protected)
+					return
 				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+		go func() {
+			err := func() error {
+				if err := l.Protect(ctx, d); err != nil {
+					return err
+				}
+				if _, there, err := w.HasBlob(ctx, d); err != nil || there {
+					return cmp.Or(err, errors.New("the blob gc deleted is still there after Protect"))
+				}
+				if err := w.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+					return err
+				}
+				_, err := w.CommitRecord(ctx, &store.Record{Key: "reuse", Outputs: []store.Output{{Path: "x", Digest: d, Size: int64(len(data))}}})
+				return err
 			}()
-			if err := l.Protect(ctx, d); err != nil {
-				wrote <- err
-				return
-			}
-			if _, live, err := w.HasBlob(ctx, d); err != nil {
-				wrote <- err
-				return
-			} else if live {
-				wrote <- errors.New("the blob gc deleted is still there after Protect")
-				return
-			}
-			if err := w.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
-				wrote <- err
-				return
-			}
-			_, err := w.CommitRecord(ctx, &store.Record{Key: "reuse", Outputs: []store.Output{{Path: "x", Digest: d, Size: int64(len(data))}}})
-			wrote <- err
+			wrote <- cmp.Or(err, l.Release(ctx))
 		}()
 		<-protected
 	}
