@@ -44,8 +44,12 @@ func (e *SpecError) Unwrap() error { return ErrSpec }
 // "context canceled", which tells a user nothing.
 type InterruptedError struct {
 	Running []InterruptedStage // in the pipeline file's order
-	Failed  []error            // "stage NAME: why", in the pipeline file's order
-	Err     error              // the context's error
+	// Sharing are the stages made here whose upload to the shared store
+	// SharedTo the interrupt stopped (the next run shares them).
+	Sharing  []string
+	SharedTo string
+	Failed   []error // "stage NAME: why", in the pipeline file's order
+	Err      error   // the context's error
 }
 
 // InterruptedStage is a stage that was running when its run was
@@ -76,6 +80,9 @@ func (e *InterruptedError) Left() string {
 		b.WriteString(" were running")
 	}
 	b.WriteString("; the stages that finished are recorded")
+	if len(e.Sharing) > 0 {
+		fmt.Fprintf(&b, "; %s not in %s yet (it was uploading: the next run shares it)", strings.Join(e.Sharing, ", "), e.SharedTo)
+	}
 	for _, f := range e.Failed {
 		b.WriteString("; failed before the interrupt: ")
 		b.WriteString(f.Error())

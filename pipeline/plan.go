@@ -139,6 +139,11 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 				inputs[st.Name] = &in
 				sr.Reason = "not selected; has a complete record"
 				sr.Key = in.Key
+			} else if in, host, serr := r.planSharedRef(ctx, st); serr == nil && in != nil {
+				// As a run takes it: its latest record in the shared store.
+				inputs[st.Name] = in
+				sr.Reason = fmt.Sprintf("not selected; its latest record in %s (made on %s) is fetched by a run", r.spec.Shared, host)
+				sr.Key, sr.Host = in.Key, host
 			} else {
 				sr.Reason = err.Error()
 			}

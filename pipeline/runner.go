@@ -106,6 +106,10 @@ type StageReport struct {
 	// the shared store; Waited the seconds the run waited for its lease.
 	Host   string  `json:"host,omitempty"`
 	Waited float64 `json:"waited_seconds,omitempty"`
+	// NotShared says why a stage made (or up to date) here is not in
+	// the shared store: its upload or record failed, or the run was
+	// interrupted while it uploaded. The next run shares it.
+	NotShared string `json:"not_shared,omitempty"`
 	// Plan is what the stage's planner says it will make, or, for a stage
 	// whose inputs are not made yet, "checked after <stage> runs".
 	Plan string `json:"plan,omitempty"`
@@ -620,6 +624,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		if !ok {
 			sr = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: cancelledBeforeStart}
 		}
+		sr.NotShared = r.shared.notShared(st.Name)
 		rep.Stages = append(rep.Stages, sr)
 	}
 	// The stages' errors in the file's order. A cancelled run ends in one
@@ -639,6 +644,12 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			if sr.Action == ActionInterrupted {
 				ie.Running = append(ie.Running, InterruptedStage{Stage: sr.Stage, Resumable: sr.Resumable})
 			}
+			if sr.NotShared != "" {
+				ie.Sharing = append(ie.Sharing, sr.Stage)
+			}
+		}
+		if len(ie.Sharing) > 0 {
+			ie.SharedTo = r.spec.Shared
 		}
 		err = ie
 	} else {
@@ -767,8 +778,13 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	}
 	if d.action == ActionSkip {
 		sr.Action, sr.Outputs, sr.Cause = ActionSkip, d.rec.Outputs, ""
-		// Journals left by a run killed after its commit are garbage now.
+		// Journals and the work dir left by a killed run of this key (or
+		// one killed after its commit) are garbage now: the record is made,
+		// here or on another machine.
 		if err := r.store.RemoveIngest(d.work); err != nil {
+			return sr, nil, err
+		}
+		if err := os.RemoveAll(r.store.WorkDir(d.work)); err != nil {
 			return sr, nil, err
 		}
 		if err := r.store.Link(r.spec.Name, st.Name, d.key); err != nil {

@@ -63,3 +63,65 @@ func TestSharedLeaseReleasedWhenPlanFails(t *testing.T) {
 		t.Errorf("b's lease after its plan failed: %+v live %v, %v", li, live, err)
 	}
 }
+
+// Status on a shared store says what the store holds of each stage: the
+// record its ref names, who made it, whether it is this machine's, and a
+// machine holding the lease of the stage's key.
+func TestSharedStatus(t *testing.T) {
+	shared := t.TempDir()
+	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2 }\n"
+	spec := func(cache string) *Spec {
+		s := loadSpec(t, t.TempDir(), src)
+		s.Store = cache
+		return s
+	}
+	ctx := context.Background()
+	cacheA, cacheB := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
+	rep, err := Run(ctx, spec(cacheA), Options{Host: "machine-a", Only: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := rep.Stages[0].Key
+	status := func(cache string) map[string]StageStatus {
+		t.Helper()
+		sp := spec(cache)
+		st, err := Status(sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := SharedStatus(ctx, sp, st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Shared != "file://"+shared {
+			t.Errorf("status: shared %q", st.Shared)
+		}
+		m := map[string]StageStatus{}
+		for _, s := range st.Stages {
+			m[s.Stage] = s
+		}
+		return m
+	}
+	if s := status(cacheA); s["a"].Shared == nil || !s["a"].Shared.Same || s["a"].Shared.Host != "machine-a" || s["b"].Shared != nil {
+		t.Errorf("machine-a's status: a %+v, b %+v", s["a"].Shared, s["b"].Shared)
+	}
+	if s := status(cacheB)["a"]; s.State != StateNeverRun || s.Shared == nil || s.Shared.Same || s.Shared.Key != key || s.Shared.Host != "machine-a" {
+		t.Errorf("machine-b's status of a: %s %+v", s.State, s.Shared)
+	}
+	// Someone holds a's lease (a forced run on machine-c).
+	b, err := local.New(shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(ctx, b, store.Options{CacheDir: t.TempDir(), SkipProbe: true, Host: "machine-c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.AcquireLease(ctx, "stage/"+key, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if sh := status(cacheB)["a"].Shared; sh == nil || sh.Making != "machine-c" || sh.Until == nil || time.Until(*sh.Until) <= 0 {
+		t.Errorf("status while machine-c holds a's lease: %+v", sh)
+	}
+}

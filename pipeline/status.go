@@ -1,12 +1,15 @@
 package pipeline
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/store"
 )
 
 // State is a stage's state in a status report; it marshals as its string.
@@ -46,6 +49,24 @@ type StageStatus struct {
 	// Remote is, for a transfer, what its record says of each
 	// destination: where each file is and whether it was verified there.
 	Remote []RemoteStatus `json:"remote,omitempty"`
+	// Shared is what the shared store holds of the stage (SharedStatus);
+	// nil when it has nothing of it.
+	Shared *SharedStage `json:"shared,omitempty"`
+}
+
+// SharedStage is what a shared store holds of a stage: the record its
+// ref names (the latest made of it, on any machine), and a machine
+// making it now.
+type SharedStage struct {
+	Key  string `json:"key,omitempty"`
+	Host string `json:"host,omitempty"` // the machine that made that record
+	// Same: that record is this machine's latest record of the stage.
+	Same bool `json:"same"`
+	// Making: the machine holding the lease of the key this machine
+	// records or attempts, or of Key; Until when that lease runs out
+	// unless renewed.
+	Making string     `json:"making,omitempty"`
+	Until  *time.Time `json:"until,omitempty"`
 }
 
 // RemoteStatus is one destination of a transfer in a status report.
@@ -62,11 +83,14 @@ type RemoteStatus struct {
 
 // StatusReport is the result of Status.
 type StatusReport struct {
-	Pipeline string             `json:"pipeline"`
-	Store    string             `json:"store"`
-	Lock     *manifest.LockInfo `json:"lock,omitempty"`
-	Vars     []Var              `json:"vars,omitempty"`
-	Stages   []StageStatus      `json:"stages"`
+	Pipeline string `json:"pipeline"`
+	// Store is this machine's store: on a shared store (Shared), its
+	// cache.
+	Store  string             `json:"store"`
+	Shared string             `json:"shared,omitempty"`
+	Lock   *manifest.LockInfo `json:"lock,omitempty"`
+	Vars   []Var              `json:"vars,omitempty"`
+	Stages []StageStatus      `json:"stages"`
 }
 
 // Status reports each stage's latest record, its outputs (sizes, digests)
@@ -140,6 +164,56 @@ func Status(spec *Spec) (*StatusReport, error) {
 		rep.Stages = append(rep.Stages, ss)
 	}
 	return rep, nil
+}
+
+// SharedStatus adds to rep what spec's shared store holds of each stage
+// (StageStatus.Shared): the record its ref names and who made it, and a
+// machine holding the lease of the key this machine has or is making,
+// or of that record's. It writes nothing; wrong settings are its error.
+func SharedStatus(ctx context.Context, spec *Spec, rep *StatusReport) error {
+	if spec.Shared == "" {
+		return nil
+	}
+	rep.Shared = spec.Shared
+	sh, err := openSharedRead(ctx, spec)
+	if err != nil || sh == nil {
+		return err
+	}
+	for i := range rep.Stages {
+		ss := &rep.Stages[i]
+		in := &SharedStage{}
+		ref, err := sh.s.GetRef(ctx, manifest.StageRef(spec.Name, ss.Stage))
+		switch {
+		case err == nil:
+			in.Key, in.Same = ref.Value, ref.Value == ss.Key
+			rec, err := sh.s.Record(ctx, ref.Value)
+			if err != nil {
+				return fmt.Errorf("%s: ref of stage %s names record %s: %w", spec.Shared, ss.Stage, ref.Value, err)
+			}
+			in.Host = rec.Host
+		case !errors.Is(err, store.ErrNotFound):
+			return err
+		}
+		for _, k := range []string{ss.Key, in.Key} {
+			if k == "" || in.Making != "" {
+				continue
+			}
+			li, until, live, err := sh.s.LeaseStatus(ctx, leaseName(k))
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if live {
+				in.Making, in.Until = li.Holder, &until
+			}
+		}
+		if in.Key != "" || in.Making != "" {
+			ss.Shared = in
+		}
+	}
+	return nil
 }
 
 // ResumableDetail says how much an unfinished run left to resume from:

@@ -112,6 +112,7 @@ func TestErrorMessage(t *testing.T) {
 	lockWait := fmt.Errorf("/m/out.lock: stopped waiting for the output lock, held by pid 7 on host h since 2026-01-02T03:04:05Z (ferry mlx quantize): %w", ctx.Err())
 	run := &pipeline.InterruptedError{Running: []pipeline.InterruptedStage{{Stage: "merged", Resumable: 7_400_000}}, Err: ctx.Err()}
 	runFailed := &pipeline.InterruptedError{Failed: []error{errors.New("stage q: disk full")}, Err: ctx.Err()}
+	runSharing := &pipeline.InterruptedError{Sharing: []string{"merged"}, SharedTo: "s3://models/ferry", Err: ctx.Err()}
 	for _, tt := range []struct {
 		name string
 		err  error
@@ -131,6 +132,8 @@ func TestErrorMessage(t *testing.T) {
 		{"a lock wait", interrupted(ctx, lockWait), "interrupted: /m/out.lock: stopped waiting for the output lock, held by pid 7 on host h since 2026-01-02T03:04:05Z (ferry mlx quantize)"},
 		{"a pipeline run", interruptedResume(ctx, run, "%s", run.Left()),
 			"interrupted; stage merged was running (7.4 MB resumable); the stages that finished are recorded; run the same command again to resume"},
+		{"a pipeline run uploading", interruptedResume(ctx, runSharing, "%s", runSharing.Left()),
+			"interrupted; no stage was running; the stages that finished are recorded; merged not in s3://models/ferry yet (it was uploading: the next run shares it); run the same command again to resume"},
 		{"a pipeline run with a failure", interruptedResume(ctx, runFailed, "%s", runFailed.Left()),
 			"interrupted; no stage was running; the stages that finished are recorded; failed before the interrupt: stage q: disk full; run the same command again to resume"},
 	} {

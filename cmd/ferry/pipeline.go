@@ -139,6 +139,9 @@ func pipelineOptions(c *cli.Context) (pipeline.Options, error) {
 		Log:      slog.Default(),
 		SSH:      pipeline.SSHSettings{Config: c.String("ssh-config"), KnownHosts: c.String("known-hosts"), Identity: c.StringSlice("identity")},
 	}
+	if c.IsSet("lease-ttl") && o.LeaseTTL < 100*time.Millisecond {
+		return o, usageErrorf("--lease-ttl %v: want a duration of at least 100ms, like 2m or 30s (3s at least on S3)", o.LeaseTTL)
+	}
 	if m := c.String("cache-max"); m != "" {
 		n, ok := pipeline.ParseSize(m)
 		if !ok || n == 0 {
@@ -251,6 +254,9 @@ func printReport(c *cli.Context, rep *pipeline.Report, ran bool) error {
 		if s.Action == pipeline.ActionInterrupted {
 			why += "; " + pipeline.ResumableDetail(s.Resumable)
 		}
+		if s.NotShared != "" {
+			why += "; NOT SHARED to " + rep.Store + " (the next run shares it): " + s.NotShared
+		}
 		secs := ""
 		if ran && (s.Action == pipeline.ActionRun || s.Action == pipeline.ActionInterrupted) {
 			secs = fmt.Sprintf("%.2fs", s.Seconds)
@@ -269,11 +275,18 @@ func pipelineStatus(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := pipeline.SharedStatus(c.Context, spec, rep); err != nil {
+		return err
+	}
 	w := c.App.Writer
 	if c.Bool("json") {
 		return printJSON(c, rep)
 	}
-	fmt.Fprintf(w, "pipeline %s (store %s)\n", rep.Pipeline, rep.Store)
+	if rep.Shared != "" {
+		fmt.Fprintf(w, "pipeline %s (store %s, cache %s)\n", rep.Pipeline, rep.Shared, rep.Store)
+	} else {
+		fmt.Fprintf(w, "pipeline %s (store %s)\n", rep.Pipeline, rep.Store)
+	}
 	printVars(w, rep.Vars)
 	if rep.Lock != nil {
 		fmt.Fprintf(w, "store locked by %s\n", rep.Lock) // pid, host, since, and the holder's command
@@ -294,6 +307,18 @@ func pipelineStatus(c *cli.Context) error {
 			line += "; " + s.Detail
 		}
 		fmt.Fprintln(w, line)
+		if sh := s.Shared; sh != nil {
+			switch {
+			case sh.Making != "":
+				fmt.Fprintf(w, "    in %s: being made on %s (lease until %s)\n", rep.Shared, sh.Making, sh.Until.Local().Format("15:04:05"))
+			case sh.Same:
+				fmt.Fprintf(w, "    in %s: this record, made on %s\n", rep.Shared, sh.Host)
+			default:
+				fmt.Fprintf(w, "    in %s: another record (%s), made on %s\n", rep.Shared, sh.Key[:min(12, len(sh.Key))], sh.Host)
+			}
+		} else if rep.Shared != "" && s.State == pipeline.StateComplete && s.Kind != "import" {
+			fmt.Fprintf(w, "    not in %s (a run shares it)\n", rep.Shared)
+		}
 		if len(s.Outputs) > 0 {
 			fmt.Fprintf(w, "    view %s\n", s.View)
 		}

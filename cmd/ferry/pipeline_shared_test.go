@@ -31,6 +31,18 @@ type sharedMachine struct {
 	name, dir, file, cache string
 }
 
+// machinesOnBucket starts a versitygw with bucket and writes the demo
+// pipeline for machine-a and machine-b on s3://bucket/team.
+func machinesOnBucket(t *testing.T, bucket string) (*s3test.Server, string, sharedMachine, sharedMachine) {
+	t.Helper()
+	srv := s3test.Start(t, bucket)
+	srv.Env(t)
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	url := "s3://" + bucket + "/team"
+	root := t.TempDir()
+	return srv, url, newSharedMachine(t, root, "machine-a", url), newSharedMachine(t, root, "machine-b", url)
+}
+
 // newSharedMachine writes the demo pipeline under root/name on store.
 func newSharedMachine(t *testing.T, root, name, store string) sharedMachine {
 	t.Helper()
@@ -313,13 +325,7 @@ func twoMachines(t *testing.T, url, verifyArg string) {
 // makes it); `ferry store verify`
 // passes; the killed machine's next run fetches what the other made.
 func TestPipelineSharedTakeover(t *testing.T) {
-	srv := s3test.Start(t, "ferry-kill")
-	srv.Env(t)
-	t.Setenv("XDG_CACHE_HOME", t.TempDir())
-	const url = "s3://ferry-kill/team"
-	root := t.TempDir()
-	a := newSharedMachine(t, root, "machine-a", url)
-	b := newSharedMachine(t, root, "machine-b", url)
+	srv, url, a, b := machinesOnBucket(t, "ferry-kill")
 
 	// machine-a's lease holds 6 s: time for machine-b to import and plan
 	// while it is held, and to start waiting on it.
@@ -409,6 +415,70 @@ func TestPipelineSharedTakeover(t *testing.T) {
 	sameFiles(t, "machine-a", viewFiles(t, a.dir), viewFiles(t, b.dir))
 }
 
+// Ctrl-C gives a stage's lease back: the other machine starts the stage
+// at once instead of waiting for the ttl. kill -9 leaves it held for
+// every other machine, but the killed machine's next run (its cache)
+// takes it over at once and resumes.
+func TestPipelineSharedInterruptRestart(t *testing.T) {
+	_, url, a, b := machinesOnBucket(t, "ferry-restart")
+	// A ttl no run here may wait for.
+	const ttl = "2m"
+	stopAtMerge := func(m sharedMachine, sig syscall.Signal) int {
+		t.Helper()
+		cmd, ch, errb := m.startRun(t, "--lease-ttl", ttl)
+		for e := range ch {
+			if e.Event == pipeline.EventRun && e.Stage == "merged" {
+				if err := cmd.Process.Signal(sig); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		_, code := collect(t, m, cmd, ch, errb)
+		return code
+	}
+	if code := stopAtMerge(a, syscall.SIGINT); code != exitInterrupted {
+		t.Fatalf("machine-a after Ctrl-C: exit %d", code)
+	}
+	start := time.Now()
+	if code := stopAtMerge(b, syscall.SIGKILL); code != -1 {
+		t.Fatalf("machine-b after kill -9: exit %d", code)
+	}
+	if waited := time.Since(start); waited > time.Minute {
+		t.Fatalf("machine-b waited %v for machine-a's lease after its Ctrl-C", waited)
+	}
+	// machine-a waits for the dead machine-b; machine-b's next run does not.
+	cmdA, chA, errA := a.startRun(t, "--lease-ttl", ttl)
+	cmdB, chB, errB := b.startRun(t, "--lease-ttl", ttl)
+	evB, code := collect(t, b, cmdB, chB, errB)
+	if code != 0 {
+		t.Fatalf("machine-b's next run: exit %d", code)
+	}
+	if w := byStage(evB, pipeline.EventWaiting)["merged"]; len(w) != 0 {
+		t.Errorf("machine-b's next run waited for its own killed run's lease: %+v", w)
+	}
+	if n := len(byStage(evB, pipeline.EventRun)["merged"]); n != 1 {
+		t.Errorf("machine-b's next run ran merged %d times, want 1", n)
+	}
+	evA, code := collect(t, a, cmdA, chA, errA)
+	if code != 0 {
+		t.Fatalf("machine-a: exit %d", code)
+	}
+	if es := byStage(evA, pipeline.EventSkip)["merged"]; len(es) != 1 || !strings.HasPrefix(es[0].Reason, "made on machine-b") {
+		t.Errorf("machine-a: merged %+v, want fetched as made on machine-b", es)
+	}
+	// What its interrupted merge left is garbage once the stage is
+	// fetched: nothing stays to resume.
+	for _, d := range []string{"work", "ingest"} {
+		if ents, _ := os.ReadDir(filepath.Join(a.cache, d)); len(ents) != 0 {
+			t.Errorf("machine-a's cache keeps %s/%s after fetching the stage", d, ents[0].Name())
+		}
+	}
+	if r := execFerry(t, nil, "store", "verify", url); r.code != 0 {
+		t.Fatalf("store verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
 // A machine that ran the pipeline on a local store seeds the bucket by
 // running it once against the bucket with its old store as the cache:
 // nothing re-runs, everything is uploaded. Another machine's plan then
@@ -475,6 +545,42 @@ func TestPipelineSharedSeedPlanOnly(t *testing.T) {
 	mac = newSharedMachine(t, root, "mac2", url)
 	if err := os.RemoveAll(filepath.Join(mac.dir, "models")); err != nil {
 		t.Fatal(err)
+	}
+	// Its status: nothing here, everything but the imports in the bucket.
+	r = execFerry(t, nil, "pipeline", "status", "--json", "--cache", mac.cache, mac.file)
+	var st pipeline.StatusReport
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 0 {
+		t.Fatalf("status: exit %d, %v\n%s", r.code, err, r.stderr)
+	}
+	if st.Shared != url || st.Store != mac.cache {
+		t.Errorf("status: store %q, shared %q", st.Store, st.Shared)
+	}
+	for _, s := range st.Stages {
+		made := s.Shared != nil && s.Shared.Host == "gpu" && !s.Shared.Same && s.Shared.Key != ""
+		if s.State != pipeline.StateNeverRun || made == (s.Kind == "import") {
+			t.Errorf("status: %s: %s, in the bucket %+v", s.Stage, s.State, s.Shared)
+		}
+	}
+	if r := execFerry(t, []string{"AWS_SECRET_ACCESS_KEY=wrong"}, "pipeline", "status", "--cache", mac.cache, mac.file); r.code != 2 || !strings.Contains(r.stderr, "credentials") {
+		t.Errorf("status with wrong credentials: exit %d\n%s", r.code, r.stderr)
+	}
+	// Its plan says what a run does: the input from the bucket.
+	r = execFerry(t, nil, "pipeline", "plan", "--json", "--only", "quants", "--cache", mac.cache, mac.file)
+	var only pipeline.Report
+	if err := json.Unmarshal([]byte(r.stdout), &only); err != nil || r.code != 0 {
+		t.Fatalf("plan --only quants: exit %d, %v\n%s", r.code, err, r.stderr)
+	}
+	for _, s := range only.Stages {
+		switch s.Stage {
+		case "f16":
+			if s.Action != pipeline.ActionNotSelected || s.Host != "gpu" || !strings.Contains(s.Reason, "is fetched by a run") {
+				t.Errorf("plan --only quants: input f16: %+v", s)
+			}
+		case "quants":
+			if s.Action != pipeline.ActionFetch || s.Host != "gpu" {
+				t.Errorf("plan --only quants: %+v", s)
+			}
+		}
 	}
 	cmd, ch, errb = mac.startRun(t, "--only", "quants")
 	evs, code = collect(t, mac, cmd, ch, errb)

@@ -61,6 +61,9 @@ type Client struct {
 	Prefix   string // "" or ending in "/"
 	Endpoint string // for messages: the custom endpoint, or "AWS S3"
 	retries  atomic.Int64
+	// opened: the endpoint answered Open; one that cannot be reached
+	// after is an outage that may pass, not a wrong setting.
+	opened atomic.Bool
 }
 
 // Retries is how many requests (and cut-off answers) were tried again.
@@ -145,16 +148,30 @@ func Open(ctx context.Context, url string, opt Options) (*Client, error) {
 			c.Endpoint = *o.BaseEndpoint
 		}
 	})
+	if c.Endpoint != "AWS S3" && !strings.HasPrefix(c.Endpoint, "http://") && !strings.HasPrefix(c.Endpoint, "https://") {
+		return nil, errkind.Errorf(errkind.Usage, "%s: S3 endpoint %q (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or the profile's endpoint_url): want a URL like http://HOST:PORT or https://HOST", url, c.Endpoint)
+	}
 	if _, err := cfg.Credentials.Retrieve(ctx); err != nil {
 		return nil, errkind.Errorf(errkind.Usage, "%s: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with ~/.aws/credentials): %w", url, err)
 	}
 	// A listing, not a HEAD: its error answers carry a code (a HEAD's
 	// carry only a status, and some servers answer 404 to unknown keys).
-	if _, err := c.API.ListObjectsV2(ctx, &s3api.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(prefix), MaxKeys: aws.Int32(1)}); err != nil {
+	octx, cancel := context.WithTimeout(ctx, OpenTimeout)
+	defer cancel()
+	if _, err := c.API.ListObjectsV2(octx, &s3api.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(prefix), MaxKeys: aws.Int32(1)}); err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, errkind.Errorf(errkind.Usage, "%s: the S3 endpoint %s accepted a connection but gave no answer within %v (is it an S3 server? check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)", c, c.Endpoint, OpenTimeout)
+		}
 		return nil, c.Classify("open", "", err)
 	}
+	c.opened.Store(true)
 	return c, nil
 }
+
+// OpenTimeout bounds Open's first listing, retries included: an endpoint
+// that takes a connection and never answers is reported, not waited on.
+// A variable for tests.
+var OpenTimeout = 30 * time.Second
 
 // newRetryer is the SDK's standard retryer with more attempts, no retry
 // quota (a long transfer over a flaky link must not run out of retries
@@ -251,6 +268,9 @@ func (c *Client) Classify(op, key string, err error) error {
 		if errors.As(err, &oe) {
 			cause = oe
 		}
+		if c.opened.Load() {
+			return errkind.Errorf(errkind.Retryable, "%s %s: lost the S3 endpoint %s, which answered before: %v", op, where, c.Endpoint, cause)
+		}
 		return errkind.Errorf(errkind.Usage, "%s %s: cannot reach the S3 endpoint %s (check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL): %v", op, where, c.Endpoint, cause)
 	}
 	code, status, msg := "", 0, ""
@@ -272,14 +292,20 @@ func (c *Client) Classify(op, key string, err error) error {
 		return errkind.Errorf(errkind.Usage, "%s %s: %s refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE): %s %s", op, where, c.Endpoint, cmpOr(code, http.StatusText(status)), msg)
 	case code == "NoSuchBucket":
 		return errkind.Errorf(errkind.BadInput, "%s %s: bucket %q does not exist at %s", op, where, c.Bucket, c.Endpoint)
+	case code == "InvalidBucketName":
+		return errkind.Errorf(errkind.Usage, "%s %s: %s refuses the bucket name %q (S3 bucket names are 3 to 63 lowercase letters, digits, dots and hyphens)", op, where, c.Endpoint, c.Bucket)
 	case code == "NoSuchUpload":
 		return coded(NoUpload)
 	case code == "NoSuchKey" || status == http.StatusNotFound && key != "":
 		return coded(NotFound)
 	case code == "BadDigest" || code == "XAmzContentSHA256Mismatch" || code == "InvalidDigest":
 		return coded(BadDigest)
-	case status == http.StatusNotFound && (code == "" || code == "NotFound"):
+	case status == http.StatusNotFound && code == "NotFound":
 		return errkind.Errorf(errkind.BadInput, "%s %s: bucket %q does not exist at %s", op, where, c.Bucket, c.Endpoint)
+	case status == http.StatusNotFound && code == "":
+		// A HEAD's answer has no body; a listing's should have an S3
+		// error code: a web server that is not S3 answers without one.
+		return errkind.Errorf(errkind.BadInput, "%s %s: bucket %q does not exist at %s, or that is not an S3 server (it answered 404 with no S3 error code)", op, where, c.Bucket, c.Endpoint)
 	case status >= 500 || status == http.StatusTooManyRequests || code == "SlowDown" || code == "ConditionalRequestConflict":
 		return errkind.Errorf(errkind.Retryable, "%s %s: %w", op, where, err)
 	case status == 0:

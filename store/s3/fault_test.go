@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/s3test"
 	"github.com/ferry-llm/ferry/store"
 	s3store "github.com/ferry-llm/ferry/store/s3"
@@ -109,5 +110,29 @@ func TestFaults(t *testing.T) {
 				t.Error("nothing was retried: the fault did not cut anything")
 			}
 		})
+	}
+}
+
+// An endpoint that answered when the store was opened and is gone later
+// (the server stopped mid-run) is an outage that may pass (Retryable,
+// exit 1), not a wrong setting (exit 2).
+func TestEndpointGone(t *testing.T) {
+	srv := s3test.Start(t, "ferry-gone")
+	srv.Env(t)
+	ts := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	p := toxiproxy.NewProxy(ts, "s3", "127.0.0.1:0", strings.TrimPrefix(srv.Endpoint, "http://"))
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AWS_ENDPOINT_URL_S3", "http://"+p.Listen)
+	ctx := context.Background()
+	b, err := s3store.Open(ctx, "s3://ferry-gone/p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Stop()
+	_, err = b.Put(ctx, "x", []byte("x"), store.PutOptions{})
+	if errkind.Of(err) != errkind.Retryable || !strings.Contains(err.Error(), "lost the S3 endpoint http://"+p.Listen) {
+		t.Fatalf("put after the endpoint went: %v (kind %v)", err, errkind.Of(err))
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/internal/s3client"
 	"github.com/ferry-llm/ferry/internal/s3test"
 	"github.com/ferry-llm/ferry/store"
 	s3store "github.com/ferry-llm/ferry/store/s3"
@@ -99,6 +100,12 @@ func TestSettings(t *testing.T) {
 			kind: errkind.BadInput, want: `bucket "no-such-bucket" does not exist`},
 		{name: "unreachable endpoint", env: map[string]string{"AWS_ENDPOINT_URL_S3": closed, "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
 			kind: errkind.Usage, want: "cannot reach the S3 endpoint " + closed},
+		{name: "silent endpoint", env: map[string]string{"AWS_ENDPOINT_URL_S3": silentEndpoint(t), "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
+			kind: errkind.Usage, want: "accepted a connection but gave no answer within 1s"},
+		{name: "endpoint without a scheme", env: map[string]string{"AWS_ENDPOINT_URL_S3": strings.TrimPrefix(srv.Endpoint, "http://"), "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
+			kind: errkind.Usage, want: "want a URL like http://HOST:PORT"},
+		{name: "bucket name refused", url: "s3://Models/x", env: map[string]string{"AWS_ENDPOINT_URL_S3": srv.Endpoint, "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
+			kind: errkind.Usage, want: `refuses the bucket name "Models"`},
 		{name: "not an s3 URL", url: "http://x/y", kind: errkind.Usage, want: "not an s3:// URL"},
 		{name: "no bucket", url: "s3:///x", kind: errkind.Usage, want: "no bucket"},
 	} {
@@ -118,6 +125,8 @@ func TestSettings(t *testing.T) {
 			if url == "" {
 				url = "s3://ferry-settings/p"
 			}
+			defer func(d time.Duration) { s3client.OpenTimeout = d }(s3client.OpenTimeout)
+			s3client.OpenTimeout = time.Second
 			start := time.Now()
 			b, err := s3store.Open(ctx, url)
 			took := time.Since(start)
@@ -138,6 +147,26 @@ func TestSettings(t *testing.T) {
 			}
 		})
 	}
+}
+
+// silentEndpoint is an http:// endpoint on 127.0.0.1 that accepts
+// connections and never answers.
+func silentEndpoint(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	return "http://" + l.Addr().String()
 }
 
 // closedEndpoint is an http:// endpoint on 127.0.0.1 where nothing listens.
