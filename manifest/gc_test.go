@@ -238,3 +238,31 @@ func ingestString(t *testing.T, s *Store, c string) Output {
 	}
 	return Output{Path: c, Digest: d, Size: n}
 }
+
+// A gc killed while it held the store's gc lease does not hold up the next
+// one on the directory (under its lock, the lease is this directory's):
+// the next takes the lease over at once.
+func TestGCAfterKilledGC(t *testing.T) {
+	s := openTemp(t)
+	ingestString(t, s, "a blob")
+	if err := s.Commit(&Record{Key: "k", Pipeline: "p", Stage: "x", Kind: "merge", Params: []byte(`{}`), Outputs: []Output{ingestString(t, s, "made")}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, die := context.WithCancel(context.Background())
+	if _, err := s.Objects().AcquireLease(ctx, "gc", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	die() // killed: not released, not renewed
+	next, err := Open(s.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := next.GC(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 20*time.Second || rep.RemovedBlobs != 1 {
+		t.Errorf("gc after a killed gc: %+v in %v", rep, took)
+	}
+}

@@ -119,6 +119,9 @@ func openObjects(root string, existing bool) (*store.Store, error) {
 	s, err := store.Open(context.Background(), b, store.Options{
 		CacheDir: filepath.Join(root, "fetch"), SkipProbe: true, Existing: existing,
 		PartSize: store.MinPartSize, Parallel: 1,
+		// Its leases (gc's) are taken under the directory's lock: one a
+		// killed gc held is this directory's to take over at once.
+		ResumeLeases: true,
 	})
 	if errors.Is(err, store.ErrNoStore) {
 		return nil, nil

@@ -644,7 +644,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			if sr.Action == ActionInterrupted {
 				ie.Running = append(ie.Running, InterruptedStage{Stage: sr.Stage, Resumable: sr.Resumable})
 			}
-			if sr.NotShared != "" {
+			if r.shared.cutShort(sr.Stage) {
 				ie.Sharing = append(ie.Sharing, sr.Stage)
 			}
 		}

@@ -67,8 +67,20 @@ type sharedStore struct {
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	errs  []error
-	// failed: why each stage that failed to share did (StageReport.NotShared).
+	// failed: why each stage that failed to share did (StageReport.NotShared);
+	// cut: those the run's interrupt stopped.
 	failed map[string]string
+	cut    map[string]bool
+}
+
+// cutShort says whether stage's sharing was stopped by the interrupt.
+func (sh *sharedStore) cutShort(stage string) bool {
+	if sh == nil {
+		return false
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.cut[stage]
 }
 
 // notShared is why stage failed to be shared ("" if it did not fail).
@@ -388,9 +400,10 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 			sh.mu.Lock()
 			sh.errs = append(sh.errs, fmt.Errorf("stage %s: made here, not shared to %s: %w (the next run shares it)", st.Name, sh.s, err))
 			if sh.failed == nil {
-				sh.failed = map[string]string{}
+				sh.failed, sh.cut = map[string]string{}, map[string]bool{}
 			}
 			sh.failed[st.Name] = err.Error()
+			sh.cut[st.Name] = ctx.Err() != nil
 			sh.mu.Unlock()
 		}
 	}()
@@ -417,9 +430,15 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		// store seeded late): shared under the stage's lease, so that a
 		// machine that wants it meanwhile waits instead of making it.
 		// Another machine holding it is making it: its record, when it
-		// comes, is the one.
+		// comes, is the one, and this run does not wait for it.
 		var err error
-		if l, err = sh.s.WaitLease(ctx, leaseName(rec.Key), sh.ttl, sh.poll, nil); err != nil {
+		l, err = sh.s.AcquireLease(ctx, leaseName(rec.Key), sh.ttl)
+		var held *store.HeldError
+		if errors.As(err, &held) {
+			r.log.Info("stage not shared from here: another machine is making it", "stage", st.Name, "holder", held.Holder, "until", held.Until.Format(time.RFC3339))
+			return nil
+		}
+		if err != nil {
 			return err
 		}
 		defer l.Release(context.WithoutCancel(ctx))

@@ -86,11 +86,14 @@ type StatusReport struct {
 	Pipeline string `json:"pipeline"`
 	// Store is this machine's store: on a shared store (Shared), its
 	// cache.
-	Store  string             `json:"store"`
-	Shared string             `json:"shared,omitempty"`
-	Lock   *manifest.LockInfo `json:"lock,omitempty"`
-	Vars   []Var              `json:"vars,omitempty"`
-	Stages []StageStatus      `json:"stages"`
+	Store  string `json:"store"`
+	Shared string `json:"shared,omitempty"`
+	// SharedError says why the shared store could not be read (the
+	// stages' Shared are then unknown, not empty).
+	SharedError string             `json:"shared_error,omitempty"`
+	Lock        *manifest.LockInfo `json:"lock,omitempty"`
+	Vars        []Var              `json:"vars,omitempty"`
+	Stages      []StageStatus      `json:"stages"`
 }
 
 // Status reports each stage's latest record, its outputs (sizes, digests)

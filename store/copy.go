@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -149,8 +151,15 @@ func Copy(ctx context.Context, src, dst *Store, opt CopyOptions) (*CopyReport, e
 	}
 	defer pin.Release(context.WithoutCancel(ctx))
 	ctx = pin.Context()
+	// stopped is the error of a copy that cannot go on: its context
+	// ended (Ctrl-C), or its pin was lost (dst unreachable for long).
+	stopped := func(err error) error {
+		if lerr := pin.Err(); errors.Is(lerr, ErrLeaseLost) {
+			return lerr
+		}
+		return err
+	}
 	counted := map[digest.Digest]bool{}
-	failed := map[string]bool{}
 	for _, it := range items {
 		r := it.r
 		ds := make([]digest.Digest, 0, len(r.Outputs))
@@ -158,7 +167,23 @@ func Copy(ctx context.Context, src, dst *Store, opt CopyOptions) (*CopyReport, e
 			ds = append(ds, o.Digest)
 		}
 		if err := pin.ProtectOnly(ctx, ds...); err != nil {
-			return nil, err
+			return nil, stopped(err)
+		}
+		// Listed before they were protected: a gc since may have taken
+		// one no record named.
+		for _, o := range r.Outputs {
+			if _, ok := have[o.Digest]; !ok || counted[o.Digest] {
+				continue
+			}
+			size, there, err := dst.HasBlob(ctx, o.Digest)
+			if err != nil {
+				return nil, stopped(err)
+			}
+			if !there {
+				delete(have, o.Digest)
+			} else {
+				have[o.Digest] = Info{Key: BlobKey(o.Digest), Size: size}
+			}
 		}
 		var fail *CopyFailure
 	outputs:
@@ -176,7 +201,7 @@ func Copy(ctx context.Context, src, dst *Store, opt CopyOptions) (*CopyReport, e
 			default:
 				if err := copyBlob(ctx, src, dst, o, progress); err != nil {
 					if ctx.Err() != nil {
-						return nil, err
+						return nil, stopped(err)
 					}
 					fail = &CopyFailure{Record: r.Key, Output: o.Path, Error: err.Error()}
 					break outputs
@@ -189,7 +214,6 @@ func Copy(ctx context.Context, src, dst *Store, opt CopyOptions) (*CopyReport, e
 		}
 		if fail != nil {
 			rep.Failed = append(rep.Failed, *fail)
-			failed[r.Key] = true
 			continue
 		}
 		if it.there {
@@ -200,10 +224,9 @@ func Copy(ctx context.Context, src, dst *Store, opt CopyOptions) (*CopyReport, e
 		if _, err := dst.CommitRecord(ctx, r); err != nil {
 			if !errors.Is(err, ErrRecordExists) {
 				if ctx.Err() != nil {
-					return nil, err
+					return nil, stopped(err)
 				}
 				rep.Failed = append(rep.Failed, CopyFailure{Record: r.Key, Error: err.Error()})
-				failed[r.Key] = true
 				continue
 			}
 			rep.RecordsThere++
@@ -212,7 +235,7 @@ func Copy(ctx context.Context, src, dst *Store, opt CopyOptions) (*CopyReport, e
 		rep.Records++
 	}
 	if err := copyRefs(ctx, src, dst, rep); err != nil {
-		return nil, err
+		return nil, stopped(err)
 	}
 	if len(rep.Failed) > 0 {
 		return rep, fmt.Errorf("%s -> %s: %d not copied (the rest is): %s: %w", src, dst, len(rep.Failed), rep.Failed[0], ErrCopyIncomplete)
@@ -277,7 +300,9 @@ func copyRefs(ctx context.Context, src, dst *Store, rep *CopyReport) error {
 	return nil
 }
 
-// copyBlob stores the blob of o, read from src, in dst.
+// copyBlob stores the blob of o, read from src, in dst. Copies of one
+// blob on this machine take turns (a lock beside the file it goes
+// through), and one that finds it stored by another is done.
 func copyBlob(ctx context.Context, src, dst *Store, o Output, progress func(int64)) error {
 	// From a local directory: stored from its file, nothing in between.
 	if lf, ok := src.b.(LocalFiler); ok {
@@ -290,33 +315,52 @@ func copyBlob(ctx context.Context, src, dst *Store, o Output, progress func(int6
 		}
 		return dst.PutFile(ctx, o.Digest, p, progress)
 	}
-	// Into a local directory: fetched (verified) beside it and moved in.
-	if fa, ok := dst.b.(FileAdopter); ok {
+	// Into a local directory: fetched (verified) beside it and linked in;
+	// else through a file in dst's cache directory (one per store: two
+	// copies into two buckets keep their own).
+	fa, local := dst.b.(FileAdopter)
+	var tmp string
+	if local {
 		dir, err := fa.TempDir()
 		if err != nil {
 			return err
 		}
-		tmp := filepath.Join(dir, "copy-"+o.Digest.Hex())
+		tmp = filepath.Join(dir, "copy-"+o.Digest.Hex())
+	} else {
+		id := sha256.Sum256([]byte(dst.b.String()))
+		dir := filepath.Join(dst.opt.CacheDir, "copy", hex.EncodeToString(id[:8]))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		tmp = filepath.Join(dir, o.Digest.Hex())
+	}
+	unlock, err := machineLock(ctx, tmp+".lock", "copy of blob "+o.Digest.Short()+" to "+dst.String(), "store copy")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if size, there, err := dst.HasBlob(ctx, o.Digest); err != nil || there && size == o.Size {
+		return err
+	}
+	// A file fetched whole by a copy whose store step failed is used
+	// again (FetchBlob resumes a partial one).
+	if fi, err := os.Stat(tmp); err != nil || fi.Size() != o.Size {
 		if err := src.FetchBlob(ctx, o.Digest, tmp, progress); err != nil {
 			return err
 		}
-		defer os.Remove(tmp)
+	} else {
+		progress(o.Size)
+	}
+	if local {
 		_, err = fa.AdoptFile(ctx, BlobKey(o.Digest), tmp)
 		if errors.Is(err, ErrPrecondition) {
-			if _, ok, herr := dst.HasBlob(ctx, o.Digest); herr != nil || ok {
-				return herr // stored meanwhile, by another copy or a run
-			}
+			err = nil // stored meanwhile, by a run
 		}
-		return err
+	} else {
+		err = dst.PutFile(ctx, o.Digest, tmp, nil)
 	}
-	dir := filepath.Join(dst.opt.CacheDir, "copy")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+	if err == nil {
+		os.Remove(tmp)
 	}
-	tmp := filepath.Join(dir, o.Digest.Hex())
-	if err := src.FetchBlob(ctx, o.Digest, tmp, progress); err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	return dst.PutFile(ctx, o.Digest, tmp, nil)
+	return err
 }

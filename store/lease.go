@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -134,9 +135,10 @@ type Lease struct {
 
 	// wmu serialises the holder's writes (renewals, Protect, Release):
 	// each replaces exactly the version the one before it wrote.
-	wmu  sync.Mutex
-	info LeaseInfo
-	etag string
+	wmu    sync.Mutex
+	info   LeaseInfo
+	etag   string
+	unsure *unsureWrite // the last write, when its outcome is unknown
 
 	released atomic.Bool
 }
@@ -146,26 +148,47 @@ type Lease struct {
 func (l *Lease) write(ctx context.Context, change func(*LeaseInfo)) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	next := l.info
-	next.Blobs = append([]digest.Digest(nil), l.info.Blobs...)
-	change(&next)
-	next.Seq++
-	body, _ := json.Marshal(next)
-	in, err := l.s.b.Put(ctx, leaseKey(l.name), body, PutOptions{IfMatch: l.etag})
-	if errors.Is(err, ErrPrecondition) {
-		// A write whose answer was lost and that was sent again (by the
-		// SDK's retries or the next renewal) finds its own version: not
-		// a takeover. The holder's id and sequence number say so.
-		cur, cin, rerr := l.s.readLease(ctx, l.name)
-		if rerr == nil && cur.ID == next.ID && cur.Seq == next.Seq {
-			in, err = cin, nil
+	for retried := false; ; retried = true {
+		next := l.info
+		next.Blobs = append([]digest.Digest(nil), l.info.Blobs...)
+		change(&next)
+		next.Seq++
+		body, _ := json.Marshal(next)
+		in, err := l.s.b.Put(ctx, leaseKey(l.name), body, PutOptions{IfMatch: l.etag})
+		if err == nil {
+			l.info, l.etag, l.unsure = next, in.ETag, nil
+			return nil
 		}
-	}
-	if err != nil {
+		if !errors.Is(err, ErrPrecondition) {
+			// No answer, or a failed one: the write may have landed.
+			l.unsure = &unsureWrite{info: next, body: body}
+			return err
+		}
+		// The version is not the one this holder last knew. It is still
+		// the holder's if it is exactly what it wrote: this write, whose
+		// answer was lost and which was sent again (the SDK's retries),
+		// or an earlier one whose answer never came (then this write is
+		// made again on top of it).
+		raw, cin, rerr := l.s.b.Get(ctx, leaseKey(l.name), maxLeaseBytes)
+		switch {
+		case rerr != nil:
+			return err
+		case bytes.Equal(raw, body):
+			l.info, l.etag, l.unsure = next, cin.ETag, nil
+			return nil
+		case l.unsure != nil && bytes.Equal(raw, l.unsure.body) && !retried:
+			l.info, l.etag, l.unsure = l.unsure.info, cin.ETag, nil
+			continue
+		}
 		return err
 	}
-	l.info, l.etag = next, in.ETag
-	return nil
+}
+
+// unsureWrite is a lease write whose outcome is not known (its answer
+// never came): it may be the version the storage holds.
+type unsureWrite struct {
+	info LeaseInfo
+	body []byte
 }
 
 // Protect records blobs the holder is storing (or reusing, already
@@ -227,8 +250,8 @@ func (s *Store) waitGC(ctx context.Context, poll time.Duration) error {
 }
 
 // Pin takes a lease of its own (pin/<host>-<random>) for a writer that
-// protects blobs outside a stage's lease: a copy between stores, a stage
-// made earlier and shared late. Release it when the records are written.
+// protects blobs outside a stage's lease (a copy between stores).
+// Release it when the records are written.
 func (s *Store) Pin(ctx context.Context, ttl time.Duration) (*Lease, error) {
 	var id [8]byte
 	rand.Read(id[:])
@@ -282,6 +305,12 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 			return s.startLease(ctx, name, ttl, info, in.ETag, "", sent), nil
 		}
 		if !errors.Is(err, ErrPrecondition) {
+			// No answer: the write may have landed all the same.
+			if cur, cin, rerr := s.readLease(ctx, name); rerr == nil && cur.ID == info.ID {
+				l := s.startLease(ctx, name, ttl, info, cin.ETag, from, first)
+				l.Took = fromTook
+				return l, nil
+			}
 			return nil, err
 		}
 		cur, cin, err := s.readLease(ctx, name)
@@ -314,10 +343,15 @@ func (s *Store) AcquireLease(ctx context.Context, name string, ttl time.Duration
 			l.Took = took
 			return l, nil
 		}
+		from, fromTook = cur.Holder, took
 		if !errors.Is(err, ErrPrecondition) && !errors.Is(err, ErrNotFound) {
+			if cur, cin, rerr := s.readLease(ctx, name); rerr == nil && cur.ID == info.ID {
+				l := s.startLease(ctx, name, ttl, info, cin.ETag, from, first)
+				l.Took = fromTook
+				return l, nil
+			}
 			return nil, err
 		}
-		from, fromTook = cur.Holder, took
 		// Someone else took it over or it changed: look again. Bounded:
 		// a lease that changes on every look is held by someone.
 		if attempt >= 8 {

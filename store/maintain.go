@@ -321,8 +321,8 @@ type GCOptions struct {
 	Keep []digest.Digest
 	// Exclusive: the caller holds the store's exclusive lock (a pipeline
 	// directory's), so no stage of a run on it is writing beside it:
-	// blobs get no grace period and old leases are not removed. The gc
-	// lease is still taken and live leases still read: a machine that
+	// blobs get no grace period. The gc lease is still taken (waited
+	// for) and live leases still read: a machine that
 	// shares the directory as file:// writes under leases, not under the
 	// lock. Unfinished uploads still get Grace (a killed copy resumes
 	// from them).
@@ -373,7 +373,17 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		opt.Grace = DefaultGCGrace
 	}
 	rep := &GCReport{Store: s.b.String(), DryRun: opt.DryRun, Leases: []LeaseUse{}}
-	lease, err := s.AcquireLease(ctx, gcLease, time.Minute)
+	acquire := s.AcquireLease
+	if opt.Exclusive {
+		// Under the store's lock: a gc holding the lease is another
+		// machine's on a directory shared as file:// (waited for), or a
+		// killed one of this directory's (taken over at once with
+		// Options.ResumeLeases, else after its ttl).
+		acquire = func(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+			return s.WaitLease(ctx, name, ttl, 0, nil)
+		}
+	}
+	lease, err := acquire(ctx, gcLease, time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -383,10 +393,8 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !opt.Exclusive {
-		if err := s.removeOldLeases(ctx, opt, rep); err != nil {
-			return nil, err
-		}
+	if err := s.removeOldLeases(ctx, opt, rep); err != nil {
+		return nil, err
 	}
 	protected := map[digest.Digest]bool{}
 	for _, l := range live {

@@ -275,12 +275,19 @@ func pipelineStatus(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := pipeline.SharedStatus(c.Context, spec, rep); err != nil {
-		return err
+	// Offline, this machine's status still prints; the error after it
+	// says the bucket's part is missing (and sets the exit code).
+	sharedErr := pipeline.SharedStatus(c.Context, spec, rep)
+	if sharedErr != nil {
+		rep.SharedError = sharedErr.Error()
+		sharedErr = fmt.Errorf("the shared store could not be read (this machine's status is above): %w", sharedErr)
 	}
 	w := c.App.Writer
 	if c.Bool("json") {
-		return printJSON(c, rep)
+		if err := printJSON(c, rep); err != nil {
+			return err
+		}
+		return sharedErr
 	}
 	if rep.Shared != "" {
 		fmt.Fprintf(w, "pipeline %s (store %s, cache %s)\n", rep.Pipeline, rep.Shared, rep.Store)
@@ -335,7 +342,7 @@ func pipelineStatus(c *cli.Context) error {
 			fmt.Fprintf(w, "    at %s: %d of %d files verified (%s), %s\n", r.Destination, r.Verified, len(r.Files), how, pipeline.FormatBytes(r.Bytes))
 		}
 	}
-	return nil
+	return sharedErr
 }
 
 // printVars prints the file's variables, one line, each with where its

@@ -158,7 +158,7 @@ func storeVerify(c *cli.Context) error {
 		}
 	}
 	if !rep.OK() {
-		return verifyFailed(fmt.Errorf("store %s: %d problems; 'ferry pipeline plan' shows which stages must re-run", s.Root, len(rep.Problems)))
+		return verifyFailed(fmt.Errorf("store %s: %s; 'ferry pipeline plan' shows which stages must re-run", s.Root, plural(len(rep.Problems), "problem")))
 	}
 	return nil
 }

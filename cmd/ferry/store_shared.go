@@ -85,7 +85,7 @@ func sharedVerify(c *cli.Context, arg string) error {
 		}
 	}
 	if !rep.OK() {
-		return verifyFailed(fmt.Errorf("store %s: %d problems", rep.Store, len(rep.Problems)))
+		return verifyFailed(fmt.Errorf("store %s: %s", rep.Store, plural(len(rep.Problems), "problem")))
 	}
 	return nil
 }

@@ -957,12 +957,19 @@ func testLeaseLost(t *testing.T, h Harness) {
 type resending struct {
 	store.Backend
 	resent atomic.Int64
+	// lose: the next lease write is applied and its answer lost, not
+	// sent again (an error, as a reset connection gives).
+	lose, lost atomic.Bool
 }
 
 func (b *resending) Put(ctx context.Context, key string, body []byte, opt store.PutOptions) (store.Info, error) {
 	in, err := b.Backend.Put(ctx, key, body, opt)
 	if err != nil || !strings.HasPrefix(key, "leases/stage/") || !opt.IfNoneMatch && opt.IfMatch == "" {
 		return in, err
+	}
+	if b.lose.CompareAndSwap(true, false) {
+		b.lost.Store(true)
+		return store.Info{}, errors.New("read tcp: connection reset by peer (the answer was lost)")
 	}
 	b.resent.Add(1)
 	return b.Backend.Put(ctx, key, body, opt)
@@ -994,6 +1001,19 @@ func testLeaseAnswersLost(t *testing.T, h Harness) {
 	}
 	if err := l.Protect(ctx, digest.Of([]byte("x"))); err != nil {
 		t.Fatalf("protect sent twice: %v", err)
+	}
+	// A renewal that landed and whose answer never came, then Protect:
+	// it goes on from the landed version, and what it protects is stored.
+	b.lose.Store(true)
+	for deadline := time.Now().Add(3 * ttl); !b.lost.Load() && time.Now().Before(deadline); {
+		time.Sleep(ttl / 20)
+	}
+	y := digest.Of([]byte("y"))
+	if err := l.Protect(ctx, y); err != nil {
+		t.Fatalf("protect after a renewal whose answer was lost: %v", err)
+	}
+	if li, _, live, err := other.LeaseStatus(ctx, "stage/k4"); err != nil || !live || !slices.Contains(li.Blobs, y) {
+		t.Fatalf("the lease after that protect: %+v live %v, %v", li, live, err)
 	}
 	if _, err := other.AcquireLease(ctx, "stage/k4", ttl); !errors.Is(err, store.ErrLeaseHeld) {
 		t.Fatalf("another machine's acquire: %v", err)
