@@ -186,7 +186,7 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 			in, ok := blobs[o.Digest]
 			switch {
 			case !ok:
-				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, Output: o.Path, What: fmt.Sprintf("output %s: %v", o.Path, ErrBlobMissing), Err: ErrBlobMissing})
+				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, Output: o.Path, What: fmt.Sprintf("output %s (blob %s): %v", o.Path, o.Digest, ErrBlobMissing), Err: ErrBlobMissing})
 			case in.Size != o.Size:
 				rep.Problems = append(rep.Problems, Problem{Record: r.Key, Blob: o.Digest, Output: o.Path, What: fmt.Sprintf("output %s: blob holds %d bytes, the record says %d", o.Path, in.Size, o.Size), Err: ErrSizeMismatch})
 			}
