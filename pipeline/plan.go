@@ -164,6 +164,10 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 				sr.Action = ActionPending
 				sr.Reason = fmt.Sprintf("after %s: runs if the outputs it reads change", strings.Join(waiting, ", "))
 			}
+			if r.shared != nil && shareable(st) && !forced[st.Name] {
+				// Its key is the digests of what it reads, not known yet.
+				sr.Reason += "; fetched instead if " + r.spec.Shared + " has it made (its key is known once " + strings.Join(waiting, ", ") + " ran here)"
+			}
 			// Inputs not made yet can be planned from only where their
 			// stage's plan shows what they will be (an import's source).
 			var unseen []string
