@@ -264,6 +264,23 @@ type Usage struct {
 	MissingBlobs      int        `json:"missing_blobs"` // named by records, not stored
 	Uploads           int        `json:"unfinished_uploads"`
 	Leases            []LeaseUse `json:"live_leases"`
+	// ByRecord is what each record names, those refs point at first.
+	ByRecord []RecordUsage `json:"by_record"`
+	// Unreadable are records that could not be read (verify says why);
+	// the blobs only they name count as unreferenced.
+	Unreadable []string `json:"unreadable_records,omitempty"`
+}
+
+// RecordUsage is what one record's outputs hold in the store.
+type RecordUsage struct {
+	Key  string   `json:"key"`
+	Host string   `json:"host,omitempty"` // the machine that made it
+	Refs []string `json:"refs,omitempty"` // the refs that name it
+	// Bytes counts its stored outputs (each blob whole); SharedBytes the
+	// part other records name too; Missing its outputs not stored.
+	Bytes       int64 `json:"bytes"`
+	SharedBytes int64 `json:"shared_bytes"`
+	Missing     int   `json:"missing,omitempty"`
 }
 
 // DiskUsage counts what the store holds, from listings (no data read).
@@ -278,15 +295,71 @@ func (s *Store) DiskUsage(ctx context.Context) (*Usage, error) {
 		return nil, err
 	}
 	u.Records = len(recs) + len(probs)
+	for _, p := range probs {
+		u.Unreadable = append(u.Unreadable, p.Record)
+	}
 	referenced := map[digest.Digest]bool{}
+	holders := map[digest.Digest]int{}
 	for _, r := range recs {
+		seen := map[digest.Digest]bool{}
 		for _, o := range r.Outputs {
 			if _, ok := blobs[o.Digest]; !ok && !referenced[o.Digest] {
 				u.MissingBlobs++
 			}
 			referenced[o.Digest] = true
+			if !seen[o.Digest] {
+				holders[o.Digest]++
+				seen[o.Digest] = true
+			}
 		}
 	}
+	refs := map[string][]string{}
+	if err := s.b.List(ctx, "refs/", func(in Info) error {
+		name := strings.TrimPrefix(in.Key, "refs/")
+		ref, err := s.GetRef(ctx, name)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		refs[ref.Value] = append(refs[ref.Value], name)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	u.ByRecord = []RecordUsage{}
+	for _, r := range recs {
+		ru := RecordUsage{Key: r.Key, Host: r.Host, Refs: refs[r.Key]}
+		sort.Strings(ru.Refs)
+		seen := map[digest.Digest]bool{}
+		for _, o := range r.Outputs {
+			if seen[o.Digest] {
+				continue
+			}
+			seen[o.Digest] = true
+			in, ok := blobs[o.Digest]
+			if !ok {
+				ru.Missing++
+				continue
+			}
+			ru.Bytes += in.Size
+			if holders[o.Digest] > 1 {
+				ru.SharedBytes += in.Size
+			}
+		}
+		u.ByRecord = append(u.ByRecord, ru)
+	}
+	sort.SliceStable(u.ByRecord, func(i, j int) bool {
+		a, b := u.ByRecord[i], u.ByRecord[j]
+		if (len(a.Refs) > 0) != (len(b.Refs) > 0) {
+			return len(a.Refs) > 0
+		}
+		if len(a.Refs) > 0 && a.Refs[0] != b.Refs[0] {
+			return a.Refs[0] < b.Refs[0]
+		}
+		return a.Key < b.Key
+	})
 	for d, in := range blobs {
 		u.Blobs++
 		u.BlobBytes += in.Size

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -138,6 +139,26 @@ func sharedDU(c *cli.Context, arg string) error {
 	w := stdout(c)
 	fmt.Fprintf(w, "store %s: %d records, %d blobs (%s), %d unreferenced (%s), %d named by records but missing, %d unfinished uploads\n",
 		u.Store, u.Records, u.Blobs, sizeText(u.BlobBytes), u.UnreferencedBlobs, sizeText(u.UnreferencedBytes), u.MissingBlobs, u.Uploads)
+	if len(u.ByRecord) > 0 {
+		// Per record, as du of a pipeline's store is per stage: the refs
+		// (pipelines/<pipeline>/<stage>) that name it, or "(no ref)": an
+		// earlier result of a stage, kept until records are pruned.
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "ref\trecord\tin blobs\tshared\tmissing\tmade on\t\n")
+		for _, r := range u.ByRecord {
+			ref := "(no ref)"
+			if len(r.Refs) > 0 {
+				ref = strings.Join(r.Refs, ", ")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t\n", ref, r.Key[:min(12, len(r.Key))], sizeText(r.Bytes), sizeText(r.SharedBytes), r.Missing, r.Host)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, k := range u.Unreadable {
+		fmt.Fprintf(w, "  UNREADABLE record %s (its blobs count as unreferenced; 'ferry store verify' says why)\n", k)
+	}
 	for _, l := range u.Leases {
 		fmt.Fprintf(w, "  being made on %s: %s (lease until %s)\n", l.Holder, l.Name, l.Until.Format(time.RFC3339))
 	}

@@ -67,8 +67,12 @@ func TestStoreSharedCommands(t *testing.T) {
 		t.Errorf("verify: %s", out)
 	}
 	var u store.Usage
-	if err := json.Unmarshal([]byte(run(0, "store", "du", "--json", bucket)), &u); err != nil || u.Blobs != 2 || u.Records != 1 || u.BlobBytes != 25165846 {
+	if err := json.Unmarshal([]byte(run(0, "store", "du", "--json", bucket)), &u); err != nil || u.Blobs != 2 || u.Records != 1 || u.BlobBytes != 25165846 ||
+		len(u.ByRecord) != 1 || u.ByRecord[0].Key != "k1" || u.ByRecord[0].Bytes != 25165846 || u.ByRecord[0].SharedBytes != 0 || u.ByRecord[0].Missing != 0 {
 		t.Errorf("du: %+v, %v", u, err)
+	}
+	if out := run(0, "store", "du", bucket); !strings.Contains(out, "(no ref)") || !strings.Contains(out, "25.2 MB") {
+		t.Errorf("du: %s", out)
 	}
 	out = run(0, "store", "gc", "--dry-run", "--grace", "1ns", bucket)
 	if !strings.Contains(out, "would remove 0 blobs") || !strings.Contains(out, "kept 2 blobs named by records") {

@@ -1317,9 +1317,15 @@ func testGC(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	noUploads(t, b)
+	if _, err := s.SetRef(ctx, "pipelines/p/x", "k", nil); err != nil {
+		t.Fatal(err)
+	}
 	u, err := s.DiskUsage(ctx)
 	if err != nil || u.Blobs != 2 || u.Records != 1 || u.UnreferencedBlobs != 1 || u.MissingBlobs != 0 || len(u.Leases) != 1 || u.Leases[0].Holder != "maker" {
 		t.Errorf("du: %+v, %v", u, err)
+	}
+	if len(u.ByRecord) != 1 || u.ByRecord[0].Key != "k" || u.ByRecord[0].Bytes != 18 || u.ByRecord[0].Host != "a" || !slices.Equal(u.ByRecord[0].Refs, []string{"pipelines/p/x"}) {
+		t.Errorf("du by record: %+v", u.ByRecord)
 	}
 }
 
