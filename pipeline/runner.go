@@ -496,6 +496,14 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			}
 			ds := spec.Lookup(dep.Name)
 			in, err := r.existingInput(ds)
+			if err == nil && r.shared != nil && shareable(ds) {
+				// Made here, maybe by a run killed before it shared it:
+				// shared now (behind the run, under its stage lease),
+				// or another machine would make it again.
+				if rec := r.store.Record(in.Key); rec != nil {
+					r.publish(ctx, ds, rec, nil)
+				}
+			}
 			if err != nil && r.shared != nil {
 				// Made on another machine: its latest record in the
 				// shared store, fetched here.

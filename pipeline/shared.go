@@ -365,7 +365,7 @@ func (r *runner) noteTakeover(st *StageSpec, l *store.Lease) {
 	case store.TookExpired:
 		r.log.Info("stage lease taken over", "stage", st.Name, "from", l.TakenFrom, "why", "its lease expired (the machine stopped renewing it)")
 	case store.TookResumed:
-		r.log.Info("stage lease taken over", "stage", st.Name, "from", l.TakenFrom, "why", "a run on this cache held it and was killed")
+		r.log.Info("stage lease taken over", "stage", st.Name, "from", l.TakenFrom, "why", "a run on this cache held it and did not give it back (killed, or the store did not answer)")
 	}
 }
 

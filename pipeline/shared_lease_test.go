@@ -50,14 +50,7 @@ func TestSharedLeaseReleasedWhenPlanFails(t *testing.T) {
 	if key == "" {
 		t.Fatalf("no key for b: %+v", rep.Stages)
 	}
-	b, err := local.New(shared)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := store.Open(ctx, b, store.Options{CacheDir: t.TempDir(), SkipProbe: true, Existing: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openDirStore(t, shared, "")
 	li, _, live, err := s.LeaseStatus(ctx, "stage/"+key)
 	if err != nil || live || !li.Released || li.Holder != "machine-b" {
 		t.Errorf("b's lease after its plan failed: %+v live %v, %v", li, live, err)
@@ -108,14 +101,7 @@ func TestSharedStatus(t *testing.T) {
 		t.Errorf("machine-b's status of a: %s %+v", s.State, s.Shared)
 	}
 	// Someone holds a's lease (a forced run on machine-c).
-	b, err := local.New(shared)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := store.Open(ctx, b, store.Options{CacheDir: t.TempDir(), SkipProbe: true, Host: "machine-c"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openDirStore(t, shared, "machine-c")
 	l, err := s.AcquireLease(ctx, "stage/"+key, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -124,4 +110,46 @@ func TestSharedStatus(t *testing.T) {
 	if sh := status(cacheB)["a"].Shared; sh == nil || sh.Making != "machine-c" || sh.Until == nil || time.Until(*sh.Until) <= 0 {
 		t.Errorf("status while machine-c holds a's lease: %+v", sh)
 	}
+}
+
+// A stage made here but not in the shared store (a run killed before it
+// shared it, a store seeded late) is shared by a run that takes it as an
+// input from outside its selection (--only), so that no other machine
+// makes it again.
+func TestSharedOutsideInputShared(t *testing.T) {
+	shared, cache := t.TempDir(), filepath.Join(t.TempDir(), "cache")
+	stages := "stages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: a }\n"
+	ctx := context.Background()
+	alone := loadSpec(t, t.TempDir(), "name: p\nstore: "+cache+"\n"+stages)
+	rep, err := Run(ctx, alone, Options{Host: "machine-a", Only: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyA := rep.Stages[0].Key
+	spec := loadSpec(t, t.TempDir(), "name: p\nstore: file://"+shared+"\n"+stages)
+	spec.Store = cache
+	if _, err := Run(ctx, spec, Options{Host: "machine-a", Only: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	s := openDirStore(t, shared, "")
+	if r, err := s.Record(ctx, keyA); err != nil || r.Host != "machine-a" {
+		t.Fatalf("a in the shared store after a run of --only b: %+v, %v", r, err)
+	}
+	if ref, err := s.GetRef(ctx, "pipelines/p/a"); err != nil || ref.Value != keyA {
+		t.Errorf("a's ref: %+v, %v", ref, err)
+	}
+}
+
+// openDirStore opens the shared store in dir as machine host.
+func openDirStore(t *testing.T, dir, host string) *store.Store {
+	t.Helper()
+	b, err := local.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(context.Background(), b, store.Options{CacheDir: t.TempDir(), SkipProbe: true, Host: host})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

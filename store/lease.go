@@ -541,6 +541,9 @@ func (l *Lease) renew(ctx context.Context, sent time.Time) {
 	}
 }
 
+// releaseTimeout bounds a Release's write.
+const releaseTimeout = 15 * time.Second
+
 // Release gives the lease up: the next AcquireLease takes it at once. It
 // returns ErrLeaseLost if the lease was lost before. A lease whose
 // context ended (Ctrl-C) is released too: the run that comes next, here
@@ -559,6 +562,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.forget(true)
 		return err
 	}
+	// Bounded: a storage that stopped answering must not hold up the
+	// end of a run (or its Ctrl-C); the lease then expires after its ttl.
+	ctx, cancel := context.WithTimeout(ctx, min(l.ttl, releaseTimeout))
+	defer cancel()
 	err := l.write(ctx, func(i *LeaseInfo) { i.Released = true })
 	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%s: lease %s: taken over before release: %w", l.s.b, l.name, ErrLeaseLost)

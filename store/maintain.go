@@ -456,12 +456,16 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 			return s.WaitLease(ctx, name, ttl, 0, nil)
 		}
 	}
-	lease, err := acquire(ctx, gcLease, time.Minute)
-	if err != nil {
-		return nil, err
+	leaseErr := func() error { return nil }
+	if !opt.DryRun {
+		// A dry run writes nothing, its lease included.
+		lease, err := acquire(ctx, gcLease, time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		defer lease.Release(context.WithoutCancel(ctx))
+		ctx, leaseErr = lease.Context(), lease.Err
 	}
-	defer lease.Release(context.WithoutCancel(ctx))
-	ctx, leaseErr := lease.Context(), lease.Err
 	live, err := s.liveLeases(ctx)
 	if err != nil {
 		return nil, err
@@ -564,11 +568,13 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 // the takeover is, and it creates the lease anew). Storage that ignores
 // conditional deletes keeps its leases.
 func (s *Store) removeOldLeases(ctx context.Context, opt GCOptions, rep *GCReport) error {
-	if s.probe == nil {
-		s.probe = Probe(ctx, s.b)
-	}
-	if !s.probe.ConditionalDelete {
-		return nil
+	if !opt.DryRun {
+		if s.probe == nil {
+			s.probe = Probe(ctx, s.b)
+		}
+		if !s.probe.ConditionalDelete {
+			return nil
+		}
 	}
 	var names []string
 	if err := s.b.List(ctx, "leases/", func(in Info) error {

@@ -320,6 +320,8 @@ func pipelineStatus(c *cli.Context) error {
 				fmt.Fprintf(w, "    in %s: being made on %s (lease until %s)\n", rep.Shared, sh.Making, sh.Until.Local().Format("15:04:05"))
 			case sh.Same:
 				fmt.Fprintf(w, "    in %s: this record, made on %s\n", rep.Shared, sh.Host)
+			case s.Key == "":
+				fmt.Fprintf(w, "    in %s: record %s, made on %s (a run here fetches it if its inputs match)\n", rep.Shared, sh.Key[:min(12, len(sh.Key))], sh.Host)
 			default:
 				fmt.Fprintf(w, "    in %s: another record (%s), made on %s\n", rep.Shared, sh.Key[:min(12, len(sh.Key))], sh.Host)
 			}

@@ -566,6 +566,10 @@ func TestPipelineSharedSeedPlanOnly(t *testing.T) {
 	if r := execFerry(t, []string{"AWS_SECRET_ACCESS_KEY=wrong"}, "pipeline", "status", "--cache", mac.cache, mac.file); r.code != 2 || !strings.Contains(r.stderr, "credentials") || !strings.Contains(r.stdout, "merged (merge): never-run") {
 		t.Errorf("status with wrong credentials: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// A pipeline file on a shared store names that store to store commands.
+	if r := execFerry(t, nil, "store", "du", mac.file); r.code != 0 || !strings.Contains(r.stdout, "store "+url+": ") {
+		t.Errorf("store du of the pipeline file: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	// Its plan says what a run does: the input from the bucket.
 	r = execFerry(t, nil, "pipeline", "plan", "--json", "--only", "quants", "--cache", mac.cache, mac.file)
 	var only pipeline.Report

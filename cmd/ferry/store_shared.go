@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/pipeline"
 	"github.com/ferry-llm/ferry/store"
 	s3store "github.com/ferry-llm/ferry/store/s3"
 )
@@ -45,6 +46,13 @@ func sharedStoreArg(c *cli.Context) (string, bool) {
 	if _, err := os.Stat(filepath.Join(arg, "format")); err == nil {
 		if _, err := os.Stat(filepath.Join(arg, "manifest.json")); err != nil {
 			return arg, true
+		}
+	}
+	// A pipeline file whose store: is shared names that store (its cache
+	// is a directory of its own, named as one).
+	if fi, err := os.Stat(arg); err == nil && fi.Mode().IsRegular() {
+		if spec, err := pipeline.Load(arg, pipeline.WithKinds(stageKinds())); err == nil && spec.Shared != "" {
+			return storeArg(spec.Shared), true
 		}
 	}
 	return "", false
@@ -100,7 +108,8 @@ func sharedGC(c *cli.Context, arg string) error {
 	if g := c.Duration("grace"); g <= 0 {
 		return usageErrorf("%s --grace %v: must be positive", commandPath(c), g)
 	}
-	s, err := openShared(c, arg, true)
+	// A dry run writes nothing: not the probe's objects either.
+	s, err := openShared(c, arg, !c.Bool("dry-run"))
 	if err != nil {
 		return err
 	}
@@ -216,6 +225,14 @@ func storeCopy(c *cli.Context) error {
 		defer dstLock.Unlock()
 	}
 	if !s3store.IsURL(dstArg) {
+		if !s3store.IsURL(srcArg) {
+			// One inside the other: the copy would read what it writes.
+			a, _ := filepath.Abs(srcArg)
+			b, _ := filepath.Abs(dstArg)
+			if a != b && (strings.HasPrefix(b, a+string(filepath.Separator)) || strings.HasPrefix(a, b+string(filepath.Separator))) {
+				return usageErrorf("store copy: %s and %s: one is inside the other", srcArg, dstArg)
+			}
+		}
 		if err := copyDirDest(dstArg); err != nil {
 			return err
 		}

@@ -78,6 +78,14 @@ func TestStoreSharedCommands(t *testing.T) {
 	if !strings.Contains(out, "would remove 0 blobs") || !strings.Contains(out, "kept 2 blobs named by records") {
 		t.Errorf("gc: %s", out)
 	}
+	// A dry run writes nothing, not even its lease.
+	if _, err := os.Stat(srv.ObjectPath("ferry-cli", "team/leases/gc")); err == nil {
+		t.Error("gc --dry-run wrote the gc lease")
+	}
+	run(0, "store", "gc", bucket)
+	if _, err := os.Stat(srv.ObjectPath("ferry-cli", "team/leases/gc")); err != nil {
+		t.Errorf("gc took no lease: %v", err)
+	}
 	run(2, "store", "gc", "--journals", bucket)
 	run(2, "store", "gc", "--grace", "0s", bucket)
 
@@ -99,6 +107,9 @@ func TestStoreSharedCommands(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(model); len(ents) != 1 {
 		t.Errorf("the model's directory holds %d entries after a refused copy", len(ents))
+	}
+	if _, code, err := runFerry(t, "store", "copy", seed, filepath.Join(seed, "sub")); code != 2 || err == nil || !strings.Contains(err.Error(), "one is inside the other") {
+		t.Errorf("copy into its own source: exit %d, %v", code, err)
 	}
 	// file:// names a directory as a pipeline file's store: does.
 	run(0, "store", "verify", "file://"+back)
