@@ -506,14 +506,16 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			}
 			if err != nil && r.shared != nil {
 				// Made on another machine: its latest record in the
-				// shared store, fetched here.
-				rec, host, serr := r.sharedInput(ctx, ds)
+				// shared store, fetched only when a stage that reads it
+				// runs here (fetchInputs): one fetched itself reads none.
+				sin, host, serr := r.planSharedRef(ctx, ds)
 				if serr != nil {
 					return nil, fmt.Errorf("stage %s needs %s: %w", st.Name, dep.Name, serr)
 				}
-				if rec != nil {
-					r.log.Info("input fetched from the shared store", "stage", dep.Name, "host", host, "outputs", len(rec.Outputs))
-					in, err = r.recordInput(ds, rec), nil
+				if sin != nil {
+					r.log.Info("input in the shared store", "stage", dep.Name, "host", host, "outputs", len(sin.Outputs))
+					outside[dep.Name] = sin
+					continue
 				}
 			}
 			if err != nil {
@@ -809,6 +811,10 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		r.emit(Event{Event: EventSkip, Stage: st.Name, Kind: st.Kind, Reason: d.reason, View: sr.View, Outputs: sr.Outputs, Bytes: outputBytes(sr.Outputs)})
 		in := r.recordInput(st, d.rec)
 		return sr, &in, nil
+	}
+	// It runs here: inputs still in the shared store only are fetched.
+	if ins, err = r.fetchInputs(ctx, ins); err != nil {
+		return sr, nil, err
 	}
 	// Planned again, as plan does, now that its inputs are made: what it
 	// will need.

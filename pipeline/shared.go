@@ -532,23 +532,53 @@ func (r *runner) setRef(ctx context.Context, st *StageSpec, key string) error {
 	return r.shared.s.PointRef(ctx, manifest.StageRef(r.spec.Name, st.Name), key)
 }
 
-// sharedInput is the latest record of stage st of this pipeline in the
-// shared store (its ref), fetched into the local store: the input of a
-// stage run with --only or --from on a machine that did not make it.
-func (r *runner) sharedInput(ctx context.Context, st *StageSpec) (*manifest.Record, string, error) {
-	ref, err := r.shared.s.GetRef(ctx, manifest.StageRef(r.spec.Name, st.Name))
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, "", nil
+// intact says whether every output of rec is here, by its stamp.
+func (r *runner) intact(rec *manifest.Record) bool {
+	for _, o := range rec.Outputs {
+		if r.store.CheckBlob(o.Digest, o.Size, false) != "" {
+			return false
+		}
 	}
-	if err != nil {
-		return nil, "", err
+	return true
+}
+
+// fetchInputs returns ins with each input that is in the shared store
+// only (an input from outside a --only or --from selection, made on
+// another machine: planSharedRef) fetched into the local store, recorded
+// there and given its view; each once per run.
+func (r *runner) fetchInputs(ctx context.Context, ins []Input) ([]Input, error) {
+	out := append([]Input(nil), ins...)
+	for i, in := range out {
+		if !in.fetched {
+			continue
+		}
+		st := r.spec.Lookup(in.Stage)
+		err := func() error {
+			defer r.lockKey("input " + in.Stage)()
+			if rec := r.store.StageRecord(r.spec.Name, in.Stage); rec != nil && rec.Key == in.Key && r.intact(rec) {
+				out[i] = r.recordInput(st, rec) // fetched by another stage of this run
+				return nil
+			}
+			srec, err := r.shared.s.Record(ctx, in.Key)
+			if err != nil {
+				return fmt.Errorf("input %s: record %s in %s: %w", in.Stage, in.Key, r.shared.s, err)
+			}
+			rec, err := r.materialize(ctx, st, nil, nil, srec)
+			if err != nil {
+				return fmt.Errorf("input %s: %w", in.Stage, err)
+			}
+			r.log.Info("input fetched from the shared store", "stage", in.Stage, "host", srec.Host, "outputs", len(rec.Outputs))
+			out[i] = r.recordInput(st, rec)
+			return nil
+		}()
+		if err != nil {
+			return nil, err
+		}
+		if err := r.store.MakeView(out[i].Dir, out[i].Outputs); err != nil {
+			return nil, err
+		}
 	}
-	srec, err := r.shared.s.Record(ctx, ref.Value)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: ref %s names record %s: %w", r.shared.s, ref.Name, ref.Value, err)
-	}
-	rec, err := r.materialize(ctx, st, nil, nil, srec)
-	return rec, srec.Host, err
+	return out, nil
 }
 
 // trimCache keeps this machine's cache of a shared store within its bound

@@ -605,6 +605,44 @@ func TestPipelineSharedSeedPlanOnly(t *testing.T) {
 	if _, ok := got[filepath.Join("quants", "Merged-3.7M-Q4_K_M.gguf")]; !ok {
 		t.Errorf("the Mac has no quants view: %d files", len(got))
 	}
+	// quants was fetched whole: its input f16 was not (a 27B F16 is
+	// three times the Q4_K_M a Mac wants).
+	f16View := "gguf" + string(filepath.Separator) // demo.yaml's out: of f16
+	for n := range want2 {
+		if strings.HasPrefix(n, f16View) {
+			if _, ok := got[n]; ok {
+				t.Errorf("--only quants, fetched: f16 was fetched too (%s)", n)
+			}
+		}
+	}
+	r = execFerry(t, nil, "pipeline", "status", "--json", "--cache", mac.cache, mac.file)
+	var after pipeline.StatusReport
+	if err := json.Unmarshal([]byte(r.stdout), &after); err != nil || r.code != 0 {
+		t.Fatalf("status: exit %d, %v\n%s", r.code, err, r.stderr)
+	}
+	for _, s := range after.Stages {
+		if want := map[string]pipeline.State{"f16": pipeline.StateNeverRun, "quants": pipeline.StateComplete}[s.Stage]; want != "" && s.State != want {
+			t.Errorf("after --only quants: %s is %s, want %s", s.Stage, s.State, want)
+		}
+	}
+	// Made here again (forced): now its input is fetched, and the bytes
+	// are the same.
+	cmd, ch, errb = mac.startRun(t, "--only", "quants", "--force", "quants")
+	evs, code = collect(t, mac, cmd, ch, errb)
+	if code != 0 || len(byStage(evs, pipeline.EventRun)["quants"]) != 1 {
+		t.Fatalf("--only quants --force quants: exit %d, runs %v", code, byStage(evs, pipeline.EventRun))
+	}
+	got = viewFiles(t, mac.dir)
+	for n, b := range got {
+		if !bytes.Equal(b, want2[n]) {
+			t.Errorf("%s differs from the seeding machine's after a forced run", n)
+		}
+	}
+	for n := range want2 {
+		if _, ok := got[n]; strings.HasPrefix(n, f16View) && !ok {
+			t.Errorf("the forced run's input f16 has no view of %s", n)
+		}
+	}
 }
 
 // Bad cases of a pipeline on a shared store, each a clear error or a clean
