@@ -486,6 +486,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	}
 	// Inputs from outside the selection must exist before anything runs.
 	outside := map[string]*Input{}
+	var toShare []func()
 	for _, st := range spec.Stages {
 		if !sel[st.Name] {
 			continue
@@ -498,10 +499,10 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			in, err := r.existingInput(ds)
 			if err == nil && r.shared != nil && shareable(ds) {
 				// Made here, maybe by a run killed before it shared it:
-				// shared now (behind the run, under its stage lease),
-				// or another machine would make it again.
+				// shared once the run starts (behind it, under its stage
+				// lease), or another machine would make it again.
 				if rec := r.store.Record(in.Key); rec != nil {
-					r.publish(ctx, ds, rec, nil)
+					toShare = append(toShare, func() { r.publish(ctx, ds, rec, nil) })
 				}
 			}
 			if err != nil && r.shared != nil {
@@ -540,6 +541,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			return nil, &InterruptedError{Err: cerr}
 		}
 		return nil, fmt.Errorf("%w; nothing was run (see 'ferry pipeline plan')", err)
+	}
+	for _, share := range toShare {
+		share()
 	}
 
 	r.step = map[string]int{}
