@@ -233,6 +233,11 @@ func (r *runner) fromShared(ctx context.Context, st *StageSpec, d decision) (*ma
 		r.log.Warn("the shared record names a blob that is gone: the stage is made again", "stage", st.Name, "err", err)
 		return nil, "", nil
 	}
+	if errors.Is(err, store.ErrDigestMismatch) {
+		// A blob the storage holds damaged (create-only: storing it again
+		// would keep it): removed by hand, the stage is made again.
+		return nil, "", fmt.Errorf("%w; 'ferry store verify --repair %s' removes the damaged blob, and the next run makes the stage again", err, r.shared.s)
+	}
 	if err != nil {
 		return nil, "", err
 	}

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/ferry-llm/ferry/store"
 	"github.com/ferry-llm/ferry/store/local"
+	"github.com/ferry-llm/ferry/store/storetest"
 
 	. "github.com/ferry-llm/ferry/pipeline"
 )
@@ -152,4 +154,47 @@ func openDirStore(t *testing.T, dir, host string) *store.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// A blob damaged in the shared store: the machine that fetches it stops
+// with an error that says how to repair it (it is create-only: storing
+// it again would keep the damaged one), nothing of it is kept; once
+// verify's repair has removed it, the next run makes the stage again and
+// stores it whole.
+func TestSharedDamagedBlob(t *testing.T) {
+	shared := t.TempDir()
+	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n"
+	open := func() *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+	ctx := context.Background()
+	rep, err := Run(ctx, open(), Options{Host: "machine-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openDirStore(t, shared, "")
+	rec, err := s.Record(ctx, rep.Stages[0].Key)
+	if err != nil || len(rec.Outputs) == 0 {
+		t.Fatalf("a's record: %+v, %v", rec, err)
+	}
+	blob := filepath.Join(shared, filepath.FromSlash(store.BlobKey(rec.Outputs[0].Digest)))
+	storetest.DamageFile(t, blob)
+
+	_, err = Run(ctx, open(), Options{Host: "machine-b"})
+	if !errors.Is(err, store.ErrDigestMismatch) || !strings.Contains(err.Error(), "'ferry store verify --repair "+shared+"' removes the damaged blob") {
+		t.Fatalf("run on a damaged blob: %v", err)
+	}
+	vr, err := s.VerifyWith(ctx, store.VerifyOptions{Repair: true})
+	if err != nil || len(vr.Problems) != 1 || !vr.Problems[0].Removed {
+		t.Fatalf("repair: %+v, %v", vr, err)
+	}
+	rep, err = Run(ctx, open(), Options{Host: "machine-c"})
+	if err != nil || rep.Stages[0].Action != ActionRun {
+		t.Fatalf("run after the repair: %+v, %v", rep.Stages, err)
+	}
+	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
+		t.Errorf("verify after the stage was made again: %+v, %v", vr, err)
+	}
 }

@@ -666,16 +666,22 @@ func (s *Store) stream(ctx context.Context, key string, start, size int64, fn fu
 // HashBlob re-reads the blob d (ranged reads, in parallel) and returns the
 // SHA-256 of what the storage holds, and its size.
 func (s *Store) HashBlob(ctx context.Context, d digest.Digest, progress func(int64)) (digest.Digest, int64, error) {
+	_, got, n, err := s.hashBlob(ctx, d, progress)
+	return got, n, err
+}
+
+// hashBlob is HashBlob, with the Info of the version it read.
+func (s *Store) hashBlob(ctx context.Context, d digest.Digest, progress func(int64)) (Info, digest.Digest, int64, error) {
 	if progress == nil {
 		progress = func(int64) {}
 	}
 	key := BlobKey(d)
 	in, err := s.b.Head(ctx, key)
 	if errors.Is(err, ErrNotFound) {
-		return "", 0, fmt.Errorf("%s: blob %s: %w", s.b, d, ErrBlobMissing)
+		return Info{}, "", 0, fmt.Errorf("%s: blob %s: %w", s.b, d, ErrBlobMissing)
 	}
 	if err != nil {
-		return "", 0, err
+		return Info{}, "", 0, err
 	}
 	h := hashing.NewWriter(nil)
 	err = s.stream(ctx, key, 0, in.Size, func(off int64, buf []byte) error {
@@ -684,9 +690,9 @@ func (s *Store) HashBlob(ctx context.Context, d digest.Digest, progress func(int
 		return nil
 	})
 	if err != nil {
-		return "", 0, err
+		return Info{}, "", 0, err
 	}
-	return digest.New(sumBytes(h)), h.Size(), nil
+	return in, digest.New(sumBytes(h)), h.Size(), nil
 }
 
 // fetchFile is FetchBlob through a FileGetter: the copy is hashed before

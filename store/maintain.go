@@ -99,6 +99,13 @@ type Problem struct {
 	Output string        `json:"output,omitempty"` // the record's output that names Blob
 	Key    string        `json:"key,omitempty"`    // an object under blobs/ not named by a digest
 	What   string        `json:"what"`
+	// Records and Refs, for a blob whose bytes do not hash to its name:
+	// the records that name it and the refs (pipelines/PIPELINE/STAGE)
+	// that point at those, so the user knows which stages it breaks.
+	Records []string `json:"records,omitempty"`
+	Refs    []string `json:"refs,omitempty"`
+	// Removed: VerifyOptions.Repair removed that blob.
+	Removed bool `json:"removed,omitempty"`
 	// Err is ErrBlobMissing, ErrSizeMismatch or ErrDigestMismatch, where
 	// the problem is one of those.
 	Err error `json:"-"`
@@ -145,6 +152,13 @@ type VerifyOptions struct {
 	// hash to and their count (one call at a time). A cache on the same
 	// files stamps the good ones.
 	Blob func(d, got digest.Digest, size int64)
+	// Repair removes each blob whose bytes do not hash to its name,
+	// hashed a second time with the same answer, by a delete conditional
+	// on the version hashed. The records that name it are left: they
+	// then name a missing blob, and the next run that needs one of their
+	// stages makes it again and stores the blob again (a blob is
+	// create-only, so a damaged one stands until it is removed).
+	Repair bool
 }
 
 // Verify re-hashes every blob as the storage returns it (ranged reads)
@@ -202,13 +216,14 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 		got  digest.Digest
 		size int64
 		gone bool
+		etag string
 	}
 	res := make([]hashed, len(ds))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(opt.Parallel, 1))
 	for i, d := range ds {
 		g.Go(func() error {
-			got, size, err := s.HashBlob(gctx, d, progress)
+			in, got, size, err := s.hashBlob(gctx, d, progress)
 			if errors.Is(err, ErrBlobMissing) {
 				res[i].gone = true // removed since the listing (gc)
 				return nil
@@ -216,7 +231,7 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 			if err != nil {
 				return err
 			}
-			res[i] = hashed{got: got, size: size}
+			res[i] = hashed{got: got, size: size, etag: in.ETag}
 			if opt.Blob != nil {
 				mu.Lock()
 				opt.Blob(d, got, size)
@@ -228,6 +243,7 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	var refs map[string][]string
 	for i, d := range ds {
 		r := res[i]
 		if r.gone {
@@ -236,13 +252,90 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 		rep.Blobs++
 		rep.Bytes += r.size
 		if r.got != d {
-			rep.Problems = append(rep.Problems, Problem{Blob: d, What: fmt.Sprintf("the storage returns %d bytes that hash to %s: %v", r.size, r.got, ErrDigestMismatch), Err: ErrDigestMismatch})
+			if refs == nil {
+				if refs, err = s.refsByRecord(ctx); err != nil {
+					return nil, err
+				}
+			}
+			p := Problem{Blob: d, What: fmt.Sprintf("the storage returns %d bytes that hash to %s: %v", r.size, r.got, ErrDigestMismatch), Err: ErrDigestMismatch}
+			for _, rec := range recs {
+				if rec.names(d) {
+					p.Records = append(p.Records, rec.Key)
+					p.Refs = append(p.Refs, refs[rec.Key]...)
+				}
+			}
+			sort.Strings(p.Refs)
+			if opt.Repair {
+				if err := s.removeDamaged(ctx, d, r.etag); err != nil {
+					if ctx.Err() != nil {
+						return nil, err
+					}
+					p.What += "; not removed: " + err.Error()
+				} else {
+					p.Removed = true
+				}
+			}
+			rep.Problems = append(rep.Problems, p)
 		}
 		if !referenced[d] {
 			rep.Unreferenced++
 		}
 	}
 	return rep, nil
+}
+
+// names reports whether one of r's outputs is blob d.
+func (r *Record) names(d digest.Digest) bool {
+	for _, o := range r.Outputs {
+		if o.Digest == d {
+			return true
+		}
+	}
+	return false
+}
+
+// removeDamaged removes blob d, which hashed to another digest as the
+// version etag: hashed once more first, so a read damaged on its way
+// here removes nothing, then deleted only if it is still that version.
+func (s *Store) removeDamaged(ctx context.Context, d digest.Digest, etag string) error {
+	in, got, _, err := s.hashBlob(ctx, d, nil)
+	if errors.Is(err, ErrBlobMissing) {
+		return nil // removed since (another repair)
+	}
+	if err != nil {
+		return err
+	}
+	if got == d {
+		return errors.New("hashed again, it is whole (the first read was damaged on its way here)")
+	}
+	if in.ETag != etag {
+		return errors.New("replaced while it was read")
+	}
+	if err := s.b.Delete(ctx, BlobKey(d), etag); err != nil && !errors.Is(err, ErrNotFound) {
+		if errors.Is(err, ErrPrecondition) {
+			return errors.New("replaced while it was read")
+		}
+		return err
+	}
+	return nil
+}
+
+// refsByRecord maps each record key to the refs that point at it.
+func (s *Store) refsByRecord(ctx context.Context) (map[string][]string, error) {
+	refs := map[string][]string{}
+	err := s.b.List(ctx, "refs/", func(in Info) error {
+		name := strings.TrimPrefix(in.Key, "refs/")
+		ref, err := s.GetRef(ctx, name)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		refs[ref.Value] = append(refs[ref.Value], name)
+		return nil
+	})
+	return refs, err
 }
 
 // LeaseUse is a live lease, as du and gc report it.
@@ -313,19 +406,8 @@ func (s *Store) DiskUsage(ctx context.Context) (*Usage, error) {
 			}
 		}
 	}
-	refs := map[string][]string{}
-	if err := s.b.List(ctx, "refs/", func(in Info) error {
-		name := strings.TrimPrefix(in.Key, "refs/")
-		ref, err := s.GetRef(ctx, name)
-		if errors.Is(err, ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		refs[ref.Value] = append(refs[ref.Value], name)
-		return nil
-	}); err != nil {
+	refs, err := s.refsByRecord(ctx)
+	if err != nil {
 		return nil, err
 	}
 	u.ByRecord = []RecordUsage{}

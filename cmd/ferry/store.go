@@ -26,6 +26,7 @@ func storeCommand() *cli.Command {
 				Usage:     "re-hash every blob and check every record (exit 3 on damage)",
 				ArgsUsage: "STORE_DIR | PIPELINE.yaml | s3://BUCKET/PREFIX",
 				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "repair", Usage: "shared store: remove each blob whose bytes do not hash to its name (hashed twice), so the next run makes its stages again (a pipeline's own store needs no flag: its next run does)"},
 					jsonFlag("print the result as JSON"),
 				},
 				Action: storeVerify,
@@ -127,6 +128,9 @@ func lockStore(c *cli.Context, s *manifest.Store) (*manifest.Lock, error) {
 func storeVerify(c *cli.Context) error {
 	if arg, ok := sharedStoreArg(c); ok {
 		return sharedVerify(c, arg)
+	}
+	if c.Bool("repair") {
+		return usageErrorf("%s --repair: for a shared store; a pipeline's own store marks what verify finds damaged, and its next run makes those stages again", commandPath(c))
 	}
 	s, lock, err := openStoreArg(c)
 	if err != nil {

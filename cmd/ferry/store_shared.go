@@ -69,17 +69,28 @@ func openShared(c *cli.Context, arg string, probe bool) (*store.Store, error) {
 }
 
 func sharedVerify(c *cli.Context, arg string) error {
-	s, err := openShared(c, arg, false)
+	repair := c.Bool("repair")
+	// Repair deletes: the store is probed as for gc.
+	s, err := openShared(c, arg, repair)
 	if err != nil {
 		return err
 	}
 	pg := newProgress(c, false)
 	bar := pg.New("re-hashing", -1, "task", "store verify")
-	rep, err := s.Verify(c.Context, bar.Add)
+	rep, err := s.VerifyWith(c.Context, store.VerifyOptions{Progress: bar.Add, Repair: repair})
 	bar.Close()
 	pg.Close()
 	if err != nil {
 		return err
+	}
+	damaged, removed := 0, 0
+	for _, p := range rep.Problems {
+		if errors.Is(p.Err, store.ErrDigestMismatch) {
+			damaged++
+			if p.Removed {
+				removed++
+			}
+		}
 	}
 	if c.Bool("json") {
 		if err := printJSON(c, rep); err != nil {
@@ -91,12 +102,38 @@ func sharedVerify(c *cli.Context, arg string) error {
 			rep.Store, rep.Blobs, rep.Bytes, rep.Records, rep.Unreferenced)
 		for _, p := range rep.Problems {
 			fmt.Fprintf(w, "  DAMAGED %s\n", p)
+			if len(p.Records) > 0 {
+				named := "record " + strings.Join(shortKeys(p.Records), ", ")
+				if len(p.Refs) > 0 {
+					named = strings.Join(p.Refs, ", ") + " (" + named + ")"
+				}
+				fmt.Fprintf(w, "    named by %s\n", named)
+			}
+			if p.Removed {
+				fmt.Fprintf(w, "    removed: the next run that needs it makes it again\n")
+			}
 		}
 	}
 	if !rep.OK() {
-		return verifyFailed(fmt.Errorf("store %s: %s", rep.Store, plural(len(rep.Problems), "problem")))
+		msg := fmt.Sprintf("store %s: %s", rep.Store, plural(len(rep.Problems), "problem"))
+		switch {
+		case removed > 0:
+			msg += fmt.Sprintf("; %s removed: the next run of the stages that name them makes them again", plural(removed, "damaged blob"))
+		case damaged > 0:
+			msg += fmt.Sprintf("; 'ferry %s --repair %s' removes the %s, so the next run makes their stages again", commandPath(c), c.Args().First(), plural(damaged, "damaged blob"))
+		}
+		return verifyFailed(errors.New(msg))
 	}
 	return nil
+}
+
+// shortKeys are record keys as du shows them: their first 12 characters.
+func shortKeys(keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k[:min(12, len(k))]
+	}
+	return out
 }
 
 func sharedGC(c *cli.Context, arg string) error {

@@ -130,9 +130,10 @@ func TestStoreSharedCommands(t *testing.T) {
 	if err := os.WriteFile(srv.ObjectPath("ferry-cli", "team/blobs/sha256/"+outs[1].Digest.Hex()), []byte(`{"model_type":"qwen2"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out = run(3, "store", "verify", bucket)
-	if !strings.Contains(out, "DAMAGED blob "+string(outs[1].Digest)) {
-		t.Errorf("verify of a damaged blob: %s", out)
+	out, code, err := runFerry(t, "store", "verify", bucket)
+	if code != 3 || !strings.Contains(out, "DAMAGED blob "+string(outs[1].Digest)) || !strings.Contains(out, "named by record k1\n") ||
+		err == nil || !strings.Contains(err.Error(), "'ferry store verify --repair "+bucket+"' removes the 1 damaged blob") {
+		t.Errorf("verify of a damaged blob: exit %d, %v\n%s", code, err, out)
 	}
 	// A copy from it copies what it can and names what it could not.
 	if err := s.PutBlob(ctx, digest.Of([]byte("other")), bytes.NewReader([]byte("other")), 5, nil); err != nil {
@@ -150,6 +151,22 @@ func TestStoreSharedCommands(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(pulled, "records", "k1.json")); err == nil {
 		t.Error("the record whose blob is damaged was copied")
 	}
+	// --repair removes the damaged blob (and nothing whole); a copy from
+	// a store that holds it whole, or the next run of its stage, puts it
+	// back.
+	damagedKey := "team/blobs/sha256/" + outs[1].Digest.Hex()
+	out = run(3, "store", "verify", "--repair", bucket)
+	if !strings.Contains(out, "removed: the next run that needs it makes it again") {
+		t.Errorf("verify --repair: %s", out)
+	}
+	if _, err := os.Stat(srv.ObjectPath("ferry-cli", damagedKey)); err == nil {
+		t.Error("verify --repair left the damaged blob")
+	}
+	if _, err := os.Stat(srv.ObjectPath("ferry-cli", "team/blobs/sha256/"+outs[0].Digest.Hex())); err != nil {
+		t.Errorf("verify --repair removed a whole blob: %v", err)
+	}
+	run(0, "store", "copy", seed, bucket)
+	run(0, "store", "verify", bucket)
 	if out, _, err := runFerry(t, "store", "verify", "s3://ferry-cli/nothing-here"); err == nil || !strings.Contains(err.Error(), "no ferry store there") {
 		t.Errorf("verify of an empty prefix: %v\n%s", err, out)
 	}

@@ -105,6 +105,9 @@ func TestStoreDU(t *testing.T) {
 	if _, code, err := runFerry(t, "store", "gc", "--grace", "1h", p); code != 2 || err == nil || !strings.Contains(err.Error(), "no grace period applies") {
 		t.Errorf("gc --grace on a pipeline's store: exit %d, %v", code, err)
 	}
+	if _, code, err := runFerry(t, "store", "verify", "--repair", p); code != 2 || err == nil || !strings.Contains(err.Error(), "its next run makes those stages again") {
+		t.Errorf("verify --repair on a pipeline's store: exit %d, %v", code, err)
+	}
 
 	var g manifest.GCReport
 	if err := json.Unmarshal([]byte(run("store", "gc", "--prune-records", "--json", p)), &g); err != nil {

@@ -1117,7 +1117,20 @@ func testGCWhileReusing(t *testing.T, h Harness) {
 	data := []byte("made by a run whose record was dropped\n")
 	d := putBlob(t, w, data)
 	grace := 500 * time.Millisecond
-	time.Sleep(grace + time.Second) // older than grace by whole-second dates too
+	// Older than grace by the storage's clock, whose dates may have whole
+	// seconds and lag on a loaded machine (a server's cached Date header).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		in, err := raw.Head(ctx, store.BlobKey(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Date.Sub(in.Modified) > grace {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the blob is not older than %v by the storage's clock after 30 s: %+v", grace, in)
+		}
+	}
 	wrote := make(chan error, 1)
 	b := &listHook{Backend: raw}
 	b.fn = func() {
@@ -1162,7 +1175,7 @@ func testGCWhileReusing(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	if rep.RemovedBlobs != 1 {
-		t.Errorf("gc removed %d blobs, want 1 (it read the leases before the writer's protection)", rep.RemovedBlobs)
+		t.Errorf("gc removed %d blobs, want 1 (it read the leases before the writer's protection): %+v", rep.RemovedBlobs, rep)
 	}
 	select {
 	case err := <-wrote:
@@ -1203,6 +1216,9 @@ func testVerify(t *testing.T, h Harness) {
 	if _, err := s.CommitRecord(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.PointRef(ctx, "pipelines/p/s", "k"); err != nil {
+		t.Fatal(err)
+	}
 	var hashed int64
 	rep, err := s.Verify(ctx, func(n int64) { hashed += n })
 	if err != nil || !rep.OK() || rep.Blobs != 3 || rep.Records != 1 || rep.Unreferenced != 1 {
@@ -1221,13 +1237,102 @@ func testVerify(t *testing.T, h Harness) {
 	}
 	var damaged, missing bool
 	for _, p := range rep.Problems {
-		damaged = damaged || p.Blob == d2 && p.Record == "" && strings.Contains(p.What, "hash to")
+		// The damaged blob names the record and ref it breaks.
+		damaged = damaged || p.Blob == d2 && p.Record == "" && strings.Contains(p.What, "hash to") &&
+			slices.Equal(p.Records, []string{"k"}) && slices.Equal(p.Refs, []string{"pipelines/p/s"}) && !p.Removed
 		missing = missing || p.Blob == d1 && p.Record == "k" && strings.Contains(p.What, "blob missing")
 	}
 	if !damaged || !missing {
-		t.Errorf("problems: %v", rep.Problems)
+		t.Errorf("problems: %+v", rep.Problems)
 	}
-	_ = d3
+	if _, ok, err := s.HasBlob(ctx, d2); err != nil || !ok {
+		t.Fatalf("verify without Repair removed the damaged blob (%v)", err)
+	}
+	// Repair removes the damaged blob (and only it): the record then
+	// names a missing blob, which a run makes and stores again.
+	rep, err = s.VerifyWith(ctx, store.VerifyOptions{Repair: true})
+	if err != nil || rep.OK() {
+		t.Fatalf("verify --repair: %+v, %v", rep, err)
+	}
+	var removed int
+	for _, p := range rep.Problems {
+		if p.Removed {
+			removed++
+			if p.Blob != d2 {
+				t.Errorf("repair removed blob %s, not the damaged %s", p.Blob, d2)
+			}
+		}
+	}
+	if removed != 1 {
+		t.Errorf("repair removed %d blobs, want 1: %+v", removed, rep.Problems)
+	}
+	if _, ok, err := s.HasBlob(ctx, d2); err != nil || ok {
+		t.Fatalf("the damaged blob is still there after repair (%v)", err)
+	}
+	if _, ok, err := s.HasBlob(ctx, d3); err != nil || !ok {
+		t.Fatalf("repair removed a whole blob (%v)", err)
+	}
+	rep, err = s.Verify(ctx, nil)
+	if err != nil || len(rep.Problems) != 2 {
+		t.Fatalf("verify after repair: %+v, %v", rep, err)
+	}
+	for _, p := range rep.Problems {
+		if p.Record != "k" || !errors.Is(p.Err, store.ErrBlobMissing) {
+			t.Errorf("after repair: %+v, want record k's two blobs missing", p)
+		}
+	}
+	if err := s.PutBlob(ctx, d2, bytes.NewReader(big), int64(len(big)), nil); err != nil {
+		t.Fatalf("storing the removed blob again: %v", err)
+	}
+	if got, _, err := s.HashBlob(ctx, d2, nil); err != nil || got != d2 {
+		t.Fatalf("the blob stored again hashes to %s (%v)", got, err)
+	}
+	// Bytes damaged on their way here, whole where they are stored: the
+	// first read is reported, and Repair, which hashes again before it
+	// removes, removes nothing.
+	dr := open(t, &damagingReads{Backend: b, read: map[string]bool{}}, "b")
+	rep, err = dr.VerifyWith(ctx, store.VerifyOptions{Repair: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reported int
+	for _, p := range rep.Problems {
+		if errors.Is(p.Err, store.ErrDigestMismatch) {
+			reported++
+			if p.Removed || !strings.Contains(p.What, "not removed: hashed again, it is whole") {
+				t.Errorf("a read damaged in transit: %+v", p)
+			}
+		}
+	}
+	if reported != 2 { // d2 and d3 (d1 is gone)
+		t.Errorf("%d damaged reads reported, want 2: %+v", reported, rep.Problems)
+	}
+	for _, d := range []digest.Digest{d2, d3} {
+		if _, ok, err := s.HasBlob(ctx, d); err != nil || !ok {
+			t.Errorf("repair removed whole blob %s after a damaged read (%v)", d, err)
+		}
+	}
+}
+
+// damagingReads damages the first ranged read of each key on its way:
+// the stored bytes stay whole.
+type damagingReads struct {
+	store.Backend
+	mu   sync.Mutex
+	read map[string]bool
+}
+
+func (b *damagingReads) GetRange(ctx context.Context, key string, off int64, buf []byte) error {
+	if err := b.Backend.GetRange(ctx, key, off, buf); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.read[key] && len(buf) > 0 {
+		b.read[key] = true
+		buf[0] ^= 0xff
+	}
+	return nil
 }
 
 // gc removes only blobs no record names, no live lease protects and that
