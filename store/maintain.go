@@ -38,6 +38,25 @@ func blobOfKey(key string) (digest.Digest, bool) {
 	return d, ok && err == nil
 }
 
+// ownUploads lists the unfinished uploads the store made: a blob's, or
+// the probe's scratch. Others under its prefix (an upload by another
+// tool, `ferry transfer` into the same bucket) are not the store's to
+// count or abort.
+func (s *Store) ownUploads(ctx context.Context, fn func(Upload) error) error {
+	for _, prefix := range []string{"blobs/", probePrefix} {
+		err := s.b.ListUploads(ctx, prefix, func(u Upload) error {
+			if _, ok := blobOfKey(u.Key); !ok && !strings.HasPrefix(u.Key, probePrefix) {
+				return nil
+			}
+			return fn(u)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // gcLease is the lease GC holds while it runs.
 const gcLease = "gc"
 
@@ -450,7 +469,7 @@ func (s *Store) DiskUsage(ctx context.Context) (*Usage, error) {
 			u.UnreferencedBytes += in.Size
 		}
 	}
-	if err := s.b.ListUploads(ctx, "", func(Upload) error { u.Uploads++; return nil }); err != nil {
+	if err := s.ownUploads(ctx, func(Upload) error { u.Uploads++; return nil }); err != nil {
 		return nil, err
 	}
 	if u.Leases, err = s.liveLeases(ctx); err != nil {
@@ -500,6 +519,9 @@ type GCReport struct {
 	KeptYoung      int    `json:"kept_young_blobs"`  // unreferenced, within the grace period
 	KeptLeased     int    `json:"kept_leased_blobs"` // unreferenced, named by a live lease
 	AbortedUploads int    `json:"aborted_uploads"`
+	// RemovedScratch: objects a store probe killed mid-way left under
+	// probe/, older than the grace period.
+	RemovedScratch int `json:"removed_scratch_objects"`
 	// RemovedLeases: released or expired leases past the grace period,
 	// removed by a delete conditional on the version read (only where the
 	// probe found conditional deletes honoured).
@@ -619,7 +641,7 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		return nil, err
 	}
 	var stale []Upload
-	if err := s.b.ListUploads(ctx, "", func(u Upload) error {
+	if err := s.ownUploads(ctx, func(u Upload) error {
 		// An upload a live lease protects is going on, however long it
 		// has taken (a slow link, a resume after a kill).
 		if d, ok := blobOfKey(u.Key); ok && protected[d] {
@@ -631,6 +653,24 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		return nil
 	}); err != nil {
 		return nil, err
+	}
+	// A probe killed before it cleaned up left scratch objects.
+	var scratch []string
+	if err := s.b.List(ctx, probePrefix, func(in Info) error {
+		if now.Date.Sub(in.Modified) > opt.Grace {
+			scratch = append(scratch, in.Key)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for _, k := range scratch {
+		if !opt.DryRun {
+			if err := s.b.Delete(ctx, k, ""); err != nil && !errors.Is(err, ErrNotFound) {
+				return nil, err
+			}
+		}
+		rep.RemovedScratch++
 	}
 	for _, u := range stale {
 		if !opt.DryRun {

@@ -46,6 +46,10 @@ func (r *ProbeReport) Err() error {
 		r.Store, ErrNotShareable, strings.Join(failed, "; "), r.Store)
 }
 
+// probePrefix is where Probe writes its scratch objects; a probe killed
+// before it removed them leaves them to gc.
+const probePrefix = "probe/"
+
 // Probe checks that the storage honours the conditions the store relies
 // on, with scratch objects under probe/ that it removes: servers have
 // shipped without them (answering 200 to If-None-Match on an existing
@@ -56,7 +60,7 @@ func Probe(ctx context.Context, b Backend) *ProbeReport {
 	rep := &ProbeReport{Store: b.String(), OK: true}
 	var nonce [8]byte
 	rand.Read(nonce[:])
-	base := "probe/" + hex.EncodeToString(nonce[:])
+	base := probePrefix + hex.EncodeToString(nonce[:])
 	a, missing, bad, mp := base+"/a", base+"/missing", base+"/bad", base+"/multipart"
 	defer func() {
 		for _, k := range []string{a, missing, bad, mp} {

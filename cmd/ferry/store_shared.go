@@ -162,8 +162,12 @@ func sharedGC(c *cli.Context, arg string) error {
 	if rep.DryRun {
 		verb = "would remove"
 	}
-	fmt.Fprintf(w, "store %s: %s %d blobs (%s) and %d unfinished uploads; kept %d blobs named by records, %d protected by live leases, %d younger than %v\n",
-		rep.Store, verb, rep.RemovedBlobs, sizeText(rep.RemovedBytes), rep.AbortedUploads, rep.KeptBlobs, rep.KeptLeased, rep.KeptYoung, c.Duration("grace"))
+	scratch := ""
+	if rep.RemovedScratch > 0 {
+		scratch = fmt.Sprintf(", %d scratch objects of a killed probe", rep.RemovedScratch)
+	}
+	fmt.Fprintf(w, "store %s: %s %d blobs (%s) and %d unfinished uploads%s; kept %d blobs named by records, %d protected by live leases, %d younger than %v\n",
+		rep.Store, verb, rep.RemovedBlobs, sizeText(rep.RemovedBytes), rep.AbortedUploads, scratch, rep.KeptBlobs, rep.KeptLeased, rep.KeptYoung, c.Duration("grace"))
 	for _, l := range rep.Leases {
 		fmt.Fprintf(w, "  being made on %s: %s (lease until %s)\n", l.Holder, l.Name, l.Until.Format(time.RFC3339))
 	}

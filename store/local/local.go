@@ -351,11 +351,14 @@ func (b *Backend) Delete(ctx context.Context, key, ifMatch string) error {
 		}
 		return err
 	}
+	dir := filepath.Dir(p)
 	if strings.HasPrefix(key, "probe/") && strings.Count(key, "/") == 2 {
 		// The probe's scratch directory goes with its last object.
-		os.Remove(filepath.Dir(p))
+		if os.Remove(dir) == nil {
+			dir = filepath.Dir(dir)
+		}
 	}
-	return fsutil.SyncDir(filepath.Dir(p))
+	return fsutil.SyncDir(dir)
 }
 
 // List implements store.Backend.

@@ -1194,6 +1194,14 @@ func testGCWhileReusing(t *testing.T, h Harness) {
 	}
 }
 
+// sameSet reports whether a and b hold the same strings, in any order.
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
 func putBlob(t *testing.T, s *store.Store, data []byte) digest.Digest {
 	t.Helper()
 	d := digest.Of(data)
@@ -1379,14 +1387,31 @@ func testGC(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Another tool's upload under the store's prefix (`ferry transfer`,
+	// aws s3 cp into the same bucket) is not the store's: never aborted,
+	// however old. A probe killed mid-way left a scratch object and an
+	// upload: the store's, removed past the grace period.
+	foreignID, err := b.CreateUpload(ctx, "exports/model.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CreateUpload(ctx, "probe/killed/multipart"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Put(ctx, "probe/killed/a", []byte("probe 1\n"), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Within the grace period nothing goes.
 	rep, err := s.GC(ctx, store.GCOptions{Grace: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.RemovedBlobs != 0 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.KeptYoung != 2 || rep.AbortedUploads != 0 || len(rep.Leases) != 1 || rep.RemovedLeases != 0 {
+	if rep.RemovedBlobs != 0 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.KeptYoung != 2 || rep.AbortedUploads != 0 || len(rep.Leases) != 1 || rep.RemovedLeases != 0 || rep.RemovedScratch != 0 {
 		t.Fatalf("gc within the grace period: %+v", rep)
+	}
+	if u, err := s.DiskUsage(ctx); err != nil || u.Uploads != 3 {
+		t.Errorf("du counts %d unfinished uploads, want 3: the store's two and the probe's (%v)", u.Uploads, err)
 	}
 	// Past the grace period by the storage's clock, whose dates may have
 	// whole seconds and lag (a server's cached Date header).
@@ -1400,8 +1425,11 @@ func testGC(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.RemovedBlobs != 2 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.AbortedUploads != 1 || rep.Leases[0].Name != "stage/making" || rep.RemovedLeases != 1 {
+	if rep.RemovedBlobs != 2 || rep.KeptBlobs != 1 || rep.KeptLeased != 1 || rep.AbortedUploads != 2 || rep.Leases[0].Name != "stage/making" || rep.RemovedLeases != 1 || rep.RemovedScratch != 1 {
 		t.Fatalf("gc: %+v", rep)
+	}
+	if _, err := b.Head(ctx, "probe/killed/a"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the killed probe's scratch object after gc: %v", err)
 	}
 	if _, _, _, err := s.LeaseStatus(ctx, "stage/done"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("the released lease is still there: %v", err)
@@ -1415,10 +1443,13 @@ func testGC(t *testing.T, h Harness) {
 		}
 	}
 	var uploads []string
-	if err := b.ListUploads(ctx, "", func(u store.Upload) error { uploads = append(uploads, u.ID); return nil }); err != nil || !slices.Equal(uploads, []string{inflightID}) {
-		t.Errorf("uploads after gc: %v (%v), want the protected one", uploads, err)
+	if err := b.ListUploads(ctx, "", func(u store.Upload) error { uploads = append(uploads, u.ID); return nil }); err != nil || !sameSet(uploads, []string{inflightID, foreignID}) {
+		t.Errorf("uploads after gc: %v (%v), want the protected one and the other tool's", uploads, err)
 	}
 	if err := b.AbortUpload(ctx, store.BlobKey(inflight), inflightID); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.AbortUpload(ctx, "exports/model.gguf", foreignID); err != nil {
 		t.Fatal(err)
 	}
 	noUploads(t, b)
