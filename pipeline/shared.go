@@ -143,6 +143,12 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 // modification time, so those machines' clocks must agree (NTP).
 func sharedBackend(ctx context.Context, url string) (store.Backend, error) {
 	if dir, ok := strings.CutPrefix(url, "file://"); ok {
+		// A pipeline's own store keeps this machine's facts beside its
+		// objects, and its gc (under its lock, pruning records no stage of
+		// its own points at) would take another machine's outputs.
+		if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err == nil {
+			return nil, errkind.Errorf(errkind.Usage, "store %s: %s is a pipeline's own store (it has manifest.json), not one several machines share: seed one with 'ferry store copy %s DIR' and name file://DIR (or an s3:// bucket) on every machine", url, dir, dir)
+		}
 		b, err := local.New(dir)
 		if err != nil {
 			return nil, err

@@ -3,11 +3,14 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/store"
 	"github.com/ferry-llm/ferry/store/local"
 	"github.com/ferry-llm/ferry/store/storetest"
@@ -197,4 +200,47 @@ func TestSharedDamagedBlob(t *testing.T) {
 	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
 		t.Errorf("verify after the stage was made again: %+v, %v", vr, err)
 	}
+}
+
+// A pipeline's own store directory is not a shared store: named as one
+// (file://) by another machine, it is refused before anything is
+// written there (its owner's gc would prune the other machine's records).
+func TestSharedRefusesPipelineStore(t *testing.T) {
+	own := filepath.Join(t.TempDir(), ".ferry")
+	stages := "stages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n"
+	ctx := context.Background()
+	if _, err := Run(ctx, loadSpec(t, t.TempDir(), "name: p\nstore: "+own+"\n"+stages), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	before := dirTree(t, own)
+	spec := loadSpec(t, t.TempDir(), "name: p\nstore: file://"+own+"\n"+stages)
+	spec.Store = filepath.Join(t.TempDir(), "cache")
+	_, err := Run(ctx, spec, Options{Host: "machine-b"})
+	if errkind.Of(err) != errkind.Usage || !strings.Contains(err.Error(), "is a pipeline's own store (it has manifest.json)") {
+		t.Fatalf("run on another machine's pipeline store: %v", err)
+	}
+	if after := dirTree(t, own); after != before {
+		t.Errorf("the pipeline's store changed:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// dirTree lists every path under dir with its size.
+func dirTree(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s %d\n", p, fi.Size())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
