@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/pipeline"
 	"github.com/ferry-llm/ferry/store"
+	"github.com/ferry-llm/ferry/store/local"
 	s3store "github.com/ferry-llm/ferry/store/s3"
 )
 
@@ -350,8 +351,13 @@ func copyDirDest(dst string) error {
 	if err != nil {
 		return err
 	}
-	if len(ents) > 0 {
-		return usageErrorf("store copy: destination %s is neither a ferry store nor empty (it holds %s): give a store, an empty directory or a new one", dst, ents[0].Name())
+	for _, e := range ents {
+		// What a copy killed while it opened dst (or one started beside
+		// this one) made before the store's format object.
+		if local.Scaffolding(e.Name()) && e.IsDir() {
+			continue
+		}
+		return usageErrorf("store copy: destination %s is neither a ferry store nor empty (it holds %s): give a store, an empty directory or a new one", dst, e.Name())
 	}
 	return nil
 }

@@ -97,6 +97,18 @@ func TestStoreSharedCommands(t *testing.T) {
 		t.Fatalf("pulled blob: %v", err)
 	}
 
+	// A copy killed while it opened a new destination (or a second one
+	// started beside it) left only the backend's scaffolding, before
+	// the store's format object: the next copy goes on there.
+	cut := filepath.Join(t.TempDir(), "cut")
+	for _, d := range []string{".locks", ".tmp", ".uploads", "probe/0123"} {
+		if err := os.MkdirAll(filepath.Join(cut, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(0, "store", "copy", bucket, cut)
+	run(0, "store", "verify", cut)
+
 	// A destination that is neither a store nor empty (a model's
 	// directory) is refused before anything is written into it.
 	model := filepath.Join(t.TempDir(), "model")

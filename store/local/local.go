@@ -54,6 +54,19 @@ const (
 	contentETagMax = 1 << 20
 )
 
+// Scaffolding reports whether name, an entry of a store directory's root,
+// is one the backend makes before a store's format object: its hidden
+// directories, and the probe's scratch. A directory holding nothing else
+// is a store whose first open was cut short (a kill, a second copy
+// started beside the first).
+func Scaffolding(name string) bool {
+	switch name {
+	case tmpDir, uploadsDir, locksDir, "probe":
+		return true
+	}
+	return false
+}
+
 // New opens (making it if needed) the store directory root.
 func New(root string) (*Backend, error) {
 	abs, err := filepath.Abs(root)
