@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/store"
 )
 
 // StageUsage is what one record's outputs take.
@@ -176,6 +178,17 @@ func (s *Store) DiskUsage() (*DiskUsage, error) {
 	}
 	du.GC.Bytes += du.TempBytes
 	du.GCPrune.Bytes += du.TempBytes
+	if objs := s.Objects(); objs != nil {
+		// The store's own temp files (a copy into this directory cut
+		// short): gc removes those past its grace period.
+		tr, err := objs.Temp(context.Background(), store.DefaultGCGrace, false)
+		if err != nil {
+			return nil, err
+		}
+		du.TempBytes += tr.Bytes
+		du.GC.Bytes += tr.RemovedBytes
+		du.GCPrune.Bytes += tr.RemovedBytes
+	}
 	for _, d := range []string{"ingest", "work"} {
 		n, err := treeBytes(filepath.Join(s.Root, d))
 		if err != nil {

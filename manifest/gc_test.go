@@ -266,3 +266,40 @@ func TestGCAfterKilledGC(t *testing.T) {
 		t.Errorf("gc after a killed gc: %+v in %v", rep, took)
 	}
 }
+
+// A copy into a pipeline's directory killed mid-fetch leaves its partial
+// in the store's own temp directory: du counts it, and gc removes it past
+// the grace period (a resumed copy continues from a younger one).
+func TestGCKilledCopyTemp(t *testing.T) {
+	s := openTemp(t)
+	objs, err := s.objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := objs.PutBlob(context.Background(), digest.Of([]byte("x")), strings.NewReader("x"), 1, nil); err != nil {
+		t.Fatal(err) // the store's temp directory made, as a copy does
+	}
+	tmp := filepath.Join(s.Root, ".tmp")
+	old, young := filepath.Join(tmp, "copy-0a.partial"), filepath.Join(tmp, "copy-0b.partial")
+	for _, p := range []string{old, young} {
+		if err := os.WriteFile(p, make([]byte, 1000), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	then := time.Now().Add(-2 * store.DefaultGCGrace)
+	os.Chtimes(old, then, then)
+	du, err := s.DiskUsage()
+	if err != nil || du.TempBytes < 2000 {
+		t.Fatalf("du: temp %d bytes, %v", du.TempBytes, err)
+	}
+	rep, err := s.GC(false)
+	if err != nil || rep.RemovedTemp < 1 {
+		t.Fatalf("gc: %+v, %v", rep, err)
+	}
+	if _, err := os.Stat(old); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the old partial is still there: %v", err)
+	}
+	if _, err := os.Stat(young); err != nil {
+		t.Errorf("the young partial went: %v", err)
+	}
+}

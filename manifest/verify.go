@@ -374,6 +374,8 @@ func (s *Store) gc(journals, prune bool) (*GCReport, error) {
 		return nil, err
 	}
 	rep.RemovedBlobs, rep.RemovedBytes, rep.KeptBlobs, rep.AbortedUploads = srep.RemovedBlobs, srep.RemovedBytes, srep.KeptBlobs, srep.AbortedUploads
+	rep.RemovedTemp += srep.RemovedTemp
+	rep.RemovedBytes += srep.RemovedTempBytes
 	// This machine's part: the in-place blobs (links to imported files)
 	// no record names. Removing one removes the link, never the imported
 	// file, and frees nothing.

@@ -118,6 +118,25 @@ type FileAdopter interface {
 	AdoptFile(ctx context.Context, key, path string) (Info, error)
 }
 
+// TempKeeper is offered by a backend that keeps temp files of its own on
+// this machine's file systems (store/local): what a put, or a copy
+// fetching a blob through its TempDir, cut short by a kill left behind.
+// du counts them and gc removes the old ones.
+type TempKeeper interface {
+	// Temp counts the temp files and, with remove, removes those last
+	// written more than olderThan ago (by this machine's clock) that no
+	// live process holds; without remove it counts those it would.
+	Temp(ctx context.Context, olderThan time.Duration, remove bool) (TempReport, error)
+}
+
+// TempReport is what TempKeeper.Temp found.
+type TempReport struct {
+	Files        int   `json:"files"`
+	Bytes        int64 `json:"bytes"`
+	Removed      int   `json:"removed"` // or, without remove, would be
+	RemovedBytes int64 `json:"removed_bytes"`
+}
+
 // Info is what the storage says of an object.
 type Info struct {
 	Key      string

@@ -38,6 +38,15 @@ func blobOfKey(key string) (digest.Digest, bool) {
 	return d, ok && err == nil
 }
 
+// Temp is TempKeeper.Temp on the storage: its temp files on this
+// machine (none but where the backend is a TempKeeper).
+func (s *Store) Temp(ctx context.Context, olderThan time.Duration, remove bool) (TempReport, error) {
+	if tk, ok := s.b.(TempKeeper); ok {
+		return tk.Temp(ctx, olderThan, remove)
+	}
+	return TempReport{}, nil
+}
+
 // ownUploads lists the unfinished uploads the store made: a blob's, or
 // the probe's scratch. Others under its prefix (an upload by another
 // tool, `ferry transfer` into the same bucket) are not the store's to
@@ -367,15 +376,20 @@ type LeaseUse struct {
 
 // Usage is what DiskUsage found.
 type Usage struct {
-	Store             string     `json:"store"`
-	Blobs             int        `json:"blobs"`
-	BlobBytes         int64      `json:"blob_bytes"`
-	Records           int        `json:"records"`
-	UnreferencedBlobs int        `json:"unreferenced_blobs"`
-	UnreferencedBytes int64      `json:"unreferenced_bytes"`
-	MissingBlobs      int        `json:"missing_blobs"` // named by records, not stored
-	Uploads           int        `json:"unfinished_uploads"`
-	Leases            []LeaseUse `json:"live_leases"`
+	Store             string `json:"store"`
+	Blobs             int    `json:"blobs"`
+	BlobBytes         int64  `json:"blob_bytes"`
+	Records           int    `json:"records"`
+	UnreferencedBlobs int    `json:"unreferenced_blobs"`
+	UnreferencedBytes int64  `json:"unreferenced_bytes"`
+	MissingBlobs      int    `json:"missing_blobs"` // named by records, not stored
+	Uploads           int    `json:"unfinished_uploads"`
+	// TempFiles and TempBytes: a directory store's temp files on this
+	// machine (a copy's fetch cut short), which gc removes past its
+	// grace period.
+	TempFiles int        `json:"temp_files"`
+	TempBytes int64      `json:"temp_bytes"`
+	Leases    []LeaseUse `json:"live_leases"`
 	// ByRecord is what each record names, those refs point at first.
 	ByRecord []RecordUsage `json:"by_record"`
 	// Unreadable are records that could not be read (verify says why);
@@ -472,6 +486,11 @@ func (s *Store) DiskUsage(ctx context.Context) (*Usage, error) {
 	if err := s.ownUploads(ctx, func(Upload) error { u.Uploads++; return nil }); err != nil {
 		return nil, err
 	}
+	tr, err := s.Temp(ctx, 0, false)
+	if err != nil {
+		return nil, err
+	}
+	u.TempFiles, u.TempBytes = tr.Files, tr.Bytes
 	if u.Leases, err = s.liveLeases(ctx); err != nil {
 		return nil, err
 	}
@@ -522,6 +541,10 @@ type GCReport struct {
 	// RemovedScratch: objects a store probe killed mid-way left under
 	// probe/, older than the grace period.
 	RemovedScratch int `json:"removed_scratch_objects"`
+	// RemovedTemp(Bytes): temp files on this machine (a directory
+	// store's: a copy's fetch cut short) older than the grace period.
+	RemovedTemp      int   `json:"removed_temp_files"`
+	RemovedTempBytes int64 `json:"removed_temp_bytes"`
 	// RemovedLeases: released or expired leases past the grace period,
 	// removed by a delete conditional on the version read (only where the
 	// probe found conditional deletes honoured).
@@ -680,6 +703,12 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		}
 		rep.AbortedUploads++
 	}
+	// Past the grace period too: a killed copy resumes from them.
+	tr, err := s.Temp(ctx, opt.Grace, !opt.DryRun)
+	if err != nil {
+		return nil, err
+	}
+	rep.RemovedTemp, rep.RemovedTempBytes = tr.Removed, tr.RemovedBytes
 	return rep, leaseErr()
 }
 

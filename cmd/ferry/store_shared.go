@@ -167,6 +167,9 @@ func sharedGC(c *cli.Context, arg string) error {
 	if rep.RemovedScratch > 0 {
 		scratch = fmt.Sprintf(", %d scratch objects of a killed probe", rep.RemovedScratch)
 	}
+	if rep.RemovedTemp > 0 {
+		scratch += fmt.Sprintf(", %d temp files (%s)", rep.RemovedTemp, sizeText(rep.RemovedTempBytes))
+	}
 	fmt.Fprintf(w, "store %s: %s %d blobs (%s) and %d unfinished uploads%s; kept %d blobs named by records, %d protected by live leases, %d younger than %v\n",
 		rep.Store, verb, rep.RemovedBlobs, sizeText(rep.RemovedBytes), rep.AbortedUploads, scratch, rep.KeptBlobs, rep.KeptLeased, rep.KeptYoung, c.Duration("grace"))
 	for _, l := range rep.Leases {
@@ -188,8 +191,12 @@ func sharedDU(c *cli.Context, arg string) error {
 		return printJSON(c, u)
 	}
 	w := stdout(c)
-	fmt.Fprintf(w, "store %s: %d records, %d blobs (%s), %d unreferenced (%s), %d named by records but missing, %d unfinished uploads\n",
-		u.Store, u.Records, u.Blobs, sizeText(u.BlobBytes), u.UnreferencedBlobs, sizeText(u.UnreferencedBytes), u.MissingBlobs, u.Uploads)
+	temp := ""
+	if u.TempFiles > 0 {
+		temp = fmt.Sprintf(", %d temp files (%s; a copy cut short: it resumes from them, gc removes them past its grace period)", u.TempFiles, sizeText(u.TempBytes))
+	}
+	fmt.Fprintf(w, "store %s: %d records, %d blobs (%s), %d unreferenced (%s), %d named by records but missing, %d unfinished uploads%s\n",
+		u.Store, u.Records, u.Blobs, sizeText(u.BlobBytes), u.UnreferencedBlobs, sizeText(u.UnreferencedBytes), u.MissingBlobs, u.Uploads, temp)
 	if len(u.ByRecord) > 0 {
 		// Per record, as du of a pipeline's store is per stage: the refs
 		// (pipelines/<pipeline>/<stage>) that name it, or "(no ref)": an

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/s3test"
@@ -108,6 +109,25 @@ func TestStoreSharedCommands(t *testing.T) {
 	}
 	run(0, "store", "copy", bucket, cut)
 	run(0, "store", "verify", cut)
+	// What a copy killed mid-fetch leaves in a directory store is counted
+	// by du and removed by gc past its grace period.
+	old := time.Now().Add(-3 * time.Hour)
+	for name, size := range map[string]int{"copy-0a.partial": 4096, "copy-0a.partial.journal": 64} {
+		p := filepath.Join(cut, ".tmp", name)
+		if err := os.WriteFile(p, make([]byte, size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(p, old, old)
+	}
+	if out := run(0, "store", "du", cut); !strings.Contains(out, "2 temp files (4.16 kB;") {
+		t.Errorf("du of a store with a killed copy's files: %s", out)
+	}
+	if out := run(0, "store", "gc", cut); !strings.Contains(out, "2 temp files (4.16 kB)") {
+		t.Errorf("gc of a store with a killed copy's files: %s", out)
+	}
+	if ents, err := os.ReadDir(filepath.Join(cut, ".tmp")); err != nil || len(ents) != 0 {
+		t.Errorf("after gc, .tmp holds %d entries (%v)", len(ents), err)
+	}
 
 	// A destination that is neither a store nor empty (a model's
 	// directory) is refused before anything is written into it.

@@ -30,6 +30,7 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/hashing"
+	"github.com/ferry-llm/ferry/internal/lockfile"
 	"github.com/ferry-llm/ferry/store"
 )
 
@@ -42,6 +43,7 @@ var (
 	_ store.Backend    = (*Backend)(nil)
 	_ store.FilePutter = (*Backend)(nil)
 	_ store.FileGetter = (*Backend)(nil)
+	_ store.TempKeeper = (*Backend)(nil)
 )
 
 // Hidden directories under the root; keys never start with a dot.
@@ -743,6 +745,100 @@ func (b *Backend) LocalFile(key string) (string, error) {
 		return "", err
 	}
 	return p, nil
+}
+
+// Temp implements store.TempKeeper on the root's .tmp. A file there and
+// the ones named after it (NAME, NAME.partial, NAME.partial.journal,
+// NAME.partial.lock: a copy's fetch) go together, judged by the newest
+// of them; a group with a lock a live process holds is in use and kept.
+func (b *Backend) Temp(ctx context.Context, olderThan time.Duration, remove bool) (store.TempReport, error) {
+	var rep store.TempReport
+	dir := filepath.Join(b.root, tmpDir)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return rep, nil
+	}
+	if err != nil {
+		return rep, err
+	}
+	type group struct {
+		names  []string
+		bytes  int64
+		newest time.Time
+	}
+	groups := map[string]*group{}
+	var order []string
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		name := e.Name()
+		key, _, _ := strings.Cut(strings.TrimPrefix(name, "."), ".")
+		g := groups[key]
+		if g == nil {
+			g = &group{}
+			groups[key] = g
+			order = append(order, key)
+		}
+		g.names = append(g.names, name)
+		g.bytes += fi.Size()
+		if fi.ModTime().After(g.newest) {
+			g.newest = fi.ModTime()
+		}
+		rep.Files++
+		rep.Bytes += fi.Size()
+	}
+	cutoff := time.Now().Add(-olderThan)
+	for _, key := range order {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		g := groups[key]
+		if !g.newest.Before(cutoff) {
+			continue
+		}
+		if !remove {
+			rep.Removed += len(g.names)
+			rep.RemovedBytes += g.bytes
+			continue
+		}
+		// Its locks, taken (a dead holder's are taken over): a live
+		// process's keeps the group.
+		var locks []*lockfile.Lock
+		inUse := false
+		for _, n := range g.names {
+			if strings.HasSuffix(n, ".lock") {
+				l, err := lockfile.TryLock(filepath.Join(dir, n), "temp file", "store gc")
+				if err != nil {
+					inUse = true
+					break
+				}
+				locks = append(locks, l)
+			}
+		}
+		var rerr error
+		if !inUse {
+			for _, n := range g.names {
+				if !strings.HasSuffix(n, ".lock") {
+					if rerr = os.RemoveAll(filepath.Join(dir, n)); rerr != nil {
+						break
+					}
+				}
+			}
+		}
+		for _, l := range locks {
+			l.Unlock()
+		}
+		if rerr != nil {
+			return rep, rerr
+		}
+		if !inUse {
+			rep.Removed += len(g.names)
+			rep.RemovedBytes += g.bytes
+		}
+	}
+	return rep, nil
 }
 
 // TempDir implements store.FileAdopter.
