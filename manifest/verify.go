@@ -168,6 +168,8 @@ func (s *Store) Verify(ctx context.Context, progress func(int64)) (*VerifyReport
 			damaged[p.Blob.Hex()] = "size differs from record"
 			rep.Problems = append(rep.Problems, Problem{Digest: p.Blob, Record: p.Record, Stage: stage, Path: p.Output,
 				What: strings.TrimPrefix(p.What, "output "+p.Output+": ")})
+		case p.Ref != "":
+			rep.Problems = append(rep.Problems, Problem{What: p.String()})
 		default: // an unreadable record, a misnamed file under blobs/
 			rep.Problems = append(rep.Problems, Problem{Digest: p.Blob, Record: p.Record, Stage: stage, What: p.What})
 		}

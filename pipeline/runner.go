@@ -770,6 +770,13 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 			if rec != nil {
 				d.action, d.rec, d.cause, d.reason = ActionSkip, rec, "", madeOn(host, r.spec.Shared, waited)
 				sr.Reason, sr.Cause, sr.Host = d.reason, "", host
+				// The stage's ref names what this run uses, as a run that
+				// finds the stage up to date here points it (a ref that
+				// names another record, or none the store holds, is
+				// pointed again).
+				if err := r.setRef(ctx, st, rec.Key); err != nil && ctx.Err() == nil {
+					r.log.Warn("could not point the stage's ref in the shared store", "stage", st.Name, "err", err)
+				}
 			}
 		}
 	}

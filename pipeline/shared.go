@@ -192,6 +192,12 @@ func (r *runner) planShared(ctx context.Context, st *StageSpec, key string) (*In
 	if err != nil {
 		return nil, "", err
 	}
+	return r.sharedInput(st, key, srec)
+}
+
+// sharedInput is the input a plan sees for st from srec, key's record in
+// the shared store, and the machine that made it.
+func (r *runner) sharedInput(st *StageSpec, key string, srec *store.Record) (*Input, string, error) {
 	outs := make([]manifest.Output, len(srec.Outputs))
 	for i, o := range srec.Outputs {
 		outs[i] = manifest.Output{Path: o.Path, Digest: o.Digest, Size: o.Size}
@@ -213,7 +219,17 @@ func (r *runner) planSharedRef(ctx context.Context, st *StageSpec) (*Input, stri
 	if err != nil {
 		return nil, "", err
 	}
-	return r.planShared(ctx, st, ref.Value)
+	srec, err := r.shared.s.RefRecord(ctx, ref)
+	if errors.Is(err, store.ErrRefBroken) {
+		// As if the store had none: the next run of that stage points it
+		// again.
+		r.log.Warn("the shared store's ref of a stage names no record it holds", "stage", st.Name, "err", err)
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	return r.sharedInput(st, ref.Value, srec)
 }
 
 // shareable says whether st's records go to the shared store.

@@ -66,13 +66,7 @@ func TestSharedLeaseReleasedWhenPlanFails(t *testing.T) {
 // record its ref names, who made it, whether it is this machine's, and a
 // machine holding the lease of the stage's key.
 func TestSharedStatus(t *testing.T) {
-	shared := t.TempDir()
-	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2 }\n"
-	spec := func(cache string) *Spec {
-		s := loadSpec(t, t.TempDir(), src)
-		s.Store = cache
-		return s
-	}
+	shared, spec := twoStages(t)
 	ctx := context.Background()
 	cacheA, cacheB := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
 	rep, err := Run(ctx, spec(cacheA), Options{Host: "machine-a", Only: "a"})
@@ -224,6 +218,18 @@ func TestSharedRefusesPipelineStore(t *testing.T) {
 	}
 }
 
+// twoStages is a shared directory store and a pipeline of two synth
+// stages on it, loaded with a machine's cache.
+func twoStages(t *testing.T) (string, func(cache string) *Spec) {
+	shared := t.TempDir()
+	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2 }\n"
+	return shared, func(cache string) *Spec {
+		s := loadSpec(t, t.TempDir(), src)
+		s.Store = cache
+		return s
+	}
+}
+
 // dirTree lists every path under dir with its size.
 func dirTree(t *testing.T, dir string) string {
 	t.Helper()
@@ -243,4 +249,52 @@ func dirTree(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return b.String()
+}
+
+// A stage whose ref in the shared store names no record it holds (written
+// by hand, its record deleted) is that stage's problem in status; the
+// other stages are still told, and a run on another machine makes the
+// stage (the ref is as if absent) and points the ref again.
+func TestSharedBrokenRef(t *testing.T) {
+	shared, spec := twoStages(t)
+	ctx := context.Background()
+	if _, err := Run(ctx, spec(filepath.Join(t.TempDir(), "a")), Options{Host: "machine-a"}); err != nil {
+		t.Fatal(err)
+	}
+	s := openDirStore(t, shared, "")
+	ref, err := s.GetRef(ctx, "pipelines/p/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetRef(ctx, "pipelines/p/a", "no-such-record", &ref); err != nil {
+		t.Fatal(err)
+	}
+	cacheB := filepath.Join(t.TempDir(), "b")
+	sp := spec(cacheB)
+	st, err := Status(sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SharedStatus(ctx, sp, st); err != nil {
+		t.Fatalf("status with one broken ref: %v", err)
+	}
+	for _, ss := range st.Stages {
+		switch {
+		case ss.Stage == "a" && (ss.Shared == nil || !strings.Contains(ss.Shared.Problem, "names record no-such-record, which is not in the store")):
+			t.Errorf("a: %+v", ss.Shared)
+		case ss.Stage == "b" && (ss.Shared == nil || ss.Shared.Host != "machine-a" || ss.Shared.Problem != ""):
+			t.Errorf("b: %+v", ss.Shared)
+		}
+	}
+	if vr, err := s.Verify(ctx, nil); err != nil || len(vr.Problems) != 1 || vr.Problems[0].Ref != "pipelines/p/a" {
+		t.Errorf("verify: %+v, %v", vr, err)
+	}
+	// The record of a's key is there: machine-b skips a (its key's
+	// record) and points the ref again.
+	if _, err := Run(ctx, spec(cacheB), Options{Host: "machine-b"}); err != nil {
+		t.Fatal(err)
+	}
+	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
+		t.Errorf("verify after a run: %+v, %v", vr, err)
+	}
 }

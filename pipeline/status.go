@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
 )
@@ -67,6 +68,9 @@ type SharedStage struct {
 	// unless renewed.
 	Making string     `json:"making,omitempty"`
 	Until  *time.Time `json:"until,omitempty"`
+	// Problem: the stage's ref names no record the store holds, or one
+	// that cannot be read ('ferry store verify' lists every problem).
+	Problem string `json:"problem,omitempty"`
 }
 
 // RemoteStatus is one destination of a transfer in a status report.
@@ -189,11 +193,16 @@ func SharedStatus(ctx context.Context, spec *Spec, rep *StatusReport) error {
 		switch {
 		case err == nil:
 			in.Key, in.Same = ref.Value, ref.Value == ss.Key
-			rec, err := sh.s.Record(ctx, ref.Value)
-			if err != nil {
+			rec, err := sh.s.RefRecord(ctx, ref)
+			switch {
+			case errkind.Of(err) == errkind.VerifyFailed:
+				// This stage's alone: the others are still told.
+				in.Key, in.Same, in.Problem = "", false, err.Error()
+			case err != nil:
 				return fmt.Errorf("%s: ref of stage %s names record %s: %w", spec.Shared, ss.Stage, ref.Value, err)
+			default:
+				in.Host = rec.Host
 			}
-			in.Host = rec.Host
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
@@ -212,7 +221,7 @@ func SharedStatus(ctx context.Context, spec *Spec, rep *StatusReport) error {
 				in.Making, in.Until = li.Holder, &until
 			}
 		}
-		if in.Key != "" || in.Making != "" {
+		if in.Key != "" || in.Making != "" || in.Problem != "" {
 			ss.Shared = in
 		}
 	}

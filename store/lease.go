@@ -51,6 +51,10 @@ type LeaseInfo struct {
 	// Blobs are the blobs the holder stored for what it is making, before
 	// a record names them: gc keeps them while the lease is live.
 	Blobs []digest.Digest `json:"blobs,omitempty"`
+	// Unreadable: the object does not parse (read as released, so that
+	// a stage can take it over; gc, which cannot tell what it protected,
+	// waits until it is older than its grace period).
+	Unreadable bool `json:"-"`
 }
 
 // TTL is the lease's ttl.
@@ -384,7 +388,7 @@ func (s *Store) readLease(ctx context.Context, name string) (LeaseInfo, Info, er
 	var li LeaseInfo
 	if err := json.Unmarshal(body, &li); err != nil {
 		// Unreadable: treat as expired at once (anyone may take it over).
-		li = LeaseInfo{Holder: "(unreadable lease)", Released: true}
+		li = LeaseInfo{Holder: "(unreadable lease)", Released: true, Unreadable: true}
 	}
 	if in.Date.IsZero() {
 		return LeaseInfo{}, Info{}, fmt.Errorf("%s: lease %s: the storage gave no Date: ages cannot be judged", s.b, name)

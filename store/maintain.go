@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-llm/ferry/internal/digest"
+	"github.com/ferry-llm/ferry/internal/errkind"
 )
 
 // blobs lists the blobs: each digest with its Info. A key under blobs/
@@ -95,29 +96,41 @@ func (s *Store) records(ctx context.Context) ([]*Record, []Problem, error) {
 }
 
 // liveLeases reads every lease; the live ones (neither released nor
-// expired by the storage's clock) are returned.
-func (s *Store) liveLeases(ctx context.Context) ([]LeaseUse, error) {
+// expired by the storage's clock) are returned, and the unreadable ones
+// (which do not parse) with their objects' ages by that clock.
+func (s *Store) liveLeases(ctx context.Context) ([]LeaseUse, []unreadableLease, error) {
 	var names []string
 	if err := s.b.List(ctx, "leases/", func(in Info) error {
 		names = append(names, strings.TrimPrefix(in.Key, "leases/"))
 		return nil
 	}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var live []LeaseUse
+	var bad []unreadableLease
 	for _, n := range names {
-		li, until, ok, err := s.LeaseStatus(ctx, n)
+		li, in, err := s.readLease(ctx, n)
 		if errors.Is(err, ErrNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		if ok {
-			live = append(live, LeaseUse{Name: n, Holder: li.Holder, Until: until, Blobs: li.Blobs})
+		age := in.Date.Sub(in.Modified)
+		switch {
+		case li.Unreadable:
+			bad = append(bad, unreadableLease{name: n, age: age})
+		case !li.Released && age <= li.TTL():
+			live = append(live, LeaseUse{Name: n, Holder: li.Holder, Until: time.Now().Add(li.TTL() - age), Blobs: li.Blobs})
 		}
 	}
-	return live, nil
+	return live, bad, nil
+}
+
+// unreadableLease is a lease object that does not parse, and its age.
+type unreadableLease struct {
+	name string
+	age  time.Duration
 }
 
 // Problem is one thing verify found wrong.
@@ -126,6 +139,7 @@ type Problem struct {
 	Record string        `json:"record,omitempty"`
 	Output string        `json:"output,omitempty"` // the record's output that names Blob
 	Key    string        `json:"key,omitempty"`    // an object under blobs/ not named by a digest
+	Ref    string        `json:"ref,omitempty"`    // a ref that names no record the store holds
 	What   string        `json:"what"`
 	// Records and Refs, for a blob whose bytes do not hash to its name:
 	// the records that name it and the refs (pipelines/PIPELINE/STAGE)
@@ -149,6 +163,8 @@ func (p Problem) String() string {
 		return "record " + p.Record + ": " + p.What
 	case p.Blob != "":
 		return "blob " + string(p.Blob) + ": " + p.What
+	case p.Ref != "":
+		return "ref " + p.Ref + ": " + p.What
 	}
 	return p.What
 }
@@ -221,6 +237,11 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 	rep.Problems = append(rep.Problems, probs...)
 	rep.Records = len(recs) + len(probs) + len(opt.Also)
 	recs = append(recs, opt.Also...)
+	refProbs, err := s.checkRefs(ctx, recs, probs)
+	if err != nil {
+		return nil, err
+	}
+	rep.Problems = append(rep.Problems, refProbs...)
 	referenced := map[digest.Digest]bool{}
 	for _, r := range recs {
 		for _, o := range r.Outputs {
@@ -310,6 +331,43 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 		}
 	}
 	return rep, nil
+}
+
+// checkRefs finds the refs that name no record the store holds (recs
+// read, unreadable those in probs, which verify reports itself).
+func (s *Store) checkRefs(ctx context.Context, recs []*Record, unreadable []Problem) ([]Problem, error) {
+	have := map[string]bool{}
+	for _, r := range recs {
+		have[r.Key] = true
+	}
+	for _, p := range unreadable {
+		have[p.Record] = true
+	}
+	var out []Problem
+	err := s.b.List(ctx, "refs/", func(in Info) error {
+		name := strings.TrimPrefix(in.Key, "refs/")
+		ref, err := s.GetRef(ctx, name)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return nil // deleted since the listing
+		case err != nil && ctx.Err() == nil && errkind.Of(err) != errkind.Retryable:
+			out = append(out, Problem{Ref: name, What: err.Error()})
+			return nil
+		case err != nil:
+			return err
+		}
+		switch {
+		case checkName("record", ref.Value) != nil:
+			out = append(out, Problem{Ref: name, What: fmt.Sprintf("holds %q, not a record key (the next run of its stage points it again)", ref.Value)})
+		case !have[ref.Value]:
+			// A record written after the listing is read to be sure.
+			if _, err := s.Record(ctx, ref.Value); errors.Is(err, ErrNotFound) {
+				out = append(out, Problem{Ref: name, What: fmt.Sprintf("names record %s, which is not in the store (the next run of its stage points it again)", ref.Value)})
+			}
+		}
+		return nil
+	})
+	return out, err
 }
 
 // names reports whether one of r's outputs is blob d.
@@ -491,7 +549,7 @@ func (s *Store) DiskUsage(ctx context.Context) (*Usage, error) {
 		return nil, err
 	}
 	u.TempFiles, u.TempBytes = tr.Files, tr.Bytes
-	if u.Leases, err = s.liveLeases(ctx); err != nil {
+	if u.Leases, _, err = s.liveLeases(ctx); err != nil {
 		return nil, err
 	}
 	if u.Leases == nil {
@@ -554,8 +612,9 @@ type GCReport struct {
 }
 
 // ErrGCUnsure reports a gc that stopped because it could not read every
-// record: it deletes nothing it cannot prove unreferenced.
-var ErrGCUnsure = errors.New("store: gc stopped: a record could not be read")
+// record or lease: it deletes nothing it cannot prove unreferenced. The
+// store is damaged there (exit 3).
+var ErrGCUnsure = errkind.New(errkind.VerifyFailed, "store: gc stopped: a record or lease could not be read")
 
 // GC removes blobs no record names, no live lease protects and that are
 // older than the grace period, and unfinished uploads older than it
@@ -593,9 +652,18 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		defer lease.Release(context.WithoutCancel(ctx))
 		ctx, leaseErr = lease.Context(), lease.Err
 	}
-	live, err := s.liveLeases(ctx)
+	live, unreadable, err := s.liveLeases(ctx)
 	if err != nil {
 		return nil, err
+	}
+	for _, l := range unreadable {
+		// What it protected cannot be told; once it is older than the
+		// grace period (a live lease is renewed every third of its ttl,
+		// the grace is at least twice that) it protects nothing.
+		if l.age <= opt.Grace {
+			return nil, fmt.Errorf("%s: %w: lease %s does not parse and was written %v ago, within the grace period (%v): it may protect a stage's blobs (gc can run once it is older, or remove %s if no machine is making that stage)",
+				s.b, ErrGCUnsure, l.name, l.age.Round(time.Second), opt.Grace, leaseKey(l.name))
+		}
 	}
 	if err := s.removeOldLeases(ctx, opt, rep); err != nil {
 		return nil, err

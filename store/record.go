@@ -158,6 +158,24 @@ func (s *Store) GetRef(ctx context.Context, name string) (Ref, error) {
 	return Ref{Name: name, Value: strings.TrimSuffix(string(body), "\n"), ETag: in.ETag}, nil
 }
 
+// ErrRefBroken reports a ref that does not name a record the store holds:
+// its value is no record key, or that record is gone. The next run of its
+// stage points it again.
+var ErrRefBroken = errkind.New(errkind.VerifyFailed, "store: ref names no record the store holds")
+
+// RefRecord reads the record ref names: ErrRefBroken when its value is no
+// record key or the store lacks that record.
+func (s *Store) RefRecord(ctx context.Context, ref Ref) (*Record, error) {
+	if checkName("record", ref.Value) != nil {
+		return nil, fmt.Errorf("%s: ref %s holds %q, not a record key: %w", s.b, ref.Name, ref.Value, ErrRefBroken)
+	}
+	r, err := s.Record(ctx, ref.Value)
+	if errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("%s: ref %s names record %s, which is not in the store: %w", s.b, ref.Name, ref.Value, ErrRefBroken)
+	}
+	return r, err
+}
+
 // SetRef sets the ref name to value by compare-and-swap: prev nil creates
 // it (ErrRefConflict if it exists), else it replaces exactly the value prev
 // read (ErrRefConflict if it changed since).

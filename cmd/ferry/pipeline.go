@@ -316,6 +316,8 @@ func pipelineStatus(c *cli.Context) error {
 		fmt.Fprintln(w, line)
 		if sh := s.Shared; sh != nil {
 			switch {
+			case sh.Problem != "":
+				fmt.Fprintf(w, "    in %s: BROKEN REF: %s\n", rep.Shared, sh.Problem)
 			case sh.Making != "":
 				fmt.Fprintf(w, "    in %s: being made on %s (lease until %s)\n", rep.Shared, sh.Making, sh.Until.Local().Format("15:04:05"))
 			case sh.Same:

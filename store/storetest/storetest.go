@@ -65,6 +65,8 @@ func Run(t *testing.T, h Harness) {
 		{"UploadSourceChanged", testUploadSourceChanged},
 		{"DownloadResume", testDownloadResume},
 		{"DamagedBlob", testDamagedBlob},
+		{"VerifyRefs", testVerifyRefs},
+		{"GCUnreadableLease", testGCUnreadableLease},
 		{"Records", testRecords},
 		{"Refs", testRefs},
 		{"Leases", testLeases},
@@ -1117,20 +1119,7 @@ func testGCWhileReusing(t *testing.T, h Harness) {
 	data := []byte("made by a run whose record was dropped\n")
 	d := putBlob(t, w, data)
 	grace := 500 * time.Millisecond
-	// Older than grace by the storage's clock, whose dates may have whole
-	// seconds and lag on a loaded machine (a server's cached Date header).
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		in, err := raw.Head(ctx, store.BlobKey(d))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if in.Date.Sub(in.Modified) > grace {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the blob is not older than %v by the storage's clock after 30 s: %+v", grace, in)
-		}
-	}
+	waitOlder(t, raw, store.BlobKey(d), grace)
 	wrote := make(chan error, 1)
 	b := &listHook{Backend: raw}
 	b.fn = func() {
@@ -1191,6 +1180,52 @@ func testGCWhileReusing(t *testing.T, h Harness) {
 	vr, err := w.Verify(ctx, nil)
 	if err != nil || !vr.OK() {
 		t.Errorf("verify: %+v, %v", vr, err)
+	}
+}
+
+// waitOlder waits until key is older than age by the storage's clock,
+// whose dates may have whole seconds and lag on a loaded machine (a
+// server's cached Date header).
+func waitOlder(t *testing.T, b store.Backend, key string, age time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		in, err := b.Head(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Date.Sub(in.Modified) > age {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not older than %v by the storage's clock after 30 s: %+v", key, age, in)
+		}
+	}
+}
+
+// A lease that does not parse may have protected blobs gc cannot name:
+// gc stops (bad data, exit 3) while it is within the grace period, and
+// once it is older treats it as gone (and removes it).
+func testGCUnreadableLease(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	d := putBlob(t, s, []byte("stored by a stage whose lease is garbled\n"))
+	if _, err := b.Put(ctx, "leases/stage/garbled", []byte(`{"holder":"mac`), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.GC(ctx, store.GCOptions{Grace: time.Hour})
+	if !errors.Is(err, store.ErrGCUnsure) || errkind.Of(err) != errkind.VerifyFailed || !strings.Contains(err.Error(), "lease stage/garbled does not parse") {
+		t.Fatalf("gc with a young unreadable lease: %v", err)
+	}
+	if _, ok, err := s.HasBlob(ctx, d); !ok || err != nil {
+		t.Fatalf("gc that stopped removed a blob (%v)", err)
+	}
+	grace := time.Second
+	waitOlder(t, b, "leases/stage/garbled", grace)
+	waitOlder(t, b, store.BlobKey(d), grace)
+	rep, err := s.GC(ctx, store.GCOptions{Grace: grace})
+	if err != nil || rep.RemovedBlobs != 1 || rep.RemovedLeases != 1 {
+		t.Fatalf("gc once the unreadable lease is old: %+v, %v", rep, err)
 	}
 }
 
@@ -1318,6 +1353,50 @@ func testVerify(t *testing.T, h Harness) {
 	for _, d := range []digest.Digest{d2, d3} {
 		if _, ok, err := s.HasBlob(ctx, d); err != nil || !ok {
 			t.Errorf("repair removed whole blob %s after a damaged read (%v)", d, err)
+		}
+	}
+}
+
+// verify reports a ref that names no record the store holds, or holds
+// no record key; RefRecord says so with ErrRefBroken (bad data, exit 3).
+func testVerifyRefs(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	data := []byte("output\n")
+	d := putBlob(t, s, data)
+	if _, err := s.CommitRecord(ctx, &store.Record{Key: "k", Outputs: []store.Output{{Path: "o", Digest: d, Size: int64(len(data))}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PointRef(ctx, "pipelines/p/good", "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PointRef(ctx, "pipelines/p/gone", "no-such-record"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Put(ctx, "refs/pipelines/p/garbage", []byte("not a key!\n"), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := s.Verify(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, p := range rep.Problems {
+		got[p.Ref] = p.What
+	}
+	if len(rep.Problems) != 2 || !strings.Contains(got["pipelines/p/gone"], "names record no-such-record, which is not in the store") ||
+		!strings.Contains(got["pipelines/p/garbage"], `holds "not a key!", not a record key`) {
+		t.Errorf("verify: %+v", rep.Problems)
+	}
+	for name, want := range map[string]error{"pipelines/p/good": nil, "pipelines/p/gone": store.ErrRefBroken, "pipelines/p/garbage": store.ErrRefBroken} {
+		ref, err := s.GetRef(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.RefRecord(ctx, ref)
+		if !errors.Is(err, want) || want == nil && r.Key != "k" || want != nil && errkind.Of(err) != errkind.VerifyFailed {
+			t.Errorf("RefRecord of %s: %v, %v", name, r, err)
 		}
 	}
 }
