@@ -25,6 +25,8 @@ package s3client
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -95,6 +97,13 @@ func ParseURL(u string) (bucket, prefix string, err error) {
 		return "", "", errkind.Errorf(errkind.Usage, "%q: no bucket (want s3://BUCKET/PREFIX)", u)
 	}
 	prefix = strings.Trim(prefix, "/")
+	for _, el := range strings.Split(prefix, "/") {
+		if el == "." || el == ".." {
+			// S3 keeps them as written; a gateway over a file system may
+			// resolve them: the same URL would name two places.
+			return "", "", errkind.Errorf(errkind.Usage, "%q: a prefix with %q in it: write the prefix without . or .. segments", u, el)
+		}
+	}
 	if prefix != "" {
 		prefix += "/"
 	}
@@ -184,7 +193,7 @@ func newRetryer() aws.Retryer {
 		o.RateLimiter = ratelimit.None
 		o.Retryables = append([]retry.IsErrorRetryable{
 			retry.IsErrorRetryableFunc(func(err error) aws.Ternary {
-				if unreachable(err) {
+				if unreachable(err) || tlsMisfit(err) != "" {
 					return aws.FalseTernary
 				}
 				var ae smithy.APIError
@@ -206,6 +215,22 @@ func unreachable(err error) bool {
 	}
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// tlsMisfit says what is wrong when err is a TLS setting that will not
+// pass by itself: an https:// endpoint that speaks plain HTTP, or a
+// certificate this machine does not trust; "" otherwise.
+func tlsMisfit(err error) string {
+	var cv *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var he x509.HostnameError
+	switch {
+	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		return "it answers plain HTTP to https:// (write the endpoint as http://…)"
+	case errors.As(err, &cv), errors.As(err, &ua), errors.As(err, &he):
+		return "its TLS certificate is not one this machine trusts"
+	}
+	return ""
 }
 
 func (c *Client) String() string {
@@ -272,6 +297,9 @@ func (c *Client) Classify(op, key string, err error) error {
 			return errkind.Errorf(errkind.Retryable, "%s %s: lost the S3 endpoint %s, which answered before: %v", op, where, c.Endpoint, cause)
 		}
 		return errkind.Errorf(errkind.Usage, "%s %s: cannot reach the S3 endpoint %s (check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL): %v", op, where, c.Endpoint, cause)
+	}
+	if why := tlsMisfit(err); why != "" {
+		return errkind.Errorf(errkind.Usage, "%s %s: the S3 endpoint %s: %s (check AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL): %v", op, where, c.Endpoint, why, err)
 	}
 	code, status, msg := "", 0, ""
 	var ae smithy.APIError

@@ -102,6 +102,8 @@ func TestSettings(t *testing.T) {
 			kind: errkind.Usage, want: "cannot reach the S3 endpoint " + closed},
 		{name: "silent endpoint", env: map[string]string{"AWS_ENDPOINT_URL_S3": silentEndpoint(t), "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
 			kind: errkind.Usage, want: "accepted a connection but gave no answer within 1s"},
+		{name: "https to a plain-HTTP endpoint", env: map[string]string{"AWS_ENDPOINT_URL_S3": strings.Replace(srv.Endpoint, "http://", "https://", 1), "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
+			kind: errkind.Usage, want: "it answers plain HTTP to https:// (write the endpoint as http://…)"},
 		{name: "endpoint without a scheme", env: map[string]string{"AWS_ENDPOINT_URL_S3": strings.TrimPrefix(srv.Endpoint, "http://"), "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
 			kind: errkind.Usage, want: "want a URL like http://HOST:PORT"},
 		{name: "bucket name refused", url: "s3://Models/x", env: map[string]string{"AWS_ENDPOINT_URL_S3": srv.Endpoint, "AWS_ACCESS_KEY_ID": srv.AccessKey, "AWS_SECRET_ACCESS_KEY": srv.SecretKey},
@@ -190,6 +192,11 @@ func TestParseURL(t *testing.T) {
 		b, p, err := s3store.ParseURL(tc.url)
 		if err != nil || b != tc.bucket || p != tc.prefix {
 			t.Errorf("%s: %q %q %v", tc.url, b, p, err)
+		}
+	}
+	for _, u := range []string{"s3://", "s3:///p", "s3://b/a/../p", "s3://b/./p", "s3://b/p/..", "b/p"} {
+		if _, _, err := s3store.ParseURL(u); errkind.Of(err) != errkind.Usage {
+			t.Errorf("%s: %v, want a usage error", u, err)
 		}
 	}
 }
