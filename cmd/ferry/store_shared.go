@@ -128,6 +128,19 @@ func sharedVerify(c *cli.Context, arg string) error {
 	return nil
 }
 
+// leaseLine is a live lease as du and gc list it: a stage being made, a
+// copy or gc at work.
+func leaseLine(l store.LeaseUse) string {
+	until := l.Until.Format(time.RFC3339)
+	switch {
+	case strings.HasPrefix(l.Name, "stage/"):
+		return fmt.Sprintf("  being made on %s: %s (lease until %s)", l.Holder, l.Name, until)
+	case strings.HasPrefix(l.Name, "pin/"):
+		return fmt.Sprintf("  a store copy on %s keeps the blobs it is storing: %s (lease until %s)", l.Holder, l.Name, until)
+	}
+	return fmt.Sprintf("  held by %s: %s (lease until %s)", l.Holder, l.Name, until)
+}
+
 // shortKeys are record keys as du shows them: their first 12 characters.
 func shortKeys(keys []string) []string {
 	out := make([]string, len(keys))
@@ -173,7 +186,7 @@ func sharedGC(c *cli.Context, arg string) error {
 	fmt.Fprintf(w, "store %s: %s %d blobs (%s) and %d unfinished uploads%s; kept %d blobs named by records, %d protected by live leases, %d younger than %v\n",
 		rep.Store, verb, rep.RemovedBlobs, sizeText(rep.RemovedBytes), rep.AbortedUploads, scratch, rep.KeptBlobs, rep.KeptLeased, rep.KeptYoung, c.Duration("grace"))
 	for _, l := range rep.Leases {
-		fmt.Fprintf(w, "  being made on %s: %s (lease until %s)\n", l.Holder, l.Name, l.Until.Format(time.RFC3339))
+		fmt.Fprintln(w, leaseLine(l))
 	}
 	return nil
 }
@@ -218,7 +231,7 @@ func sharedDU(c *cli.Context, arg string) error {
 		fmt.Fprintf(w, "  UNREADABLE record %s (its blobs count as unreferenced; 'ferry store verify' says why)\n", k)
 	}
 	for _, l := range u.Leases {
-		fmt.Fprintf(w, "  being made on %s: %s (lease until %s)\n", l.Holder, l.Name, l.Until.Format(time.RFC3339))
+		fmt.Fprintln(w, leaseLine(l))
 	}
 	return nil
 }
