@@ -221,3 +221,16 @@ func treeOf(t *testing.T, dir string) string {
 	}
 	return b.String()
 }
+
+func TestLeaseLine(t *testing.T) {
+	until := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	for name, want := range map[string]string{
+		"stage/0a1b":       "  being made on mac: stage/0a1b (lease until 2026-11-27T12:00:00Z)",
+		"pin/mac-0123abcd": "  a store copy on mac keeps the blobs it is storing: pin/mac-0123abcd (lease until 2026-11-27T12:00:00Z)",
+		"gc":               "  held by mac: gc (lease until 2026-11-27T12:00:00Z)",
+	} {
+		if got := leaseLine(store.LeaseUse{Name: name, Holder: "mac", Until: until}); got != want {
+			t.Errorf("%s: %q, want %q", name, got, want)
+		}
+	}
+}
