@@ -581,6 +581,12 @@ type GCOptions struct {
 	// Removed, when set, is told of each blob removed (or, with DryRun,
 	// that would be).
 	Removed func(d digest.Digest, in Info)
+	// PruneRecords first drops the records no ref names (the results of
+	// earlier parameters or inputs), written more than Grace ago by the
+	// storage's clock and whose stage key no live lease holds; then the
+	// blobs only they named go as any unreferenced blob does. A machine
+	// that still uses one makes or shares it again on its next run.
+	PruneRecords bool
 }
 
 // DefaultGCGrace is GCOptions.Grace's default.
@@ -607,6 +613,9 @@ type GCReport struct {
 	// removed by a delete conditional on the version read (only where the
 	// probe found conditional deletes honoured).
 	RemovedLeases int        `json:"removed_leases"`
+	// PrunedRecords: records GCOptions.PruneRecords dropped (or, with
+	// DryRun, would).
+	PrunedRecords int `json:"pruned_records,omitempty"`
 	Leases        []LeaseUse `json:"live_leases"`
 	DryRun        bool       `json:"dry_run,omitempty"`
 }
@@ -686,6 +695,11 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		return nil, fmt.Errorf("%s: %w: %s", s.b, ErrGCUnsure, probs[0])
 	}
 	rep.Records = len(recs)
+	if opt.PruneRecords {
+		if recs, err = s.pruneRecords(ctx, recs, live, opt, rep); err != nil {
+			return nil, err
+		}
+	}
 	referenced := map[digest.Digest]bool{}
 	for _, r := range recs {
 		for _, o := range r.Outputs {
@@ -778,6 +792,48 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 	}
 	rep.RemovedTemp, rep.RemovedTempBytes = tr.Removed, tr.RemovedBytes
 	return rep, leaseErr()
+}
+
+// pruneRecords drops the records of recs that GCOptions.PruneRecords
+// names, and returns those that stay. Each is deleted as the version
+// listed: one written again meanwhile stays.
+func (s *Store) pruneRecords(ctx context.Context, recs []*Record, live []LeaseUse, opt GCOptions, rep *GCReport) ([]*Record, error) {
+	refs, err := s.refsByRecord(ctx)
+	if err != nil {
+		return nil, err
+	}
+	leased := map[string]bool{}
+	for _, l := range live {
+		leased[l.Name] = true
+	}
+	infos := map[string]Info{}
+	if err := s.b.List(ctx, "records/", func(in Info) error {
+		infos[in.Key] = in
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var keep []*Record
+	for _, r := range recs {
+		in, listed := infos[recordKey(r.Key)]
+		// A pipeline makes a stage's key under the lease stage/KEY.
+		if len(refs[r.Key]) > 0 || leased["stage/"+r.Key] || !listed || in.Date.Sub(in.Modified) <= opt.Grace {
+			keep = append(keep, r)
+			continue
+		}
+		if !opt.DryRun {
+			err := s.b.Delete(ctx, recordKey(r.Key), in.ETag)
+			if errors.Is(err, ErrPrecondition) {
+				keep = append(keep, r) // written again since the listing
+				continue
+			}
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				return nil, err
+			}
+		}
+		rep.PrunedRecords++
+	}
+	return keep, nil
 }
 
 // removeOldLeases deletes lease objects that are released or expired and

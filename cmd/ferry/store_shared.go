@@ -151,10 +151,8 @@ func shortKeys(keys []string) []string {
 }
 
 func sharedGC(c *cli.Context, arg string) error {
-	for _, f := range []string{"journals", "prune-records"} {
-		if c.Bool(f) {
-			return usageErrorf("%s --%s: not for a shared store (its resume state is each machine's, and records are pruned by no one yet)", commandPath(c), f)
-		}
+	if c.Bool("journals") {
+		return usageErrorf("%s --journals: not for a shared store (its resume state is each machine's: give that machine's cache directory, a pipeline's store, instead)", commandPath(c))
 	}
 	if g := c.Duration("grace"); g <= 0 {
 		return usageErrorf("%s --grace %v: must be positive", commandPath(c), g)
@@ -164,7 +162,7 @@ func sharedGC(c *cli.Context, arg string) error {
 	if err != nil {
 		return err
 	}
-	rep, err := s.GC(c.Context, store.GCOptions{Grace: c.Duration("grace"), DryRun: c.Bool("dry-run")})
+	rep, err := s.GC(c.Context, store.GCOptions{Grace: c.Duration("grace"), DryRun: c.Bool("dry-run"), PruneRecords: c.Bool("prune-records")})
 	if err != nil {
 		return err
 	}
@@ -182,6 +180,13 @@ func sharedGC(c *cli.Context, arg string) error {
 	}
 	if rep.RemovedTemp > 0 {
 		scratch += fmt.Sprintf(", %d temp files (%s)", rep.RemovedTemp, sizeText(rep.RemovedTempBytes))
+	}
+	if c.Bool("prune-records") {
+		verb := "pruned"
+		if rep.DryRun {
+			verb = "would prune"
+		}
+		fmt.Fprintf(w, "store %s: %s %d records no ref names, older than %v\n", rep.Store, verb, rep.PrunedRecords, c.Duration("grace"))
 	}
 	fmt.Fprintf(w, "store %s: %s %d blobs (%s) and %d unfinished uploads%s; kept %d blobs named by records, %d protected by live leases, %d younger than %v\n",
 		rep.Store, verb, rep.RemovedBlobs, sizeText(rep.RemovedBytes), rep.AbortedUploads, scratch, rep.KeptBlobs, rep.KeptLeased, rep.KeptYoung, c.Duration("grace"))

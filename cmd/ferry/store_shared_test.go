@@ -88,6 +88,15 @@ func TestStoreSharedCommands(t *testing.T) {
 		t.Errorf("gc took no lease: %v", err)
 	}
 	run(2, "store", "gc", "--journals", bucket)
+	// k1 has no ref: the result of an earlier parameter, say, written
+	// a day ago.
+	day := time.Now().Add(-24 * time.Hour)
+	if err := os.Chtimes(srv.ObjectPath("ferry-cli", "team/records/k1.json"), day, day); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(0, "store", "gc", "--prune-records", "--dry-run", bucket); !strings.Contains(out, "would prune 1 records no ref names") || !strings.Contains(out, "kept 0 blobs named by records, 0 protected by live leases, 2 younger than") {
+		t.Errorf("gc --prune-records --dry-run: %s", out)
+	}
 	run(2, "store", "gc", "--grace", "0s", bucket)
 
 	back := filepath.Join(t.TempDir(), "mac")

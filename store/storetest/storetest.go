@@ -67,6 +67,7 @@ func Run(t *testing.T, h Harness) {
 		{"DamagedBlob", testDamagedBlob},
 		{"VerifyRefs", testVerifyRefs},
 		{"GCUnreadableLease", testGCUnreadableLease},
+		{"GCPruneRecords", testGCPruneRecords},
 		{"Records", testRecords},
 		{"Refs", testRefs},
 		{"Leases", testLeases},
@@ -1226,6 +1227,59 @@ func testGCUnreadableLease(t *testing.T, h Harness) {
 	rep, err := s.GC(ctx, store.GCOptions{Grace: grace})
 	if err != nil || rep.RemovedBlobs != 1 || rep.RemovedLeases != 1 {
 		t.Fatalf("gc once the unreadable lease is old: %+v, %v", rep, err)
+	}
+}
+
+// gc with PruneRecords drops the records no ref names, older than the
+// grace period and whose stage no live lease is making; the blobs only
+// they named go with them. A dry run counts the same and removes nothing.
+func testGCPruneRecords(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	commit := func(key, body string) digest.Digest {
+		t.Helper()
+		d := putBlob(t, s, []byte(body))
+		if _, err := s.CommitRecord(ctx, &store.Record{Key: key, Outputs: []store.Output{{Path: "o", Digest: d, Size: int64(len(body))}}}); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	current := commit("current", "the stage's latest\n")
+	if err := s.PointRef(ctx, "pipelines/p/s", "current"); err != nil {
+		t.Fatal(err)
+	}
+	earlier := commit("earlier", "an earlier parameter's\n")
+	making := commit("making", "a stage a machine is making again (forced)\n")
+	l, err := s.AcquireLease(ctx, "stage/making", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	grace := time.Second
+	waitOlder(t, b, "records/earlier.json", grace)
+	young := commit("young", "committed, its ref not pointed yet\n")
+	for _, dry := range []bool{true, false} {
+		rep, err := s.GC(ctx, store.GCOptions{Grace: grace, PruneRecords: true, DryRun: dry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.PrunedRecords != 1 || rep.RemovedBlobs != 1 || rep.Records != 4 {
+			t.Errorf("dry run %v: %+v, want 1 record pruned and its blob removed", dry, rep)
+		}
+	}
+	for key, want := range map[string]bool{"current": true, "earlier": false, "making": true, "young": true} {
+		if _, err := s.Record(ctx, key); (err == nil) != want {
+			t.Errorf("record %s after prune: %v, want kept %v", key, err, want)
+		}
+	}
+	for d, want := range map[digest.Digest]bool{current: true, earlier: false, making: true, young: true} {
+		if _, ok, err := s.HasBlob(ctx, d); ok != want || err != nil {
+			t.Errorf("blob %s after prune: stored %v (%v), want %v", d.Short(), ok, err, want)
+		}
+	}
+	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
+		t.Errorf("verify after prune: %+v, %v", vr, err)
 	}
 }
 
