@@ -612,10 +612,10 @@ type GCReport struct {
 	// RemovedLeases: released or expired leases past the grace period,
 	// removed by a delete conditional on the version read (only where the
 	// probe found conditional deletes honoured).
-	RemovedLeases int        `json:"removed_leases"`
+	RemovedLeases int `json:"removed_leases"`
 	// PrunedRecords: records GCOptions.PruneRecords dropped (or, with
 	// DryRun, would).
-	PrunedRecords int `json:"pruned_records,omitempty"`
+	PrunedRecords int        `json:"pruned_records,omitempty"`
 	Leases        []LeaseUse `json:"live_leases"`
 	DryRun        bool       `json:"dry_run,omitempty"`
 }
