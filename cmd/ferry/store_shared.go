@@ -263,7 +263,14 @@ func storeCopy(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return usageErrorf("%s: want SRC and DST (s3://BUCKET/PREFIX or a directory), got %d arguments", commandPath(c), c.NArg())
 	}
-	srcArg, dstArg := storeArg(c.Args().Get(0)), storeArg(c.Args().Get(1))
+	srcArg, err := pipelineStoreOf(storeArg(c.Args().Get(0)))
+	if err != nil {
+		return err
+	}
+	dstArg, err := pipelineStoreOf(storeArg(c.Args().Get(1)))
+	if err != nil {
+		return err
+	}
 	// A pipeline's store directory is converted to the current format
 	// first (its records become record objects), under its lock.
 	imports := 0 // a pipeline store's import records, which stay
@@ -385,6 +392,23 @@ func copyDirDest(dst string) error {
 		return usageErrorf("store copy: destination %s is neither a ferry store nor empty (it holds %s): give a store, an empty directory or a new one", dst, e.Name())
 	}
 	return nil
+}
+
+// pipelineStoreOf is the store a pipeline file arg names (its shared
+// store, else its directory); arg itself when it is not a file.
+func pipelineStoreOf(arg string) (string, error) {
+	fi, err := os.Stat(arg)
+	if err != nil || !fi.Mode().IsRegular() {
+		return arg, nil
+	}
+	spec, err := pipeline.Load(arg, pipeline.WithKinds(stageKinds()))
+	if err != nil {
+		return "", err
+	}
+	if spec.Shared != "" {
+		return storeArg(spec.Shared), nil
+	}
+	return spec.Store, nil
 }
 
 // lockPipelineStore opens and locks arg when it is a pipeline's store
