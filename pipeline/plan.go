@@ -139,11 +139,15 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 				inputs[st.Name] = &in
 				sr.Reason = "not selected; has a complete record"
 				sr.Key = in.Key
-			} else if in, host, serr := r.planSharedRef(ctx, st); serr == nil && in != nil {
-				// As a run takes it: its latest record in the shared store.
-				inputs[st.Name] = in
-				sr.Reason = fmt.Sprintf("not selected; its latest record in %s (made on %s) is fetched by a run", r.spec.Shared, host)
-				sr.Key, sr.Host = in.Key, host
+			} else if o, serr := r.sharedOutside(ctx, st, ins, blocked == "" && len(waiting) == 0); serr != nil {
+				sr.Reason = serr.Error()
+			} else if o.in != nil {
+				// As a run takes it: its record in the shared store.
+				inputs[st.Name] = o.in
+				sr.Reason = fmt.Sprintf("not selected; its record in %s (made on %s) is fetched by a run", r.spec.Shared, o.host)
+				sr.Key, sr.Host = o.in.Key, o.host
+			} else if r.shared != nil {
+				sr.Reason = o.why
 			} else {
 				sr.Reason = err.Error()
 			}

@@ -486,6 +486,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	}
 	// Inputs from outside the selection must exist before anything runs.
 	outside := map[string]*Input{}
+	memo := map[string]*Input{} // stages resolved by resolveOutside
 	var toShare []func()
 	for _, st := range spec.Stages {
 		if !sel[st.Name] {
@@ -506,18 +507,21 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 				}
 			}
 			if err != nil && r.shared != nil {
-				// Made on another machine: its latest record in the
-				// shared store, fetched only when a stage that reads it
-				// runs here (fetchInputs): one fetched itself reads none.
-				sin, host, serr := r.planSharedRef(ctx, ds)
+				// Made on another machine: its record in the shared store
+				// (of the key this file gives it), fetched only when a
+				// stage that reads it runs here (fetchInputs): one
+				// fetched itself reads none. One being made there is
+				// waited for.
+				o, serr := r.waitOutside(ctx, ds, memo)
 				if serr != nil {
 					return nil, fmt.Errorf("stage %s needs %s: %w", st.Name, dep.Name, serr)
 				}
-				if sin != nil {
-					r.log.Info("input in the shared store", "stage", dep.Name, "host", host, "outputs", len(sin.Outputs))
-					outside[dep.Name] = sin
-					continue
+				if o.in == nil {
+					return nil, fmt.Errorf("stage %s needs %s: %s", st.Name, dep.Name, o.why)
 				}
+				r.log.Info("input in the shared store", "stage", dep.Name, "host", o.host, "outputs", len(o.in.Outputs))
+				outside[dep.Name] = o.in
+				continue
 			}
 			if err != nil {
 				return nil, fmt.Errorf("stage %s needs %s: %w", st.Name, dep.Name, err)

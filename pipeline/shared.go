@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -205,31 +206,169 @@ func (r *runner) sharedInput(st *StageSpec, key string, srec *store.Record) (*In
 	return &Input{Stage: st.Name, Dir: r.spec.ViewDir(st), Outputs: outs, Digest: manifest.OutputsDigest(outs), Key: key, fetched: true}, srec.Host, nil
 }
 
-// planSharedRef is the input a plan sees for st, not selected, when this
-// machine has no record of it and the shared store's ref of it names one:
-// what a run fetches (sharedInput); nil when there is none.
-func (r *runner) planSharedRef(ctx context.Context, st *StageSpec) (*Input, string, error) {
-	if r.shared == nil {
-		return nil, "", nil
+// outside is what a stage outside the selection, with no record here,
+// stands for in the shared store.
+type outside struct {
+	in   *Input
+	host string // the machine that made in
+	// Without in: why there is none, and the machine holding the lease of
+	// the key this file gives the stage (making) and until when.
+	why    string
+	making string
+	until  time.Time
+}
+
+// sharedOutside is what st, outside the selection and with no record
+// here, stands for in the shared store. With known (ins are all its
+// inputs) it is the record of the key this file gives st, or a machine
+// making that key; never another key's, whatever the stage's ref names
+// (the latest run on any machine, maybe of a file with other parameters).
+// Without (an input is this machine's no more than st is: an import of
+// files not here) it is the record the stage's ref names, when that was
+// made with this file's kind, format version and parameters.
+func (r *runner) sharedOutside(ctx context.Context, st *StageSpec, ins []Input, known bool) (outside, error) {
+	none := fmt.Sprintf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name)
+	if r.shared == nil || !shareable(st) {
+		return outside{why: none}, nil
 	}
+	key, params, _, err := r.key(st, ins)
+	if err != nil {
+		return outside{}, err
+	}
+	latest, latestRec, err := r.latestShared(ctx, st)
+	if err != nil {
+		return outside{}, err
+	}
+	if known {
+		in, host, err := r.planShared(ctx, st, key)
+		if err != nil || in != nil {
+			return outside{in: in, host: host}, err
+		}
+		li, until, live, err := r.shared.s.LeaseStatus(ctx, leaseName(key))
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return outside{}, err
+		}
+		if live {
+			return outside{why: fmt.Sprintf("stage %s is being made on %s (lease until %s)", st.Name, li.Holder, until.Local().Format("15:04:05")), making: li.Holder, until: until}, nil
+		}
+		why := fmt.Sprintf("stage %s has not run with this file's parameters and inputs, here or in %s; run it first (or drop --only/--from)", st.Name, r.spec.Shared)
+		if latest != nil {
+			why += "; its latest record there, made on " + latestRec.Host + ", " + r.differs(st, latestRec, params, "has other inputs")
+		}
+		return outside{why: why}, nil
+	}
+	if latest == nil {
+		return outside{why: fmt.Sprintf("stage %s has not run yet, here or in %s; run it first (or drop --only/--from)", st.Name, r.spec.Shared)}, nil
+	}
+	if d := r.differs(st, latestRec, params, ""); d != "" {
+		return outside{why: fmt.Sprintf("stage %s: its latest record in %s, made on %s, %s; run it here first (or drop --only/--from)", st.Name, r.spec.Shared, latestRec.Host, d)}, nil
+	}
+	return outside{in: latest, host: latestRec.Host}, nil
+}
+
+// latestShared is the record the shared store's ref of st names (nil
+// when there is none, or the ref is broken), as an input and as a record.
+func (r *runner) latestShared(ctx context.Context, st *StageSpec) (*Input, *manifest.Record, error) {
 	ref, err := r.shared.s.GetRef(ctx, manifest.StageRef(r.spec.Name, st.Name))
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, "", nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	srec, err := r.shared.s.RefRecord(ctx, ref)
 	if errors.Is(err, store.ErrRefBroken) {
 		// As if the store had none: the next run of that stage points it
 		// again.
 		r.log.Warn("the shared store's ref of a stage names no record it holds", "stage", st.Name, "err", err)
-		return nil, "", nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
-	return r.sharedInput(st, ref.Value, srec)
+	rec, err := manifest.FromStoreRecord(r.shared.s.String(), srec)
+	if err != nil {
+		return nil, nil, err
+	}
+	in, _, err := r.sharedInput(st, ref.Value, srec)
+	return in, rec, err
+}
+
+// differs says how rec was made otherwise than this file makes st with
+// params: its kind, its kind's format version or its parameters; same
+// when none of those differ ("" for nothing).
+func (r *runner) differs(st *StageSpec, rec *manifest.Record, params json.RawMessage, same string) string {
+	switch v := r.spec.KindOf(st).Version; {
+	case rec.Kind != "" && rec.Kind != st.Kind:
+		return fmt.Sprintf("is of kind %s, not %s", rec.Kind, st.Kind)
+	case rec.KindVersion != v:
+		return fmt.Sprintf("was made by kind %s's format version %s, not %s", st.Kind, cmp.Or(rec.KindVersion, "none"), v)
+	case !jsonEqual(rec.Params, params):
+		return fmt.Sprintf("was made with other parameters (%s there, %s here)", clip(string(rec.Params)), clip(string(params)))
+	}
+	return same
+}
+
+// clip shortens s for a message.
+func clip(s string) string {
+	if len(s) > 160 {
+		return s[:157] + "..."
+	}
+	return s
+}
+
+// waitOutside is resolveOutside, waiting while another machine makes st
+// (each new holder or end time an event, as a stage that waits for its
+// lease tells).
+func (r *runner) waitOutside(ctx context.Context, st *StageSpec, memo map[string]*Input) (outside, error) {
+	last := ""
+	for {
+		o, err := r.resolveOutside(ctx, st, memo)
+		if err != nil || o.making == "" {
+			return o, err
+		}
+		if w := o.making + o.until.Truncate(time.Second).String(); w != last {
+			if last == "" {
+				r.lifecycle("stage waiting", "stage", st.Name, "holder", o.making, "until", o.until.Format(time.RFC3339))
+			}
+			last = w
+			until := o.until
+			r.emit(Event{Event: EventWaiting, Stage: st.Name, Kind: st.Kind, Reason: fmt.Sprintf("being made on %s, lease until %s", o.making, until.Local().Format("15:04:05")), Holder: o.making, Until: &until})
+		}
+		select {
+		case <-time.After(r.shared.poll):
+		case <-ctx.Done():
+			return outside{}, ctx.Err()
+		}
+	}
+}
+
+// resolveOutside is what st, outside the selection, is as an input: its
+// record here, else what it stands for in the shared store, its own
+// inputs resolved the same way first (memo: stages resolved so far, nil
+// for none).
+func (r *runner) resolveOutside(ctx context.Context, st *StageSpec, memo map[string]*Input) (outside, error) {
+	if in, err := r.existingInput(st); err == nil {
+		return outside{in: &in}, nil
+	}
+	ins, known := []Input{}, true
+	for _, dep := range st.Deps {
+		din, ok := memo[dep.Name]
+		if !ok {
+			o, err := r.resolveOutside(ctx, r.spec.Lookup(dep.Name), memo)
+			if err != nil {
+				return outside{}, err
+			}
+			din = o.in
+			memo[dep.Name] = din
+		}
+		if din == nil {
+			known = false
+			continue
+		}
+		ins = append(ins, *din)
+	}
+	return r.sharedOutside(ctx, st, ins, known)
 }
 
 // shareable says whether st's records go to the shared store.

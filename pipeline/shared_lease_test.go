@@ -298,3 +298,132 @@ func TestSharedBrokenRef(t *testing.T) {
 		t.Errorf("verify after a run: %+v, %v", vr, err)
 	}
 }
+
+// --only on a shared store takes the inputs outside the selection that
+// this file gives them (their keys, from its parameters and inputs), not
+// whatever the stage's ref names: the latest run on any machine, here of
+// a file whose stage b has other parameters.
+func TestSharedOnlyTakesThisFilesInputs(t *testing.T) {
+	shared := t.TempDir()
+	file := func(seedB int) string {
+		return "name: p\nstore: file://" + shared + "\nstages:\n" +
+			"  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n" +
+			fmt.Sprintf("  - name: b\n    synth: { size: 1MiB, units: 2, seed: %d, from: a }\n", seedB) +
+			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
+	}
+	open := func(src string) *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+	ctx := context.Background()
+	team, err := Run(ctx, open(file(2)), Options{Host: "team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, sr := range team.Stages {
+		keys[sr.Stage] = sr.Key
+	}
+	// Another file of the same pipeline name, b with another seed: b's
+	// ref now names its record.
+	if _, err := Run(ctx, open(file(7)), Options{Host: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(ctx, open(file(2)), Options{Host: "mac", Only: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range rep.Stages {
+		if sr.Stage == "c" && (sr.Action != ActionSkip || sr.Key != keys["c"] || sr.Host != "team") {
+			t.Errorf("c on mac with the team's file: %s %s (%s), key %.12s, want the team's %.12s", sr.Action, sr.Host, sr.Reason, sr.Key, keys["c"])
+		}
+	}
+	// The same on a plan.
+	pr, err := Plan(open(file(2)), Options{Host: "mac", Only: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range pr.Stages {
+		if sr.Stage == "b" && (sr.Key != keys["b"] || sr.Host != "team") {
+			t.Errorf("plan: b %+v, want the team's key %.12s", sr, keys["b"])
+		}
+	}
+	// A file whose b no machine made: refused, saying why, not run on
+	// another file's b.
+	_, err = Run(ctx, open(file(9)), Options{Host: "mac", Only: "c"})
+	if err == nil || !strings.Contains(err.Error(), "stage b has not run with this file's parameters and inputs") || !strings.Contains(err.Error(), "was made with other parameters") {
+		t.Errorf("--only c with a b no machine made: %v", err)
+	}
+}
+
+// --only whose input another machine is making (its lease held): the run
+// waits, telling who makes it, and goes on when the lease ends (here
+// without a record: then it says that no machine made it).
+func TestSharedOnlyWaitsForInputBeingMade(t *testing.T) {
+	shared := t.TempDir()
+	src := "name: p\nstore: file://" + shared + "\nstages:\n" +
+		"  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n" +
+		"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: a }\n"
+	open := func() *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+	ctx := context.Background()
+	if _, err := Run(ctx, open(), Options{Host: "team", Only: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	s := openDirStore(t, shared, "machine-x")
+	// b's key, as this file gives it: a's record in the store.
+	pr, err := Plan(open(), Options{Host: "mac", Only: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keyB string
+	for _, sr := range pr.Stages {
+		if sr.Stage == "b" {
+			keyB = sr.Key
+		}
+	}
+	if keyB == "" {
+		t.Fatalf("no key for b: %+v", pr.Stages)
+	}
+	l, err := s.AcquireLease(ctx, "stage/"+keyB, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan Event, 16)
+	done := make(chan error, 1)
+	spec := loadSpec(t, t.TempDir(), src+"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n")
+	spec.Store = filepath.Join(t.TempDir(), "cache")
+	go func() {
+		_, err := Run(ctx, spec, Options{Host: "mac", Only: "c", Events: func(e Event) {
+			if e.Event == EventWaiting {
+				waiting <- e
+			}
+		}})
+		done <- err
+	}()
+	select {
+	case e := <-waiting:
+		if e.Stage != "b" || e.Holder != "machine-x" {
+			t.Errorf("waiting event: %+v", e)
+		}
+	case err := <-done:
+		t.Fatalf("the run did not wait for b: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no waiting event")
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "stage b has not run with this file's parameters and inputs") {
+			t.Errorf("after the lease ended without a record: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the run did not go on when the lease ended")
+	}
+}
