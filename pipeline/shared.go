@@ -693,9 +693,22 @@ outputs:
 	return nil
 }
 
-// setRef points refs/pipelines/<pipeline>/<stage> at key.
+// setRef points refs/pipelines/<pipeline>/<stage> at key. A ref that
+// named a record made with other parameters means two files of this
+// pipeline's name disagree, which is worth a warning: refs (status, gc
+// --prune-records) follow whichever ran last.
 func (r *runner) setRef(ctx context.Context, st *StageSpec, key string) error {
-	return r.shared.s.PointRef(ctx, manifest.StageRef(r.spec.Name, st.Name), key)
+	name := manifest.StageRef(r.spec.Name, st.Name)
+	if ref, err := r.shared.s.GetRef(ctx, name); err == nil && ref.Value != key {
+		if old, err := r.shared.s.RefRecord(ctx, ref); err == nil {
+			prev, perr := manifest.FromStoreRecord(r.shared.s.String(), old)
+			if rec := r.store.Record(key); perr == nil && rec != nil && (prev.Kind != rec.Kind || !jsonEqual(prev.Params, rec.Params)) {
+				r.log.Warn("another file of this pipeline's name made this stage with other parameters: the stage's ref follows whichever runs last, and 'store gc --prune-records' drops the other's results; give one file another name",
+					"stage", st.Name, "made_on", old.Host, "there", clip(string(prev.Params)), "here", clip(string(rec.Params)))
+			}
+		}
+	}
+	return r.shared.s.PointRef(ctx, name, key)
 }
 
 // intact says whether every output of rec is here, by its stamp.

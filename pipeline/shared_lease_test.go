@@ -1,10 +1,12 @@
 package pipeline_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -326,9 +328,14 @@ func TestSharedOnlyTakesThisFilesInputs(t *testing.T) {
 		keys[sr.Stage] = sr.Key
 	}
 	// Another file of the same pipeline name, b with another seed: b's
-	// ref now names its record.
-	if _, err := Run(ctx, open(file(7)), Options{Host: "other"}); err != nil {
+	// ref now names its record, and the run warns that the files
+	// disagree.
+	var logs bytes.Buffer
+	if _, err := Run(ctx, open(file(7)), Options{Host: "other", Log: slog.New(slog.NewTextHandler(&logs, nil))}); err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "another file of this pipeline's name made this stage with other parameters") || !strings.Contains(logs.String(), "stage=b made_on=team") {
+		t.Errorf("no warning that two files disagree:\n%s", logs.String())
 	}
 	rep, err := Run(ctx, open(file(2)), Options{Host: "mac", Only: "c"})
 	if err != nil {
