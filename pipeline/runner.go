@@ -801,7 +801,8 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 			}
 		}()
 	}
-	if d.action == ActionSkip {
+	// A stage skipped: up to date here, or made on another machine.
+	skip := func() (StageReport, *Input, error) {
 		sr.Action, sr.Outputs, sr.Cause = ActionSkip, d.rec.Outputs, ""
 		// Journals and the work dir left by a killed run of this key (or
 		// one killed after its commit) are garbage now: the record is made,
@@ -826,6 +827,9 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		r.emit(Event{Event: EventSkip, Stage: st.Name, Kind: st.Kind, Reason: d.reason, View: sr.View, Outputs: sr.Outputs, Bytes: outputBytes(sr.Outputs)})
 		in := r.recordInput(st, d.rec)
 		return sr, &in, nil
+	}
+	if d.action == ActionSkip {
+		return skip()
 	}
 	// It runs here: inputs still in the shared store only are fetched.
 	if ins, err = r.fetchInputs(ctx, ins); err != nil {
@@ -852,6 +856,32 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	r.emit(Event{Event: EventRun, Stage: st.Name, Kind: st.Kind, Reason: d.reason, Cause: d.cause, View: sr.View})
 	start := time.Now()
 	rec, err := r.execute(ctx, st, d, ins, forced)
+	for err != nil && lease != nil && lease.Err() != nil && runCtx.Err() == nil && !forced {
+		// The lease was lost while the stage ran (this machine paused
+		// past its ttl, its link down): the machine that took it over may
+		// have made the stage by now. Waited for as a lease held at the
+		// start is: its record is fetched, or the lease comes back here
+		// and the stage resumes from what this run kept.
+		r.log.Warn("stage lease lost while running: waiting for the machine that took it over", "stage", st.Name, "err", lease.Err())
+		nl, frec, host, waited, lerr := r.leaseStage(runCtx, st, d, false)
+		sr.Waited += waited.Seconds()
+		if lerr != nil {
+			err = fmt.Errorf("%w (after its lease was lost: %v)", lerr, lease.Err())
+			break
+		}
+		if frec != nil {
+			lease = nil
+			sr.Seconds = time.Since(start).Seconds()
+			d.action, d.rec, d.cause, d.reason = ActionSkip, frec, "", madeOn(host, r.spec.Shared, waited)
+			sr.Reason, sr.Host = d.reason+" (after this machine's lease was lost)", host
+			return skip()
+		}
+		lease = nl
+		var again func()
+		ctx, again = underLease(runCtx, lease)
+		defer again()
+		rec, err = r.execute(ctx, st, d, ins, forced)
+	}
 	sr.Seconds = time.Since(start).Seconds()
 	if err != nil {
 		if lease != nil {

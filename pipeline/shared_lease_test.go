@@ -434,3 +434,64 @@ func TestSharedOnlyWaitsForInputBeingMade(t *testing.T) {
 		t.Fatal("the run did not go on when the lease ended")
 	}
 }
+
+// A machine that loses its stage's lease while the stage runs (paused
+// past the ttl: here the lease is replaced behind its back, as a takeover
+// does) does not fail the run: it waits for the machine that took the
+// stage, then fetches the record, or takes the lease back and resumes.
+// Both machines' runs end well and the store holds the stage once.
+func TestSharedLeaseLostWhileRunning(t *testing.T) {
+	shared := t.TempDir()
+	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 4MiB, units: 20, seed: 1, pace: 100ms }\n"
+	open := func() *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+	ctx := context.Background()
+	pr, err := Plan(open(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := pr.Stages[0].Key
+	done := make(chan error, 1)
+	var rep *Report
+	go func() {
+		var err error
+		rep, err = Run(ctx, open(), Options{Host: "machine-a", LeaseTTL: time.Second})
+		done <- err
+	}()
+	s := openDirStore(t, shared, "")
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, _, live, err := s.LeaseStatus(ctx, "stage/"+key); err == nil && live {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("machine-a never held the stage's lease")
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // a few units in
+	// Released by someone else: machine-a's next renewal finds it lost.
+	if _, err := s.Backend().Put(ctx, "leases/stage/"+key, []byte(`{"holder":"machine-b","id":"forged","ttl_ms":1000,"seq":9,"released":true}`), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repB, errB := Run(ctx, open(), Options{Host: "machine-b", LeaseTTL: time.Second})
+	if errB != nil {
+		t.Fatalf("machine-b: %v", errB)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("machine-a, its lease lost while running: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("machine-a did not finish")
+	}
+	a, b := rep.Stages[0], repB.Stages[0]
+	if a.Key != key || b.Key != key || (a.Action == ActionRun) == (b.Action == ActionRun) {
+		t.Errorf("machine-a %s (%s), machine-b %s (%s): want one made it, the other fetched it", a.Action, a.Reason, b.Action, b.Reason)
+	}
+	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() || vr.Records != 1 {
+		t.Errorf("verify: %+v, %v", vr, err)
+	}
+}

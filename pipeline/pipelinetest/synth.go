@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/pipeline"
@@ -30,7 +31,7 @@ func Synth() pipeline.Kind {
 // deterministic pseudo-random bytes in journaled units, so the kill test and
 // the benchmarks can exercise resumable big outputs without model data.
 //
-//	synth: { size: 100MB, units: 50, seed: 1, from: other, file: data.bin, memory: 1GB, fail: "", fail_plan: "" }
+//	synth: { size: 100MB, units: 50, seed: 1, from: other, file: data.bin, memory: 1GB, fail: "", fail_plan: "", pace: 100ms }
 //
 // Unit i holds bytes from a ChaCha8 stream seeded by sha256 of (seed, i,
 // the digests of the from stages), so any unit can be made without the
@@ -44,16 +45,19 @@ func Synth() pipeline.Kind {
 // makes Run fail with that message before it writes anything, so tests can
 // make a stage fail without changing its key, and fail_plan makes its
 // planner fail (once its inputs are here: a plan of fetched inputs waits
-// for the run). None changes the output; none is part of the stage key.
+// for the run); pace makes each unit take at least that long, so tests
+// can act on a stage while it runs. None changes the output; none is part
+// of the stage key.
 type synthStage struct {
-	Size     int64    `json:"size"`
-	Units    int64    `json:"units"`
-	Seed     int64    `json:"seed"`
-	File     string   `json:"file"`
-	From     []string `json:"from,omitempty"`
-	Memory   int64    `json:"-"`
-	Fail     string   `json:"-"`
-	FailPlan string   `json:"-"`
+	Size     int64         `json:"size"`
+	Units    int64         `json:"units"`
+	Seed     int64         `json:"seed"`
+	File     string        `json:"file"`
+	From     []string      `json:"from,omitempty"`
+	Memory   int64         `json:"-"`
+	Fail     string        `json:"-"`
+	FailPlan string        `json:"-"`
+	Pace     time.Duration `json:"-"`
 }
 
 var (
@@ -100,6 +104,15 @@ func newSynth(p *pipeline.Params) (pipeline.Stage, error) {
 	}
 	if s.FailPlan, err = p.String("fail_plan", false); err != nil {
 		return nil, err
+	}
+	pace, err := p.String("pace", false)
+	if err != nil {
+		return nil, err
+	}
+	if pace != "" {
+		if s.Pace, err = time.ParseDuration(pace); err != nil || s.Pace < 0 {
+			return nil, p.Errorf("pace", "want a duration such as 100ms")
+		}
 	}
 	return s, nil
 }
@@ -157,6 +170,13 @@ func (s *synthStage) Run(ctx context.Context, env *pipeline.Env) (*pipeline.Resu
 	buf := make([]byte, synthBuffer)
 	for i := int64(len(done)); i < s.Units; i++ {
 		env.Log.Debug("synth unit begin", "unit", i)
+		if s.Pace > 0 {
+			select {
+			case <-time.After(s.Pace):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		var seed [32]byte
 		uh := sha256.New()
 		uh.Write(base)
