@@ -96,8 +96,11 @@ type StatusReport struct {
 	// stages' Shared are then unknown, not empty).
 	SharedError string             `json:"shared_error,omitempty"`
 	Lock        *manifest.LockInfo `json:"lock,omitempty"`
-	Vars        []Var              `json:"vars,omitempty"`
-	Stages      []StageStatus      `json:"stages"`
+	// LockStale: Lock's holder is a process of this host that is gone
+	// (killed); the next run takes the lock over.
+	LockStale bool          `json:"lock_stale,omitempty"`
+	Vars      []Var         `json:"vars,omitempty"`
+	Stages    []StageStatus `json:"stages"`
 }
 
 // Status reports each stage's latest record, its outputs (sizes, digests)
@@ -108,7 +111,7 @@ func Status(spec *Spec) (*StatusReport, error) {
 		return nil, err
 	}
 	lock, _ := store.ReadLock()
-	rep := &StatusReport{Pipeline: spec.Name, Store: spec.Store, Lock: lock, Vars: spec.Vars}
+	rep := &StatusReport{Pipeline: spec.Name, Store: spec.Store, Lock: lock, LockStale: lock != nil && lock.Stale(), Vars: spec.Vars}
 	for _, st := range spec.Stages {
 		ss := StageStatus{Stage: st.Name, Kind: st.Kind, View: spec.ViewDir(st)}
 		rec := store.StageRecord(spec.Name, st.Name)

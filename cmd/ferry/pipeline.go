@@ -295,7 +295,10 @@ func pipelineStatus(c *cli.Context) error {
 		fmt.Fprintf(w, "pipeline %s (store %s)\n", rep.Pipeline, rep.Store)
 	}
 	printVars(w, rep.Vars)
-	if rep.Lock != nil {
+	switch {
+	case rep.LockStale:
+		fmt.Fprintf(w, "store lock left by %s, a process that is gone (killed): the next run takes it over\n", rep.Lock)
+	case rep.Lock != nil:
 		fmt.Fprintf(w, "store locked by %s\n", rep.Lock) // pid, host, since, and the holder's command
 	}
 	for _, s := range rep.Stages {

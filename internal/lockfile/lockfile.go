@@ -54,6 +54,13 @@ func (i Info) String() string {
 	return s
 }
 
+// Stale reports whether the lock's holder is a process of this host that
+// is gone (killed): the next TryLock takes the lock over.
+func (i Info) Stale() bool {
+	host, _ := hostname()
+	return i.Host == host && i.PID != os.Getpid() && !processAlive(i.PID)
+}
+
 func (e *LockedError) Unwrap() error { return ErrLocked }
 
 // Lock is a held lock.

@@ -166,3 +166,21 @@ func TestLockedErrorNamesHolder(t *testing.T) {
 		}
 	}
 }
+
+func TestStale(t *testing.T) {
+	host, _ := hostname()
+	for _, tc := range []struct {
+		name string
+		info Info
+		want bool
+	}{
+		{"a process of this host that is gone", Info{PID: deadPID(t), Host: host}, true},
+		{"this process", Info{PID: os.Getpid(), Host: host}, false},
+		{"a live process of this host", Info{PID: os.Getppid(), Host: host}, false},
+		{"another host", Info{PID: deadPID(t), Host: host + "-other"}, false},
+	} {
+		if got := tc.info.Stale(); got != tc.want {
+			t.Errorf("%s: Stale() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
