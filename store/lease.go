@@ -224,7 +224,7 @@ func (l *Lease) protect(ctx context.Context, only bool, ds []digest.Digest) erro
 		i.Blobs = append(i.Blobs, ds...)
 	})
 	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
-		err = fmt.Errorf("%s: lease %s: taken over by another holder: %w", l.s.b, l.name, ErrLeaseLost)
+		err = fmt.Errorf("%s: lease %s: %s: %w", l.s.b, l.name, l.lostHow(ctx, err), ErrLeaseLost)
 		l.cancel(err)
 	}
 	if err != nil {
@@ -536,13 +536,28 @@ func (l *Lease) renew(ctx context.Context, sent time.Time) {
 			deadline = at.Add(keep)
 			t.Reset(every)
 		case errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound):
-			l.cancel(fmt.Errorf("%s: lease %s: taken over by another holder: %w", l.s.b, l.name, ErrLeaseLost))
+			l.cancel(fmt.Errorf("%s: lease %s: %s: %w", l.s.b, l.name, l.lostHow(ctx, err), ErrLeaseLost))
 			return
 		default:
 			// A failed renewal is tried again soon, until the deadline.
 			t.Reset(max(l.ttl/10, 5*time.Millisecond))
 		}
 	}
+}
+
+// lostHow says how the lease, which its holder could not write again
+// (err), was lost: rewritten by another holder, or removed (gc removes an
+// expired one; some storage answers a write conditional on a version of a
+// key that is gone with a failed precondition, so it is looked for).
+func (l *Lease) lostHow(ctx context.Context, err error) string {
+	if !errors.Is(err, ErrNotFound) {
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, herr := l.s.b.Head(hctx, leaseKey(l.name)); !errors.Is(herr, ErrNotFound) {
+			return "taken over by another holder"
+		}
+	}
+	return "removed once it had expired (the holder did not renew it in time)"
 }
 
 // releaseTimeout bounds a Release's write.

@@ -68,6 +68,7 @@ func Run(t *testing.T, h Harness) {
 		{"VerifyRefs", testVerifyRefs},
 		{"GCUnreadableLease", testGCUnreadableLease},
 		{"GCPruneRecords", testGCPruneRecords},
+		{"LeaseRemoved", testLeaseRemoved},
 		{"Records", testRecords},
 		{"Refs", testRefs},
 		{"Leases", testLeases},
@@ -1280,6 +1281,30 @@ func testGCPruneRecords(t *testing.T, h Harness) {
 	}
 	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
 		t.Errorf("verify after prune: %+v, %v", vr, err)
+	}
+}
+
+// A lease removed behind its holder (gc removes an expired one) is lost
+// at the next renewal, and the error says it was removed, not taken over.
+func testLeaseRemoved(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	l, err := s.AcquireLease(ctx, "stage/k", h.LeaseTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if err := b.Delete(ctx, "leases/stage/k", ""); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Context().Done():
+	case <-time.After(2*h.LeaseTTL + 5*time.Second):
+		t.Fatal("the holder did not notice its lease was removed")
+	}
+	if err := l.Err(); !errors.Is(err, store.ErrLeaseLost) || !strings.Contains(err.Error(), "removed once it had expired") {
+		t.Errorf("lease removed: %v", err)
 	}
 }
 
