@@ -688,8 +688,8 @@ outputs:
 		return err
 	}
 	took := time.Since(start).Seconds()
-	r.lifecycle("stage shared", "stage", st.Name, "step", r.stepOf(st.Name), "store", sh.s.String(), "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", took))
-	r.emit(Event{Event: EventShared, Stage: st.Name, Kind: st.Kind, Reason: "shared to " + sh.s.String(), Seconds: took, Bytes: total})
+	r.lifecycle("stage shared", "stage", st.Name, "step", r.stepOf(st.Name), "store", r.spec.Shared, "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", took))
+	r.emit(Event{Event: EventShared, Stage: st.Name, Kind: st.Kind, Reason: "shared to " + r.spec.Shared, Seconds: took, Bytes: total})
 	return nil
 }
 
