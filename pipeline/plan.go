@@ -108,7 +108,8 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 	rep := r.report()
 	state := map[string]StageReport{}
 	inputs := map[string]*Input{}
-	previews := map[string]string{} // stage → Preview of its plan
+	previews := map[string]string{}          // stage → Preview of its plan
+	outsideMemo := map[string]outsideInput{} // stages outside the selection, as a run resolves them
 	var refused []error
 	for _, st := range spec.Order() {
 		sr := StageReport{Stage: st.Name, Kind: st.Kind, View: spec.ViewDir(st)}
@@ -139,17 +140,17 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 				inputs[st.Name] = &in
 				sr.Reason = "not selected; has a complete record"
 				sr.Key = in.Key
-			} else if o, serr := r.sharedOutside(ctx, st, ins, blocked == "" && len(waiting) == 0); serr != nil {
+			} else if r.shared == nil {
+				sr.Reason = err.Error()
+			} else if o, serr := r.resolveOutside(ctx, st, outsideMemo); serr != nil {
 				sr.Reason = serr.Error()
 			} else if o.in != nil {
 				// As a run takes it: its record in the shared store.
 				inputs[st.Name] = o.in
 				sr.Reason = fmt.Sprintf("not selected; its record in %s (made on %s) is fetched by a run", r.spec.Shared, o.host)
 				sr.Key, sr.Host = o.in.Key, o.host
-			} else if r.shared != nil {
-				sr.Reason = o.why
 			} else {
-				sr.Reason = err.Error()
+				sr.Reason = o.why
 			}
 		case !kind.Built():
 			sr.Action = ActionNotBuilt

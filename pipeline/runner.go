@@ -486,7 +486,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	}
 	// Inputs from outside the selection must exist before anything runs.
 	outside := map[string]*Input{}
-	memo := map[string]*Input{} // stages resolved by resolveOutside
+	memo := map[string]outsideInput{} // stages resolved by resolveOutside
 	var toShare []func()
 	for _, st := range spec.Stages {
 		if !sel[st.Name] {
@@ -778,7 +778,10 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 				// finds the stage up to date here points it (a ref that
 				// names another record, or none the store holds, is
 				// pointed again).
-				if err := r.setRef(ctx, st, rec.Key); err != nil && ctx.Err() == nil {
+				if err := r.setRef(ctx, st, rec.Key); errors.Is(err, errRecordPruned) {
+					// Its outputs are here now: shared again, behind the run.
+					r.publish(ctx, st, rec, nil)
+				} else if err != nil && ctx.Err() == nil {
 					r.log.Warn("could not point the stage's ref in the shared store", "stage", st.Name, "err", err)
 				}
 			}
@@ -850,19 +853,30 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	if err != nil {
 		return sr, nil, err
 	}
-	defer release()
+	held := true // the slot: given back while a lost lease is waited for
+	defer func() {
+		if held {
+			release()
+		}
+	}()
 	sr.Action = ActionRun
 	r.lifecycle("stage start", "stage", st.Name, "step", r.stepOf(st.Name), "kind", st.Kind, "why", d.reason, "key", sr.Key[:12], "memory", FormatBytes(memoryOf(p)))
 	r.emit(Event{Event: EventRun, Stage: st.Name, Kind: st.Kind, Reason: d.reason, Cause: d.cause, View: sr.View})
 	start := time.Now()
 	rec, err := r.execute(ctx, st, d, ins, forced)
-	for err != nil && lease != nil && lease.Err() != nil && runCtx.Err() == nil && !forced {
+	// Forced, or --verify checking a transfer's copies again: made here,
+	// whatever another machine made meanwhile.
+	rerun := forced || d.cause == CauseRemote
+	for err != nil && lease != nil && lease.Err() != nil && runCtx.Err() == nil && !rerun {
 		// The lease was lost while the stage ran (this machine paused
 		// past its ttl, its link down): the machine that took it over may
 		// have made the stage by now. Waited for as a lease held at the
-		// start is: its record is fetched, or the lease comes back here
-		// and the stage resumes from what this run kept.
+		// start is, without the stage's memory: its record is fetched, or
+		// the lease comes back here and the stage resumes from what this
+		// run kept.
 		r.log.Warn("stage lease lost while running: waiting for the machine that took it over", "stage", st.Name, "err", lease.Err())
+		release()
+		held = false
 		nl, frec, host, waited, lerr := r.leaseStage(runCtx, st, d, false)
 		sr.Waited += waited.Seconds()
 		if lerr != nil {
@@ -880,13 +894,19 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		var again func()
 		ctx, again = underLease(runCtx, lease)
 		defer again()
+		if release, err = sched.acquire(ctx, memoryOf(p)); err != nil {
+			break
+		}
+		held = true
 		rec, err = r.execute(ctx, st, d, ins, forced)
 	}
 	sr.Seconds = time.Since(start).Seconds()
 	if err != nil {
 		if lease != nil {
-			if lerr := lease.Err(); lerr != nil {
+			if lerr := lease.Err(); lerr != nil && !forced {
 				err = fmt.Errorf("%w (its work is kept: the next run resumes it)", lerr)
+			} else if lerr != nil {
+				err = fmt.Errorf("%w (a forced run starts again from nothing)", lerr)
 			}
 			// Released by the deferred call above, unless lost.
 		}

@@ -206,9 +206,9 @@ func (r *runner) sharedInput(st *StageSpec, key string, srec *store.Record) (*In
 	return &Input{Stage: st.Name, Dir: r.spec.ViewDir(st), Outputs: outs, Digest: manifest.OutputsDigest(outs), Key: key, fetched: true}, srec.Host, nil
 }
 
-// outside is what a stage outside the selection, with no record here,
+// outsideInput is what a stage outside the selection, with no record here,
 // stands for in the shared store.
-type outside struct {
+type outsideInput struct {
 	in   *Input
 	host string // the machine that made in
 	// Without in: why there is none, and the machine holding the lease of
@@ -216,6 +216,10 @@ type outside struct {
 	why    string
 	making string
 	until  time.Time
+	// local: a stage no machine but this one can make (an import of this
+	// machine's files) that has no record here: the stages after it
+	// cannot be keyed here.
+	local bool
 }
 
 // sharedOutside is what st, outside the selection and with no record
@@ -223,47 +227,48 @@ type outside struct {
 // inputs) it is the record of the key this file gives st, or a machine
 // making that key; never another key's, whatever the stage's ref names
 // (the latest run on any machine, maybe of a file with other parameters).
-// Without (an input is this machine's no more than st is: an import of
-// files not here) it is the record the stage's ref names, when that was
-// made with this file's kind, format version and parameters.
-func (r *runner) sharedOutside(ctx context.Context, st *StageSpec, ins []Input, known bool) (outside, error) {
-	none := fmt.Sprintf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name)
+// Without (an input before it is an import of files not here: ins are
+// its inputs that are known) it is the record the stage's ref names,
+// when that was made with this file's kind, format version and
+// parameters, from those inputs.
+func (r *runner) sharedOutside(ctx context.Context, st *StageSpec, ins []Input, known bool) (outsideInput, error) {
 	if r.shared == nil || !shareable(st) {
-		return outside{why: none}, nil
+		return outsideInput{why: fmt.Sprintf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name), local: true}, nil
 	}
 	key, params, _, err := r.key(st, ins)
 	if err != nil {
-		return outside{}, err
-	}
-	latest, latestRec, err := r.latestShared(ctx, st)
-	if err != nil {
-		return outside{}, err
+		return outsideInput{}, err
 	}
 	if known {
 		in, host, err := r.planShared(ctx, st, key)
 		if err != nil || in != nil {
-			return outside{in: in, host: host}, err
+			return outsideInput{in: in, host: host}, err
 		}
 		li, until, live, err := r.shared.s.LeaseStatus(ctx, leaseName(key))
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return outside{}, err
+			return outsideInput{}, err
 		}
 		if live {
-			return outside{why: fmt.Sprintf("stage %s is being made on %s (lease until %s)", st.Name, li.Holder, until.Local().Format("15:04:05")), making: li.Holder, until: until}, nil
+			return outsideInput{why: fmt.Sprintf("stage %s is being made on %s (lease until %s)", st.Name, li.Holder, until.Local().Format("15:04:05")), making: li.Holder, until: until}, nil
 		}
 		why := fmt.Sprintf("stage %s has not run with this file's parameters and inputs, here or in %s; run it first (or drop --only/--from)", st.Name, r.spec.Shared)
-		if latest != nil {
-			why += "; its latest record there, made on " + latestRec.Host + ", " + r.differs(st, latestRec, params, "has other inputs")
+		// What the latest record there differs in, for the message only.
+		if _, rec, err := r.latestShared(ctx, st); err == nil && rec != nil {
+			why += "; its latest record there, made on " + rec.Host + ", " + r.differs(st, rec, params, ins, "has other inputs")
 		}
-		return outside{why: why}, nil
+		return outsideInput{why: why}, nil
+	}
+	latest, rec, err := r.latestShared(ctx, st)
+	if err != nil {
+		return outsideInput{}, err
 	}
 	if latest == nil {
-		return outside{why: fmt.Sprintf("stage %s has not run yet, here or in %s; run it first (or drop --only/--from)", st.Name, r.spec.Shared)}, nil
+		return outsideInput{why: fmt.Sprintf("stage %s has not run yet, here or in %s; run it first (or drop --only/--from)", st.Name, r.spec.Shared)}, nil
 	}
-	if d := r.differs(st, latestRec, params, ""); d != "" {
-		return outside{why: fmt.Sprintf("stage %s: its latest record in %s, made on %s, %s; run it here first (or drop --only/--from)", st.Name, r.spec.Shared, latestRec.Host, d)}, nil
+	if d := r.differs(st, rec, params, ins, ""); d != "" {
+		return outsideInput{why: fmt.Sprintf("stage %s: its latest record in %s, made on %s, %s; run it here first (or drop --only/--from)", st.Name, r.spec.Shared, rec.Host, d)}, nil
 	}
-	return outside{in: latest, host: latestRec.Host}, nil
+	return outsideInput{in: latest, host: rec.Host}, nil
 }
 
 // latestShared is the record the shared store's ref of st names (nil
@@ -295,9 +300,10 @@ func (r *runner) latestShared(ctx context.Context, st *StageSpec) (*Input, *mani
 }
 
 // differs says how rec was made otherwise than this file makes st with
-// params: its kind, its kind's format version or its parameters; same
+// params from ins (those of its inputs that are known): its kind, its
+// kind's format version, its parameters or one of those inputs; same
 // when none of those differ ("" for nothing).
-func (r *runner) differs(st *StageSpec, rec *manifest.Record, params json.RawMessage, same string) string {
+func (r *runner) differs(st *StageSpec, rec *manifest.Record, params json.RawMessage, ins []Input, same string) string {
 	switch v := r.spec.KindOf(st).Version; {
 	case rec.Kind != "" && rec.Kind != st.Kind:
 		return fmt.Sprintf("is of kind %s, not %s", rec.Kind, st.Kind)
@@ -305,6 +311,13 @@ func (r *runner) differs(st *StageSpec, rec *manifest.Record, params json.RawMes
 		return fmt.Sprintf("was made by kind %s's format version %s, not %s", st.Kind, cmp.Or(rec.KindVersion, "none"), v)
 	case !jsonEqual(rec.Params, params):
 		return fmt.Sprintf("was made with other parameters (%s there, %s here)", clip(string(rec.Params)), clip(string(params)))
+	}
+	for _, in := range ins {
+		for _, ri := range rec.Inputs {
+			if ri.Stage == in.Stage && ri.Digest != in.Digest {
+				return fmt.Sprintf("was made from another %s", in.Stage)
+			}
+		}
 	}
 	return same
 }
@@ -320,7 +333,7 @@ func clip(s string) string {
 // waitOutside is resolveOutside, waiting while another machine makes st
 // (each new holder or end time an event, as a stage that waits for its
 // lease tells).
-func (r *runner) waitOutside(ctx context.Context, st *StageSpec, memo map[string]*Input) (outside, error) {
+func (r *runner) waitOutside(ctx context.Context, st *StageSpec, memo map[string]outsideInput) (outsideInput, error) {
 	last := ""
 	for {
 		o, err := r.resolveOutside(ctx, st, memo)
@@ -338,35 +351,47 @@ func (r *runner) waitOutside(ctx context.Context, st *StageSpec, memo map[string
 		select {
 		case <-time.After(r.shared.poll):
 		case <-ctx.Done():
-			return outside{}, ctx.Err()
+			return outsideInput{}, ctx.Err()
 		}
 	}
 }
 
 // resolveOutside is what st, outside the selection, is as an input: its
 // record here, else what it stands for in the shared store, its own
-// inputs resolved the same way first (memo: stages resolved so far, nil
-// for none).
-func (r *runner) resolveOutside(ctx context.Context, st *StageSpec, memo map[string]*Input) (outside, error) {
+// inputs resolved the same way first (memo: stages resolved so far). An
+// input before it that is not to be had (made nowhere with this file's
+// parameters) makes st none too; one being made makes st wait for it.
+func (r *runner) resolveOutside(ctx context.Context, st *StageSpec, memo map[string]outsideInput) (outsideInput, error) {
+	if o, ok := memo[st.Name]; ok {
+		return o, nil
+	}
+	o, err := r.resolveOutsideOnce(ctx, st, memo)
+	if err == nil && o.making == "" {
+		// One being made is looked at again on the next round.
+		memo[st.Name] = o
+	}
+	return o, err
+}
+
+func (r *runner) resolveOutsideOnce(ctx context.Context, st *StageSpec, memo map[string]outsideInput) (outsideInput, error) {
 	if in, err := r.existingInput(st); err == nil {
-		return outside{in: &in}, nil
+		return outsideInput{in: &in}, nil
 	}
 	ins, known := []Input{}, true
 	for _, dep := range st.Deps {
-		din, ok := memo[dep.Name]
-		if !ok {
-			o, err := r.resolveOutside(ctx, r.spec.Lookup(dep.Name), memo)
-			if err != nil {
-				return outside{}, err
-			}
-			din = o.in
-			memo[dep.Name] = din
-		}
-		if din == nil {
+		o, err := r.resolveOutside(ctx, r.spec.Lookup(dep.Name), memo)
+		switch {
+		case err != nil:
+			return outsideInput{}, err
+		case o.in != nil:
+			ins = append(ins, *o.in)
+		case o.making != "":
+			return o, nil // waited for, then st looked at again
+		case o.local:
 			known = false
-			continue
+		default:
+			return outsideInput{why: fmt.Sprintf("stage %s reads %s: %s", st.Name, dep.Name, o.why)}, nil
 		}
-		ins = append(ins, *din)
 	}
 	return r.sharedOutside(ctx, st, ins, known)
 }
@@ -579,7 +604,10 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 	sh := r.shared
 	if l == nil {
 		if _, err := sh.s.Backend().Head(ctx, "records/"+rec.Key+".json"); err == nil {
-			return r.setRef(ctx, st, rec.Key)
+			if err := r.setRef(ctx, st, rec.Key); !errors.Is(err, errRecordPruned) {
+				return err
+			}
+			// Pruned meanwhile: shared again below.
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
@@ -610,7 +638,9 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		defer l.Release(context.WithoutCancel(ctx))
 		r.noteTakeover(st, l)
 		if _, err := sh.s.Backend().Head(ctx, "records/"+rec.Key+".json"); err == nil {
-			return r.setRef(ctx, st, rec.Key)
+			if err := r.setRef(ctx, st, rec.Key); !errors.Is(err, errRecordPruned) {
+				return err
+			}
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
@@ -677,14 +707,21 @@ outputs:
 	if err := l.Err(); err != nil {
 		return err
 	}
-	_, err = sh.s.CommitRecord(ctx, srec)
-	if err != nil && !errors.Is(err, store.ErrRecordExists) {
-		// ErrRecordExists: another machine made the same key too (a
-		// forced run, a lease lost and taken over); the same bytes, the
-		// first record stands.
-		return err
+	for attempt := 0; ; attempt++ {
+		_, err = sh.s.CommitRecord(ctx, srec)
+		if err != nil && !errors.Is(err, store.ErrRecordExists) {
+			// ErrRecordExists: another machine made the same key too (a
+			// forced run, a lease lost and taken over); the same bytes,
+			// the first record stands.
+			return err
+		}
+		// The record that stood may be an old one a gc pruned before it
+		// read this ref: written again, once.
+		if err = r.setRef(ctx, st, rec.Key); !errors.Is(err, errRecordPruned) || attempt > 0 {
+			break
+		}
 	}
-	if err := r.setRef(ctx, st, rec.Key); err != nil {
+	if err != nil {
 		return err
 	}
 	took := time.Since(start).Seconds()
@@ -694,22 +731,42 @@ outputs:
 }
 
 // setRef points refs/pipelines/<pipeline>/<stage> at key. A ref that
-// named a record made with other parameters means two files of this
-// pipeline's name disagree, which is worth a warning: refs (status, gc
-// --prune-records) follow whichever ran last.
+// named a record another machine made with other parameters may mean two
+// files of this pipeline's name disagree, which is worth a warning: refs
+// (status, gc --prune-records) follow whichever ran last.
 func (r *runner) setRef(ctx context.Context, st *StageSpec, key string) error {
 	name := manifest.StageRef(r.spec.Name, st.Name)
 	if ref, err := r.shared.s.GetRef(ctx, name); err == nil && ref.Value != key {
 		if old, err := r.shared.s.RefRecord(ctx, ref); err == nil {
 			prev, perr := manifest.FromStoreRecord(r.shared.s.String(), old)
-			if rec := r.store.Record(key); perr == nil && rec != nil && (prev.Kind != rec.Kind || !jsonEqual(prev.Params, rec.Params)) {
-				r.log.Warn("another file of this pipeline's name made this stage with other parameters: the stage's ref follows whichever runs last, and 'store gc --prune-records' drops the other's results; give one file another name",
+			// Another machine's record (this machine's own is an earlier
+			// run of an edited file, as is usual).
+			if rec := r.store.Record(key); perr == nil && rec != nil && old.Host != r.shared.s.Host() && (prev.Kind != rec.Kind || !jsonEqual(prev.Params, rec.Params)) {
+				r.log.Warn("another machine made this stage of this pipeline's name with other parameters: if its file is not an earlier version of this one, the two disagree, and the stage's ref follows whichever runs last ('store gc --prune-records' drops the other's results); give one file another name",
 					"stage", st.Name, "made_on", old.Host, "there", clip(string(prev.Params)), "here", clip(string(rec.Params)))
 			}
 		}
 	}
-	return r.shared.s.PointRef(ctx, name, key)
+	if err := r.shared.s.PointRef(ctx, name, key); err != nil {
+		return err
+	}
+	// A gc pruning records (no ref names them) may have read the refs
+	// before this one pointed at key: once no gc runs, the record is
+	// there, or it is shared again.
+	if err := r.shared.s.WaitGC(ctx); err != nil {
+		return err
+	}
+	if _, err := r.shared.s.Backend().Head(ctx, "records/"+key+".json"); errors.Is(err, store.ErrNotFound) {
+		return errRecordPruned
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
+
+// errRecordPruned reports a record a gc pruned while a ref was pointed
+// at it: shared again from here.
+var errRecordPruned = errors.New("the record was pruned by a gc meanwhile")
 
 // intact says whether every output of rec is here, by its stamp.
 func (r *runner) intact(rec *manifest.Record) bool {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -307,12 +308,13 @@ func TestSharedBrokenRef(t *testing.T) {
 // a file whose stage b has other parameters.
 func TestSharedOnlyTakesThisFilesInputs(t *testing.T) {
 	shared := t.TempDir()
-	file := func(seedB int) string {
+	fileA := func(seedA, seedB int) string {
 		return "name: p\nstore: file://" + shared + "\nstages:\n" +
-			"  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n" +
+			fmt.Sprintf("  - name: a\n    synth: { size: 1MiB, units: 2, seed: %d }\n", seedA) +
 			fmt.Sprintf("  - name: b\n    synth: { size: 1MiB, units: 2, seed: %d, from: a }\n", seedB) +
 			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
 	}
+	file := func(seedB int) string { return fileA(1, seedB) }
 	open := func(src string) *Spec {
 		spec := loadSpec(t, t.TempDir(), src)
 		spec.Store = filepath.Join(t.TempDir(), "cache")
@@ -334,8 +336,22 @@ func TestSharedOnlyTakesThisFilesInputs(t *testing.T) {
 	if _, err := Run(ctx, open(file(7)), Options{Host: "other", Log: slog.New(slog.NewTextHandler(&logs, nil))}); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(logs.String(), "another file of this pipeline's name made this stage with other parameters") || !strings.Contains(logs.String(), "stage=b made_on=team") {
+	if !strings.Contains(logs.String(), "another machine made this stage of this pipeline's name with other parameters") || !strings.Contains(logs.String(), "stage=b made_on=team") {
 		t.Errorf("no warning that two files disagree:\n%s", logs.String())
+	}
+	// The same machine after an edit of its file: no warning.
+	logs.Reset()
+	edited := open(file(8))
+	edited.Store = filepath.Join(t.TempDir(), "other-cache")
+	for _, seed := range []int{7, 8} {
+		sp := open(file(seed))
+		sp.Store = edited.Store
+		if _, err := Run(ctx, sp, Options{Host: "other", Log: slog.New(slog.NewTextHandler(&logs, nil))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Contains(logs.String(), "with other parameters") {
+		t.Errorf("a warning after an edit on one machine:\n%s", logs.String())
 	}
 	rep, err := Run(ctx, open(file(2)), Options{Host: "mac", Only: "c"})
 	if err != nil {
@@ -361,6 +377,21 @@ func TestSharedOnlyTakesThisFilesInputs(t *testing.T) {
 	_, err = Run(ctx, open(file(9)), Options{Host: "mac", Only: "c"})
 	if err == nil || !strings.Contains(err.Error(), "stage b has not run with this file's parameters and inputs") || !strings.Contains(err.Error(), "was made with other parameters") {
 		t.Errorf("--only c with a b no machine made: %v", err)
+	}
+	// Nor with an a no machine made, two stages up: b and c there were
+	// made from another a.
+	_, err = Run(ctx, open(fileA(5, 2)), Options{Host: "mac", Only: "c"})
+	if err == nil || !strings.Contains(err.Error(), "stage b reads a: stage a has not run with this file's parameters and inputs") {
+		t.Errorf("--only c with an a no machine made: %v", err)
+	}
+	pr, err = Plan(open(fileA(5, 2)), Options{Host: "mac", Only: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range pr.Stages {
+		if sr.Stage == "c" && sr.Action != ActionBlocked {
+			t.Errorf("plan with an a no machine made: c %s (%s)", sr.Action, sr.Reason)
+		}
 	}
 }
 
@@ -492,6 +523,70 @@ func TestSharedLeaseLostWhileRunning(t *testing.T) {
 		t.Errorf("machine-a %s (%s), machine-b %s (%s): want one made it, the other fetched it", a.Action, a.Reason, b.Action, b.Reason)
 	}
 	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() || vr.Records != 1 {
+		t.Errorf("verify: %+v, %v", vr, err)
+	}
+}
+
+// A gc pruning records that read the refs before a machine pointed a ref
+// at an old record may remove it: the machine waits for the gc to end,
+// finds the record gone, and shares it again from what it fetched.
+func TestSharedRefPointedAtPrunedRecord(t *testing.T) {
+	shared := t.TempDir()
+	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n"
+	ctx := context.Background()
+	specA := loadSpec(t, t.TempDir(), src)
+	specA.Store = filepath.Join(t.TempDir(), "a")
+	rep, err := Run(ctx, specA, Options{Host: "machine-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, blob := rep.Stages[0].Key, rep.Stages[0].Outputs[0].Digest
+	s := openDirStore(t, shared, "gc-machine")
+	gc, err := s.AcquireLease(ctx, "gc", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specB := loadSpec(t, t.TempDir(), src)
+	specB.Store = filepath.Join(t.TempDir(), "b")
+	done := make(chan error, 1)
+	var repB *Report
+	go func() {
+		var err error
+		repB, err = Run(ctx, specB, Options{Host: "machine-b"})
+		done <- err
+	}()
+	// Once machine-b has fetched the blob, it points the ref and waits
+	// for the gc: the gc removes the record, as a prune does, and ends.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(specB.Store, "blobs", "sha256", blob.Hex())); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("machine-b never fetched the blob")
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := s.Backend().Delete(ctx, "records/"+key+".json", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := gc.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("machine-b did not finish")
+	}
+	if a := repB.Stages[0]; a.Action != ActionSkip || a.Host != "machine-a" {
+		t.Errorf("machine-b: %s (%s), want it fetched", a.Action, a.Reason)
+	}
+	if _, err := s.Record(ctx, key); err != nil {
+		t.Errorf("the pruned record was not shared again: %v", err)
+	}
+	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
 		t.Errorf("verify: %+v, %v", vr, err)
 	}
 }

@@ -233,6 +233,11 @@ func (l *Lease) protect(ctx context.Context, only bool, ds []digest.Digest) erro
 	return l.s.waitGC(ctx, l.ttl)
 }
 
+// WaitGC waits while a gc holds its lease (on any machine): a writer
+// that pointed a ref at an old record then finds it there, or pruned by
+// a gc that read the refs before.
+func (s *Store) WaitGC(ctx context.Context) error { return s.waitGC(ctx, time.Second) }
+
 // waitGC waits while another machine's gc holds its lease, looking again
 // every poll (at most a second).
 func (s *Store) waitGC(ctx context.Context, poll time.Duration) error {

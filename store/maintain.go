@@ -315,7 +315,7 @@ func (s *Store) VerifyWith(ctx context.Context, opt VerifyOptions) (*VerifyRepor
 			}
 			sort.Strings(p.Refs)
 			if opt.Repair {
-				if err := s.removeDamaged(ctx, d, r.etag); err != nil {
+				if err := s.removeDamaged(ctx, d, r.got, r.etag); err != nil {
 					if ctx.Err() != nil {
 						return nil, err
 					}
@@ -380,10 +380,12 @@ func (r *Record) names(d digest.Digest) bool {
 	return false
 }
 
-// removeDamaged removes blob d, which hashed to another digest as the
-// version etag: hashed once more first, so a read damaged on its way
-// here removes nothing, then deleted only if it is still that version.
-func (s *Store) removeDamaged(ctx context.Context, d digest.Digest, etag string) error {
+// removeDamaged removes blob d, which hashed to first, another digest, as
+// the version etag: hashed once more first, and removed only when that
+// gives first again (a read damaged on its way here, by a flaky link or
+// this machine's memory, gives d or yet another digest) and the blob is
+// still that version.
+func (s *Store) removeDamaged(ctx context.Context, d, first digest.Digest, etag string) error {
 	in, got, _, err := s.hashBlob(ctx, d, nil)
 	if errors.Is(err, ErrBlobMissing) {
 		return nil // removed since (another repair)
@@ -393,6 +395,9 @@ func (s *Store) removeDamaged(ctx context.Context, d digest.Digest, etag string)
 	}
 	if got == d {
 		return errors.New("hashed again, it is whole (the first read was damaged on its way here)")
+	}
+	if got != first {
+		return fmt.Errorf("hashed again, it gives %s, not %s: the reads, not the blob, may be damaged", got.Short(), first.Short())
 	}
 	if in.ETag != etag {
 		return errors.New("replaced while it was read")
@@ -666,12 +671,13 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		return nil, err
 	}
 	for _, l := range unreadable {
-		// What it protected cannot be told; once it is older than the
-		// grace period (a live lease is renewed every third of its ttl,
-		// the grace is at least twice that) it protects nothing.
-		if l.age <= opt.Grace {
-			return nil, fmt.Errorf("%s: %w: lease %s does not parse and was written %v ago, within the grace period (%v): it may protect a stage's blobs (gc can run once it is older, or remove %s if no machine is making that stage)",
-				s.b, ErrGCUnsure, l.name, l.age.Round(time.Second), opt.Grace, leaseKey(l.name))
+		// What it protected cannot be told, nor its ttl: once it is
+		// older than the grace period, and than the default one whatever
+		// --grace says (a live lease is renewed every third of its ttl),
+		// it protects nothing.
+		if wait := max(opt.Grace, DefaultGCGrace); l.age <= wait {
+			return nil, fmt.Errorf("%s: %w: lease %s does not parse and was written %v ago, less than %v ago: it may protect a stage's blobs (gc can run once it is older, or remove %s if no machine is making that stage)",
+				s.b, ErrGCUnsure, l.name, l.age.Round(time.Second), wait, leaseKey(l.name))
 		}
 	}
 	if err := s.removeOldLeases(ctx, opt, rep); err != nil {
@@ -796,7 +802,9 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 
 // pruneRecords drops the records of recs that GCOptions.PruneRecords
 // names, and returns those that stay. Each is deleted as the version
-// listed: one written again meanwhile stays.
+// listed where the listing gives versions (S3): one written again
+// meanwhile stays. A machine that points a ref at a record this gc
+// removes finds it gone once the gc ends, and shares it again.
 func (s *Store) pruneRecords(ctx context.Context, recs []*Record, live []LeaseUse, opt GCOptions, rep *GCReport) ([]*Record, error) {
 	refs, err := s.refsByRecord(ctx)
 	if err != nil {

@@ -120,6 +120,9 @@ func (s *Store) Backend() Backend { return s.b }
 
 func (s *Store) String() string { return s.b.String() }
 
+// Host is the name of this machine in the records and leases s writes.
+func (s *Store) Host() string { return s.opt.Host }
+
 type formatObject struct {
 	Format  string `json:"format"`
 	Version int    `json:"version"`

@@ -789,13 +789,21 @@ func (b *Backend) Temp(ctx context.Context, olderThan time.Duration, remove bool
 		rep.Files++
 		rep.Bytes += fi.Size()
 	}
-	cutoff := time.Now().Add(-olderThan)
 	for _, key := range order {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
 		g := groups[key]
-		if !g.newest.Before(cutoff) {
+		// A copy's fetch (copy-HEX) holds locks; a put or a PutFile's
+		// temp file holds none, and a process may still be writing or
+		// hashing it (a big blob, another machine on a shared mount):
+		// those go only once a day old.
+		copying := strings.HasPrefix(key, "copy-")
+		age := olderThan
+		if !copying {
+			age = max(olderThan, tempMinAge)
+		}
+		if !g.newest.Before(time.Now().Add(-age)) {
 			continue
 		}
 		if !remove {
@@ -803,12 +811,13 @@ func (b *Backend) Temp(ctx context.Context, olderThan time.Duration, remove bool
 			rep.RemovedBytes += g.bytes
 			continue
 		}
-		// Its locks, taken (a dead holder's are taken over): a live
-		// process's keeps the group.
+		// A copy's locks, taken whether or not they were listed (a copy
+		// starting now waits for this gc; a dead holder's are taken
+		// over): a live process's keeps the group.
 		var locks []*lockfile.Lock
 		inUse := false
-		for _, n := range g.names {
-			if strings.HasSuffix(n, ".lock") {
+		if copying {
+			for _, n := range []string{key + ".lock", key + ".partial.lock"} {
 				l, err := lockfile.TryLock(filepath.Join(dir, n), "temp file", "store gc")
 				if err != nil {
 					inUse = true
@@ -840,6 +849,10 @@ func (b *Backend) Temp(ctx context.Context, olderThan time.Duration, remove bool
 	}
 	return rep, nil
 }
+
+// tempMinAge is the least age of a temp file Temp removes that no lock
+// keeps (a put's, a PutFile's).
+const tempMinAge = 24 * time.Hour
 
 // TempDir implements store.FileAdopter.
 func (b *Backend) TempDir() (string, error) { return b.sub(tmpDir) }

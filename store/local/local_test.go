@@ -27,6 +27,9 @@ func TestConformance(t *testing.T) {
 		Damage: func(t *testing.T, b store.Backend, key string) {
 			storetest.DamageFile(t, filepath.Join(b.(*local.Backend).Root(), filepath.FromSlash(key)))
 		},
+		Age: func(t *testing.T, b store.Backend, key string, d time.Duration) {
+			storetest.AgeFile(t, filepath.Join(b.(*local.Backend).Root(), filepath.FromSlash(key)), d)
+		},
 		// A renewal slower than ttl/3 loses the lease: 1 s leaves room for
 		// fsyncs on a loaded machine.
 		LeaseTTL: time.Second,
@@ -75,18 +78,21 @@ func TestTemp(t *testing.T) {
 	}
 	defer held.Unlock()
 	os.Chtimes(filepath.Join(tmp, "copy-bbbb.partial.lock"), old, old)
-	// A put killed mid-way, and one a minute old.
-	write("put-123", 300, old)
+	// A put killed a day ago; one three hours ago, maybe a PutFile still
+	// hashing a big blob on another machine of a shared mount (kept a
+	// day); one a minute old.
+	write("put-123", 300, time.Now().Add(-25*time.Hour))
+	write("put-789", 500, old)
 	write("put-456", 400, time.Now().Add(-time.Minute))
 
 	rep, err := b.Temp(ctx, time.Hour, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Files != 7 || rep.Removed != 6 {
-		t.Errorf("count: %+v, want 7 files, 6 older than an hour", rep)
+	if rep.Files != 8 || rep.Removed != 6 {
+		t.Errorf("count: %+v, want 8 files, 6 to remove", rep)
 	}
-	if n := len(entries(t, tmp)); n != 7 {
+	if n := len(entries(t, tmp)); n != 8 {
 		t.Fatalf("counting removed files: %d left", n)
 	}
 	rep, err = b.Temp(ctx, time.Hour, true)
@@ -96,7 +102,7 @@ func TestTemp(t *testing.T) {
 	if rep.Removed != 4 || rep.RemovedBytes != 1000+10+int64(len(dead))+300 {
 		t.Errorf("remove: %+v, want the dead copy's three files and the old put", rep)
 	}
-	if got, want := entries(t, tmp), []string{"copy-bbbb.partial", "copy-bbbb.partial.lock", "put-456"}; !slices.Equal(got, want) {
+	if got, want := entries(t, tmp), []string{"copy-bbbb.partial", "copy-bbbb.partial.lock", "put-456", "put-789"}; !slices.Equal(got, want) {
 		t.Errorf("left %v, want %v", got, want)
 	}
 }

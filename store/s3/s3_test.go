@@ -65,6 +65,11 @@ func conformance(t *testing.T, integrityETags bool) {
 			sb := b.(*s3store.Backend)
 			storetest.DamageFile(t, srv.ObjectPath(sb.Bucket(), sb.ObjectKey(key)))
 		},
+		// versitygw's Last-Modified is its file's modification time.
+		Age: func(t *testing.T, b store.Backend, key string, d time.Duration) {
+			sb := b.(*s3store.Backend)
+			storetest.AgeFile(t, srv.ObjectPath(sb.Bucket(), sb.ObjectKey(key)), d)
+		},
 		// Dates have whole seconds.
 		LeaseTTL: 3 * time.Second,
 	})

@@ -38,6 +38,9 @@ type Harness struct {
 	// Damage changes the stored bytes of key behind the backend's back,
 	// keeping its size, as a failing disk or a broken server would.
 	Damage func(t *testing.T, b store.Backend, key string)
+	// Age moves key's last write back by d behind the backend's back, as
+	// time passing would.
+	Age func(t *testing.T, b store.Backend, key string, d time.Duration)
 	// LeaseTTL is the ttl lease tests use: short, but several times the
 	// storage's clock granularity (S3 dates have whole seconds).
 	LeaseTTL time.Duration
@@ -82,6 +85,20 @@ func Run(t *testing.T, h Harness) {
 		{"MaintainWithCache", testMaintainWithCache},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
+	}
+}
+
+// AgeFile moves the modification time of the file at p back by d: an
+// object aged on the storage's disk, for an Age.
+func AgeFile(t *testing.T, p string, d time.Duration) {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	when := fi.ModTime().Add(-d)
+	if err := os.Chtimes(p, when, when); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -1222,10 +1239,13 @@ func testGCUnreadableLease(t *testing.T, h Harness) {
 	if _, ok, err := s.HasBlob(ctx, d); !ok || err != nil {
 		t.Fatalf("gc that stopped removed a blob (%v)", err)
 	}
-	grace := time.Second
-	waitOlder(t, b, "leases/stage/garbled", grace)
-	waitOlder(t, b, store.BlobKey(d), grace)
-	rep, err := s.GC(ctx, store.GCOptions{Grace: grace})
+	// Once older than the default grace period (and the one asked for),
+	// it protects nothing: here the lease and the blob are made an hour
+	// old.
+	for _, k := range []string{"leases/stage/garbled", store.BlobKey(d)} {
+		h.Age(t, b, k, time.Hour+time.Minute)
+	}
+	rep, err := s.GC(ctx, store.GCOptions{Grace: time.Second})
 	if err != nil || rep.RemovedBlobs != 1 || rep.RemovedLeases != 1 {
 		t.Fatalf("gc once the unreadable lease is old: %+v, %v", rep, err)
 	}
@@ -1257,8 +1277,10 @@ func testGCPruneRecords(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
-	grace := time.Second
-	waitOlder(t, b, "records/earlier.json", grace)
+	grace := time.Hour
+	for _, k := range []string{"records/earlier.json", store.BlobKey(earlier), "records/making.json", store.BlobKey(making), "records/current.json", store.BlobKey(current)} {
+		h.Age(t, b, k, 2*grace)
+	}
 	young := commit("young", "committed, its ref not pointed yet\n")
 	for _, dry := range []bool{true, false} {
 		rep, err := s.GC(ctx, store.GCOptions{Grace: grace, PruneRecords: true, DryRun: dry})
