@@ -2,9 +2,14 @@ package safetensors
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
+	"sort"
+	"strconv"
+	"strings"
 )
 
 // Config is a model's config.json. Get and the typed accessors read a merged
@@ -52,6 +57,11 @@ func ParseConfig(data []byte, path string) (*Config, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errf(path, "", dec.InputOffset(), ErrInvalidConfig, "data after the config object")
 	}
+	if where, n := overflowing(raw, ""); where != "" {
+		// Python reads such a float as inf and writes it back as the
+		// literal Infinity, which no JSON reader takes: refused here.
+		return nil, errf(path, "", 0, ErrInvalidConfig, "%s: the number %s is out of a float's range", where, n)
+	}
 	c := &Config{Path: path, Raw: raw, merged: map[string]any{}}
 	for k, v := range raw {
 		c.merged[k] = v
@@ -73,6 +83,37 @@ func ParseConfig(data []byte, path string) (*Config, error) {
 	}
 	c.ModelType, _ = raw["model_type"].(string)
 	return c, nil
+}
+
+// overflowing finds a float in v (a decoded config, numbers as
+// json.Number) beyond float64's range: its key path and literal.
+func overflowing(v any, at string) (string, json.Number) {
+	switch x := v.(type) {
+	case json.Number:
+		if strings.ContainsAny(string(x), ".eE") {
+			if _, err := strconv.ParseFloat(string(x), 64); err != nil {
+				return cmp.Or(at, "the config"), x
+			}
+		}
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys) // the same key named every time
+		for _, k := range keys {
+			if w, n := overflowing(x[k], strings.TrimPrefix(at+"."+k, ".")); w != "" {
+				return w, n
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if w, n := overflowing(e, fmt.Sprintf("%s[%d]", at, i)); w != "" {
+				return w, n
+			}
+		}
+	}
+	return "", ""
 }
 
 // Architecture is architectures[0], or "".

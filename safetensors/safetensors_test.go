@@ -793,6 +793,20 @@ func TestConfig(t *testing.T) {
 	if _, err := safetensors.ParseConfig([]byte("{\"a\":1}\n"), "config.json"); err != nil {
 		t.Errorf("config with a trailing newline: %v", err)
 	}
+	// A float beyond float64's range (Python reads it as inf and writes
+	// Infinity back, which no JSON reader takes) is refused, named; a
+	// long integer is not a float.
+	for in, where := range map[string]string{
+		`{"rope_parameters":{"rope_theta":5e999}}`: "rope_parameters.rope_theta: the number 5e999",
+		`{"a":[1.0,-1.5e400]}`:                     "a[1]: the number -1.5e400",
+	} {
+		if _, err := safetensors.ParseConfig([]byte(in), "config.json"); !errors.Is(err, safetensors.ErrInvalidConfig) || !strings.Contains(err.Error(), where) || !strings.Contains(err.Error(), "config.json") {
+			t.Errorf("%s: %v", in, err)
+		}
+	}
+	if _, err := safetensors.ParseConfig([]byte(`{"big":123456789012345678901234567890,"small":1e-400}`), "config.json"); err != nil {
+		t.Errorf("a long integer, a float that rounds to 0: %v", err)
+	}
 }
 
 // Tensor names are escaped as serde_json escapes them, and read back
