@@ -330,21 +330,36 @@ func clip(s string) string {
 	return s
 }
 
+// waitSeen is the holder and end of a lease a waiter last told of.
+type waitSeen struct {
+	holder string
+	until  time.Time
+}
+
+// news says whether a lease held by holder until until is worth a new
+// event: another holder, or an end moved by a renewal. The end is
+// worked out from whole-second dates, so it wanders by up to a second
+// from one look to the next without the lease changing.
+func (w waitSeen) news(holder string, until time.Time) bool {
+	d := until.Sub(w.until)
+	return holder != w.holder || d > 1500*time.Millisecond || d < -1500*time.Millisecond
+}
+
 // waitOutside is resolveOutside, waiting while another machine makes st
 // (each new holder or end time an event, as a stage that waits for its
 // lease tells).
 func (r *runner) waitOutside(ctx context.Context, st *StageSpec, memo map[string]outsideInput) (outsideInput, error) {
-	last := ""
+	var last waitSeen
 	for {
 		o, err := r.resolveOutside(ctx, st, memo)
 		if err != nil || o.making == "" {
 			return o, err
 		}
-		if w := o.making + o.until.Truncate(time.Second).String(); w != last {
-			if last == "" {
+		if last.news(o.making, o.until) {
+			if last.holder == "" {
 				r.lifecycle("stage waiting", "stage", st.Name, "holder", o.making, "until", o.until.Format(time.RFC3339))
 			}
-			last = w
+			last = waitSeen{o.making, o.until}
 			until := o.until
 			r.emit(Event{Event: EventWaiting, Stage: st.Name, Kind: st.Kind, Reason: fmt.Sprintf("being made on %s, lease until %s", o.making, until.Local().Format("15:04:05")), Holder: o.making, Until: &until})
 		}
@@ -512,22 +527,22 @@ func closeProgress(p Progress) {
 // force it, the record fetched into the local store and its maker.
 func (r *runner) leaseStage(ctx context.Context, st *StageSpec, d decision, forced bool) (*store.Lease, *manifest.Record, string, time.Duration, error) {
 	name := leaseName(d.key)
-	var last string
+	var last waitSeen
 	var waited time.Duration
 	start := time.Now()
 	onWait := func(h *store.HeldError) {
-		why := fmt.Sprintf("being made on %s, lease until %s", h.Holder, h.Until.Local().Format("15:04:05"))
-		if h.Holder+h.Until.Truncate(time.Second).String() == last {
+		if !last.news(h.Holder, h.Until) {
 			return
 		}
-		if last == "" {
+		if last.holder == "" {
 			r.lifecycle("stage waiting", "stage", st.Name, "step", r.stepOf(st.Name), "holder", h.Holder, "until", h.Until.Format(time.RFC3339))
 		}
-		last = h.Holder + h.Until.Truncate(time.Second).String()
+		last = waitSeen{h.Holder, h.Until}
+		why := fmt.Sprintf("being made on %s, lease until %s", h.Holder, h.Until.Local().Format("15:04:05"))
 		r.emit(Event{Event: EventWaiting, Stage: st.Name, Kind: st.Kind, Reason: why, Holder: h.Holder, Until: &h.Until})
 	}
 	l, err := r.shared.s.WaitLease(ctx, name, r.shared.ttl, r.shared.poll, onWait)
-	if last != "" {
+	if last.holder != "" {
 		waited = time.Since(start)
 	}
 	if err != nil {
