@@ -485,6 +485,12 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 	if progress == nil {
 		progress = func(int64) {}
 	}
+	defer func() {
+		// Removed after its HEAD (a gc, a prune): missing, as before it.
+		if errors.Is(err, ErrNotFound) && !errors.Is(err, ErrBlobMissing) {
+			err = fmt.Errorf("%s: blob %s removed while it was fetched: %w", s.b, d, ErrBlobMissing)
+		}
+	}()
 	key := BlobKey(d)
 	in, err := s.b.Head(ctx, key)
 	if errors.Is(err, ErrNotFound) {

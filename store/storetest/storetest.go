@@ -72,6 +72,7 @@ func Run(t *testing.T, h Harness) {
 		{"GCUnreadableLease", testGCUnreadableLease},
 		{"GCPruneRecords", testGCPruneRecords},
 		{"LeaseRemoved", testLeaseRemoved},
+		{"FetchBlobRemoved", testFetchBlobRemoved},
 		{"Records", testRecords},
 		{"Refs", testRefs},
 		{"Leases", testLeases},
@@ -1328,6 +1329,33 @@ func testLeaseRemoved(t *testing.T, h Harness) {
 	if err := l.Err(); !errors.Is(err, store.ErrLeaseLost) || !strings.Contains(err.Error(), "removed once it had expired") {
 		t.Errorf("lease removed: %v", err)
 	}
+}
+
+// A blob removed while it is fetched (a gc, a prune between its HEAD and
+// its reads) is missing, as one removed before: its record's stage is
+// made again, not failed on a raw "no such object".
+func testFetchBlobRemoved(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	s := open(t, b, "a")
+	d := putBlob(t, s, multipartData(3))
+	gone := &removingReads{Backend: b}
+	f := open(t, gone, "b")
+	err := f.FetchBlob(ctx, d, filepath.Join(t.TempDir(), "blob"), nil)
+	if !errors.Is(err, store.ErrBlobMissing) {
+		t.Fatalf("fetch of a blob removed mid-way: %v", err)
+	}
+}
+
+// removingReads removes each key just before its first ranged read.
+type removingReads struct {
+	store.Backend
+	once sync.Once
+}
+
+func (b *removingReads) GetRange(ctx context.Context, key string, off int64, buf []byte) error {
+	b.once.Do(func() { b.Backend.Delete(ctx, key, "") })
+	return b.Backend.GetRange(ctx, key, off, buf)
 }
 
 // sameSet reports whether a and b hold the same strings, in any order.
