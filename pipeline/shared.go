@@ -618,13 +618,13 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record, l *store.Lease) error {
 	sh := r.shared
 	if l == nil {
-		if _, err := sh.s.Backend().Head(ctx, "records/"+rec.Key+".json"); err == nil {
+		if whole, err := r.sharedWhole(ctx, rec); err != nil {
+			return err
+		} else if whole {
 			if err := r.setRef(ctx, st, rec.Key); !errors.Is(err, errRecordPruned) {
 				return err
 			}
 			// Pruned meanwhile: shared again below.
-		} else if !errors.Is(err, store.ErrNotFound) {
-			return err
 		}
 	}
 	var ds []manifest.Digest
@@ -652,12 +652,12 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		}
 		defer l.Release(context.WithoutCancel(ctx))
 		r.noteTakeover(st, l)
-		if _, err := sh.s.Backend().Head(ctx, "records/"+rec.Key+".json"); err == nil {
+		if whole, err := r.sharedWhole(ctx, rec); err != nil {
+			return err
+		} else if whole {
 			if err := r.setRef(ctx, st, rec.Key); !errors.Is(err, errRecordPruned) {
 				return err
 			}
-		} else if !errors.Is(err, store.ErrNotFound) {
-			return err
 		}
 	}
 	// The outputs are protected from gc before they are stored or found
@@ -743,6 +743,29 @@ outputs:
 	r.lifecycle("stage shared", "stage", st.Name, "step", r.stepOf(st.Name), "store", r.spec.Shared, "outputs", len(rec.Outputs), "bytes", total, "seconds", fmt.Sprintf("%.3f", took))
 	r.emit(Event{Event: EventShared, Stage: st.Name, Kind: st.Kind, Reason: "shared to " + r.spec.Shared, Seconds: took, Bytes: total})
 	return nil
+}
+
+// sharedWhole says whether the shared store holds rec's record and every
+// blob it names with its size: a blob removed since (verify --repair, a
+// bucket's lifecycle rule) is stored again from here by share, as the
+// stage it breaks is made nowhere else again.
+func (r *runner) sharedWhole(ctx context.Context, rec *manifest.Record) (bool, error) {
+	if _, err := r.shared.s.Backend().Head(ctx, "records/"+rec.Key+".json"); errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	for _, o := range rec.Outputs {
+		size, ok, err := r.shared.s.HasBlob(ctx, o.Digest)
+		if err != nil {
+			return false, err
+		}
+		if !ok || size != o.Size {
+			r.log.Warn("a blob of a stage made here is gone from the shared store: stored again from here", "stage", rec.Stage, "output", o.Path)
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // setRef points refs/pipelines/<pipeline>/<stage> at key. A ref that

@@ -170,7 +170,8 @@ func TestSharedDamagedBlob(t *testing.T) {
 		return spec
 	}
 	ctx := context.Background()
-	rep, err := Run(ctx, open(), Options{Host: "machine-a"})
+	specA := open()
+	rep, err := Run(ctx, specA, Options{Host: "machine-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +197,20 @@ func TestSharedDamagedBlob(t *testing.T) {
 	}
 	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
 		t.Errorf("verify after the stage was made again: %+v, %v", vr, err)
+	}
+	// Repaired again; this time the machine that made it, its outputs
+	// whole in its cache, runs: up to date here, it stores the blob
+	// again (no other machine need make the stage).
+	storetest.DamageFile(t, blob)
+	if vr, err := s.VerifyWith(ctx, store.VerifyOptions{Repair: true}); err != nil || len(vr.Problems) != 1 || !vr.Problems[0].Removed {
+		t.Fatalf("repair: %+v, %v", vr, err)
+	}
+	rep, err = Run(ctx, specA, Options{Host: "machine-a"})
+	if err != nil || rep.Stages[0].Action != ActionSkip {
+		t.Fatalf("machine-a after the repair: %+v, %v", rep.Stages, err)
+	}
+	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
+		t.Errorf("verify after machine-a's run: %+v, %v", vr, err)
 	}
 }
 
