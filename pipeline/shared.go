@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-llm/ferry/store"
 	"github.com/ferry-llm/ferry/store/local"
 	s3store "github.com/ferry-llm/ferry/store/s3"
+	"github.com/ferry-llm/ferry/transfer"
 )
 
 // A pipeline on a shared store (store: s3://BUCKET/PREFIX) runs against
@@ -233,7 +234,9 @@ type outsideInput struct {
 // parameters, from those inputs.
 func (r *runner) sharedOutside(ctx context.Context, st *StageSpec, ins []Input, known bool) (outsideInput, error) {
 	if r.shared == nil || !shareable(st) {
-		return outsideInput{why: fmt.Sprintf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name), local: true}, nil
+		// An import whose files are here is to be run here first: its key
+		// is what decides every stage after it.
+		return outsideInput{why: fmt.Sprintf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name), local: !sourcesHere(st)}, nil
 	}
 	key, params, _, err := r.key(st, ins)
 	if err != nil {
@@ -269,6 +272,20 @@ func (r *runner) sharedOutside(ctx context.Context, st *StageSpec, ins []Input, 
 		return outsideInput{why: fmt.Sprintf("stage %s: its latest record in %s, made on %s, %s; run it here first (or drop --only/--from)", st.Name, r.spec.Shared, rec.Host, d)}, nil
 	}
 	return outsideInput{in: latest, host: rec.Host}, nil
+}
+
+// sourcesHere says whether what the import st reads is to be had on this
+// machine: its files, or an s3:// prefix (which every machine reads).
+func sourcesHere(st *StageSpec) bool {
+	imp, ok := st.Stage.(*importStage)
+	if !ok {
+		return false
+	}
+	if transfer.S3Source(imp.Path) {
+		return true
+	}
+	_, err := os.Stat(imp.Path)
+	return err == nil
 }
 
 // latestShared is the record the shared store's ref of st names (nil

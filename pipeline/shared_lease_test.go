@@ -605,3 +605,47 @@ func TestSharedRefPointedAtPrunedRecord(t *testing.T) {
 		t.Errorf("verify: %+v, %v", vr, err)
 	}
 }
+
+// --only on a machine whose import's files are here but not imported yet
+// refuses (their bytes decide every key after them) instead of taking
+// what the stage's ref names, made maybe from other files; a machine
+// without those files takes the ref's record, made with this file's
+// parameters.
+func TestSharedOnlyImportFilesHere(t *testing.T) {
+	shared := t.TempDir()
+	file := func(data string) string {
+		dir := t.TempDir()
+		src := filepath.Join(dir, "w.bin")
+		if data != "" {
+			if err := os.WriteFile(src, []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return "name: p\nstore: file://" + shared + "\nstages:\n" +
+			"  - name: base\n    import: { path: " + src + " }\n" +
+			"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: base }\n" +
+			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
+	}
+	open := func(src string) *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+	ctx := context.Background()
+	if _, err := Run(ctx, open(file("the team's base")), Options{Host: "team"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Run(ctx, open(file("another base")), Options{Host: "gpu2", Only: "c"})
+	if err == nil || !strings.Contains(err.Error(), "stage b reads base: stage base has not run yet") {
+		t.Errorf("--only c with other base files here, not imported: %v", err)
+	}
+	rep, err := Run(ctx, open(file("")), Options{Host: "mac", Only: "c"})
+	if err != nil {
+		t.Fatalf("--only c on a machine without the base files: %v", err)
+	}
+	for _, sr := range rep.Stages {
+		if sr.Stage == "c" && (sr.Action != ActionSkip || sr.Host != "team") {
+			t.Errorf("mac: c %s (%s)", sr.Action, sr.Reason)
+		}
+	}
+}
