@@ -8,3 +8,6 @@ func WithStore(e *Env, s *manifest.Store) *Env {
 	e.store = s
 	return e
 }
+
+// BeforeShare makes f run before each stage is shared (nil: none).
+func BeforeShare(f func(stage string)) { beforeShare = f }

@@ -706,6 +706,14 @@ const cancelledBeforeStart = "cancelled before it started"
 // (the context's, a file closed under it) is the interrupt, not a failure.
 func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sched *scheduler) (StageReport, *Input, error) {
 	sr, in, err := r.stage(ctx, st, ins, forced, sched)
+	for tries := 0; err != nil && r.shared != nil && !forced && leaseLost(ctx, err) && tries < 3; tries++ {
+		// Lost before the stage ran (while its inputs were fetched, while
+		// it waited for memory: this machine paused past its ttl): the
+		// stage is looked at again, as at the start: fetched if the
+		// machine that took it made it, else made here under its lease.
+		r.log.Warn("stage lease lost before the stage ran: looking at the stage again", "stage", st.Name, "err", err)
+		sr, in, err = r.stage(ctx, st, ins, forced, sched)
+	}
 	switch {
 	case err != nil && ctx.Err() != nil && sr.Action == ActionRun:
 		sr.Action, sr.Error = ActionInterrupted, ""
@@ -726,6 +734,13 @@ func (r *runner) runStage(ctx context.Context, st *StageSpec, ins []Input, force
 		err = r.store.EndAttempt(r.spec.Name, st.Name)
 	}
 	return sr, in, err
+}
+
+// leaseLost says whether err, a stage's under a run whose context is
+// ctx, is its lease's loss: the lease's error, or the cancellation of the
+// stage's context by it while the run's goes on.
+func leaseLost(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && (errors.Is(err, store.ErrLeaseLost) || errors.Is(err, context.Canceled))
 }
 
 func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sched *scheduler) (StageReport, *Input, error) {

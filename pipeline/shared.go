@@ -604,6 +604,9 @@ func underLease(ctx context.Context, l *store.Lease) (context.Context, func()) {
 	return cctx, func() { stop(); cancel(nil) }
 }
 
+// beforeShare, set by tests only, is called before a stage is shared.
+var beforeShare func(stage string)
+
 // publish stores rec's outputs and record in the shared store, behind the
 // run, then releases l (nil: a record made here earlier, shared late).
 // Its error is the run's (Wait), not the stage's: the stage is made and
@@ -613,7 +616,24 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 	sh.wg.Add(1)
 	go func() {
 		defer sh.wg.Done()
+		if beforeShare != nil {
+			beforeShare(st.Name)
+		}
 		err := r.share(ctx, st, rec, l)
+		for tries := 0; err != nil && l != nil && errors.Is(l.Err(), store.ErrLeaseLost) && ctx.Err() == nil && tries < 3; tries++ {
+			// Lost while sharing (this machine paused past the ttl): the
+			// machine that took it over may share it; waited for, then
+			// shared again under the lease regained (what is stored
+			// stays, a record already there stands).
+			r.log.Warn("stage lease lost while sharing: waiting for the machine that took it over", "stage", st.Name, "err", l.Err())
+			nl, werr := sh.s.WaitLease(ctx, leaseName(rec.Key), sh.ttl, sh.poll, nil)
+			if werr != nil {
+				err = werr
+				break
+			}
+			l = nl
+			err = r.share(ctx, st, rec, l)
+		}
 		if l != nil {
 			if rerr := l.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 				err = rerr

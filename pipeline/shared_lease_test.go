@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -647,5 +648,44 @@ func TestSharedOnlyImportFilesHere(t *testing.T) {
 		if sr.Stage == "c" && (sr.Action != ActionSkip || sr.Host != "team") {
 			t.Errorf("mac: c %s (%s)", sr.Action, sr.Reason)
 		}
+	}
+}
+
+// A stage whose lease is lost while it is being shared (this machine
+// paused past the ttl: here the lease is replaced before the upload
+// starts, and the holder has noticed) waits for the lease, shares it
+// under the lease regained, and the run ends well, nothing NOT SHARED.
+func TestSharedLeaseLostWhileSharing(t *testing.T) {
+	shared := t.TempDir()
+	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n"
+	spec := loadSpec(t, t.TempDir(), src)
+	spec.Store = filepath.Join(t.TempDir(), "cache")
+	ctx := context.Background()
+	s := openDirStore(t, shared, "")
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	BeforeShare(func(stage string) {
+		mu.Lock()
+		defer mu.Unlock()
+		var names []string
+		s.Backend().List(ctx, "leases/stage/", func(in store.Info) error { names = append(names, in.Key); return nil })
+		for _, k := range names {
+			s.Backend().Put(ctx, k, []byte(`{"holder":"machine-b","id":"forged","ttl_ms":1000,"seq":9,"released":true}`), store.PutOptions{})
+		}
+		time.Sleep(1500 * time.Millisecond) // past a renewal: the holder knows
+	})
+	defer BeforeShare(nil)
+	rep, err := Run(ctx, spec, Options{Host: "machine-a", LeaseTTL: time.Second, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, logs.String())
+	}
+	if sr := rep.Stages[0]; sr.Action != ActionRun || sr.NotShared != "" {
+		t.Errorf("a: %s, not shared %q", sr.Action, sr.NotShared)
+	}
+	if !strings.Contains(logs.String(), "stage lease lost while sharing") {
+		t.Errorf("the lease was not lost while sharing:\n%s", logs.String())
+	}
+	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() || vr.Records != 1 {
+		t.Errorf("verify: %+v, %v", vr, err)
 	}
 }
