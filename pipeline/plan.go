@@ -110,12 +110,13 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 	inputs := map[string]*Input{}
 	previews := map[string]string{}          // stage → Preview of its plan
 	outsideMemo := map[string]outsideInput{} // stages outside the selection, as a run resolves them
+	making := map[string]string{}            // those another machine is making: why
 	var refused []error
 	for _, st := range spec.Order() {
 		sr := StageReport{Stage: st.Name, Kind: st.Kind, View: spec.ViewDir(st)}
 		kind := spec.KindOf(st)
 		var ins []Input
-		var waiting []string
+		var waiting, elsewhere []string
 		blocked := ""
 		for _, dep := range st.Deps {
 			if in := inputs[dep.Name]; in != nil {
@@ -126,6 +127,10 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 			case ActionRun, ActionPending:
 				waiting = append(waiting, dep.Name)
 			case ActionNotSelected:
+				if w := making[dep.Name]; w != "" {
+					elsewhere = append(elsewhere, w)
+					break
+				}
 				blocked = fmt.Sprintf("input %s has no usable record (%s)", dep.Name, ds.Reason)
 			default:
 				blocked = fmt.Sprintf("input %s cannot be made (%s)", dep.Name, ds.Action)
@@ -144,6 +149,9 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 				sr.Reason = err.Error()
 			} else if o, serr := r.resolveOutside(ctx, st, outsideMemo); serr != nil {
 				sr.Reason = serr.Error()
+			} else if o.making != "" {
+				sr.Reason = o.why
+				making[st.Name] = o.why
 			} else if o.in != nil {
 				// As a run takes it: its record in the shared store.
 				inputs[st.Name] = o.in
@@ -157,6 +165,9 @@ func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report
 			sr.Reason = fmt.Sprintf("kind %q is not built yet (comes with %s)", st.Kind, kind.NotBuilt)
 		case blocked != "":
 			sr.Action, sr.Reason = ActionBlocked, blocked
+		case len(elsewhere) > 0:
+			// As a run does: it waits for that machine, then goes on.
+			sr.Action, sr.Reason = ActionPending, strings.Join(elsewhere, "; ")+": a run waits for it, then plans this stage"
 		case len(waiting) > 0:
 			switch {
 			case forced[st.Name]:

@@ -451,6 +451,16 @@ func TestSharedOnlyWaitsForInputBeingMade(t *testing.T) {
 	done := make(chan error, 1)
 	spec := loadSpec(t, t.TempDir(), src+"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n")
 	spec.Store = filepath.Join(t.TempDir(), "cache")
+	// plan says what a run does: it waits.
+	pr, err = Plan(spec, Options{Host: "mac", Only: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range pr.Stages {
+		if sr.Stage == "c" && (sr.Action != ActionPending || !strings.Contains(sr.Reason, "stage b is being made on machine-x") || !strings.Contains(sr.Reason, "a run waits for it")) {
+			t.Errorf("plan while b is being made: c %s (%s)", sr.Action, sr.Reason)
+		}
+	}
 	go func() {
 		_, err := Run(ctx, spec, Options{Host: "mac", Only: "c", Events: func(e Event) {
 			if e.Event == EventWaiting {
