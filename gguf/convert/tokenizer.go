@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-
+	"slices"
 	"strings"
 
 	"github.com/ferry-llm/ferry/gguf"
@@ -68,7 +68,33 @@ func readJSONFile(path string, v any) error {
 // gpt2Vocab writes the keys of TextModel._set_vocab_gpt2: the BPE model,
 // the pre-tokenizer name, tokens padded to vocab_size, token types, then
 // gguf.SpecialVocab (merges, special ids, add_*_token, chat template).
+// What a directory's tokenizer gives is parsed once in a process
+// (vocabMemo) and written again from there.
 func (m *model) gpt2Vocab(kv *kvList, defaultPre string) error {
+	key := vocabKey(m.dir, defaultPre, m.opts.Pre)
+	if key == "" {
+		return m.parseGPT2Vocab(kv, defaultPre)
+	}
+	kvs, warnings, err := vocabMemo.do(key, func() ([]gguf.KV, []string, error) {
+		var sub kvList
+		w0 := len(m.warnings)
+		err := m.parseGPT2Vocab(&sub, defaultPre)
+		warnings := slices.Clone(m.warnings[w0:])
+		m.warnings = m.warnings[:w0]
+		return sub.list, warnings, err
+	})
+	if err != nil {
+		return err
+	}
+	for _, x := range kvs {
+		kv.add(x)
+	}
+	m.warnings = append(m.warnings, warnings...)
+	return nil
+}
+
+// parseGPT2Vocab is gpt2Vocab without the memo.
+func (m *model) parseGPT2Vocab(kv *kvList, defaultPre string) error {
 	tokPath := filepath.Join(m.dir, "tokenizer.json")
 	if !fileExists(tokPath) {
 		return errf(m.dir, "", -1, ErrTokenizer, "no tokenizer.json (a gpt2/BPE tokenizer.json is required)")

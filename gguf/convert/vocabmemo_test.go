@@ -1,0 +1,169 @@
+package convert
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/internal/testmodel"
+	"github.com/ferry-llm/ferry/safetensors"
+)
+
+// planKVs plans dir as the pipeline's f16 stage does and returns the
+// plan's metadata.
+func planKVs(t *testing.T, dir string) ([]gguf.KV, error) {
+	t.Helper()
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	p, err := NewPlan(ck, Options{OutType: OutF16})
+	if err != nil {
+		return nil, err
+	}
+	return p.KVs, nil
+}
+
+// tokensOf is the plan's tokenizer.ggml.tokens.
+func tokensOf(t *testing.T, kvs []gguf.KV) []string {
+	t.Helper()
+	for _, kv := range kvs {
+		if a, ok := kv.Value.(gguf.Array); ok && kv.Key == "tokenizer.ggml.tokens" {
+			if s, ok := a.Values.([]string); ok {
+				return s
+			}
+		}
+	}
+	t.Fatal("no tokenizer.ggml.tokens in the plan")
+	return nil
+}
+
+// TestVocabMemo: a tokenizer is parsed once per process for every plan of
+// the same files (a directory of links to them too), again when a file
+// changes (same size, same name), never remembered when it fails; plans
+// of one directory at once wait for one parse; what a remembered parse
+// gives is what parsing gives.
+func TestVocabMemo(t *testing.T) {
+	saved := vocabMemo
+	t.Cleanup(func() { vocabMemo = saved })
+	parses := func() int {
+		vocabMemo.mu.Lock()
+		defer vocabMemo.mu.Unlock()
+		return vocabMemo.parses
+	}
+
+	dir := filepath.Join(t.TempDir(), "model")
+	if _, err := (testmodel.Qwen35Options{}).Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	// The same files in another directory (hard links), as a plan and a
+	// run of a pipeline stage see them.
+	view := filepath.Join(t.TempDir(), "view")
+	if err := os.Mkdir(view, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if err := os.Link(filepath.Join(dir, e.Name()), filepath.Join(view, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// What plans give unremembered (a directory's name is in its
+	// metadata: general.name).
+	vocabMemo = &memo{max: 0}
+	wants := map[string][]gguf.KV{}
+	for _, d := range []string{dir, view} {
+		if wants[d], err = planKVs(t, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := wants[view]
+
+	vocabMemo = &memo{max: 2}
+	for i, d := range []string{dir, dir, view} {
+		got, err := planKVs(t, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, wants[d]) {
+			t.Fatalf("plan %d of %s: metadata differs from an unremembered parse", i, d)
+		}
+	}
+	if n := parses(); n != 1 {
+		t.Fatalf("three plans of one tokenizer parsed it %d times, want 1", n)
+	}
+
+	// Eight plans at once: one parse between them.
+	vocabMemo = &memo{max: 2}
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := planKVs(t, view)
+			if err == nil && !reflect.DeepEqual(got, want) {
+				t.Errorf("plan %d at once: metadata differs", i)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := parses(); n != 1 {
+		t.Fatalf("eight plans at once parsed the tokenizer %d times, want 1", n)
+	}
+
+	// A token renamed in place, the file's size unchanged: parsed again,
+	// and the plan has the new token.
+	tok := filepath.Join(dir, "tokenizer.json")
+	b, err := os.ReadFile(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := tokensOf(t, want)
+	old := tokens[len(tokens)/2]
+	if !bytes.Contains(b, []byte(`"`+old+`"`)) || len(old) < 2 {
+		t.Fatalf("token %q not found in %s", old, tok)
+	}
+	renamed := "Z" + old[1:]
+	if err := os.WriteFile(tok, bytes.Replace(b, []byte(`"`+old+`"`), []byte(`"`+renamed+`"`), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := planKVs(t, view)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := parses(); n != 2 {
+		t.Fatalf("after tokenizer.json changed: %d parses, want 2", n)
+	}
+	if g := tokensOf(t, got)[len(tokens)/2]; g != renamed {
+		t.Fatalf("after tokenizer.json changed: token %q, want %q", g, renamed)
+	}
+
+	// A broken tokenizer fails every plan; nothing is remembered of it.
+	if err := os.WriteFile(tok, []byte(`{"model": {"type": "BPE", "vocab": [`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := planKVs(t, dir); err == nil {
+			t.Fatalf("plan %d of a broken tokenizer.json: no error", i)
+		}
+	}
+	if n := parses(); n != 4 {
+		t.Fatalf("two plans of a broken tokenizer: %d parses in all, want 4", n)
+	}
+}
