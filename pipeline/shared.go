@@ -112,13 +112,20 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 	if err != nil {
 		return nil, err
 	}
+	parallel := min(max(runtime.NumCPU()/2, store.DefaultParallel), 8)
 	s, err := store.Open(ctx, b, store.Options{
 		CacheDir: filepath.Join(spec.Store, "shared"),
 		Host:     opts.Host,
-		// Parts (or ranged reads) in flight per blob: the stages' cores
-		// are busy too, and each part is hashed as it goes. Memory: about
-		// 16 MiB × (parallel + 1) per blob moving, publishers at a time.
-		Parallel: min(max(runtime.NumCPU()/2, store.DefaultParallel), 8),
+		// Ranged reads in flight per blob fetched, and parts per blob
+		// uploaded while others are: the stages' cores are busy too, and
+		// each part is hashed as it goes. The blobs uploading share
+		// publishers × that many parts (16 MiB each, the memory they
+		// hold); one uploading alone, the last a run waits for, has up to
+		// twice that many moving (a 9 GB F16 at 8 parts in flight went at
+		// 1.5 GB/s to a versitygw on a 16-core host, at 16 at 2.6 GB/s).
+		Parallel:       parallel,
+		UploadParallel: 2 * parallel,
+		UploadInFlight: publishers * parallel,
 		// The cache is this run's alone (its lock): a lease a killed
 		// earlier run on it held is taken over at once, not after its ttl.
 		ResumeLeases: true,

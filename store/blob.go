@@ -259,19 +259,40 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 
 	// One reader hashes the blob in order and hands each part to an
 	// uploader, which hashes the part; finished parts are journaled in
-	// order. Buffers: Parallel+1.
+	// order. Buffers: UploadParallel+1, each also holding a token of the
+	// store's parts in flight (Options.UploadInFlight).
 	type job struct {
 		n     int
 		buf   []byte
 		sum   [32]byte
 		state []byte
 	}
-	pool := make(chan []byte, s.opt.Parallel+1)
-	for range s.opt.Parallel + 1 {
-		pool <- make([]byte, ps)
+	g, gctx := errgroup.WithContext(ctx)
+	own := make(chan struct{}, s.opt.UploadParallel+1)
+	take := func() ([]byte, error) {
+		select {
+		case own <- struct{}{}:
+		case <-gctx.Done():
+			return nil, gctx.Err()
+		}
+		if s.uploads != nil {
+			select {
+			case s.uploads <- struct{}{}:
+			case <-gctx.Done():
+				<-own
+				return nil, gctx.Err()
+			}
+		}
+		return s.partBuf(ps), nil
+	}
+	give := func(buf []byte) {
+		s.bufs.Put(&buf)
+		if s.uploads != nil {
+			<-s.uploads
+		}
+		<-own
 	}
 	jobs := make(chan job)
-	g, gctx := errgroup.WithContext(ctx)
 	var mu sync.Mutex
 	done := map[int][]byte{} // part number → hash state after it
 	next := first            // the next part to journal
@@ -300,15 +321,14 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	g.Go(func() error {
 		defer close(jobs)
 		for n := first; n <= nparts; n++ {
-			var buf []byte
-			select {
-			case buf = <-pool:
-			case <-gctx.Done():
-				return gctx.Err()
+			buf, err := take()
+			if err != nil {
+				return err
 			}
 			off := int64(n-1) * ps
 			buf = buf[:min(ps, size-off)]
 			if _, err := src.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+				give(buf)
 				return fmt.Errorf("blob %s: read part %d at %d: %w", d.Short(), n, off, err)
 			}
 			j := job{n: n, buf: buf}
@@ -319,27 +339,37 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 			select {
 			case jobs <- j:
 			case <-gctx.Done():
+				give(buf)
 				return gctx.Err()
 			}
 		}
 		return nil
 	})
-	for range s.opt.Parallel {
+	// upload stores part j (unless the storage has it).
+	upload := func(j job) error {
+		// The part's own SHA-256 here, in parallel: the reader's one pass
+		// (the blob's digest, in order) is the limit.
+		j.sum = sha256.Sum256(j.buf)
+		p, ok := have[j.n]
+		if !ok || p.SHA256 != j.sum || p.Size != int64(len(j.buf)) {
+			var err error
+			if p, err = s.b.UploadPart(gctx, key, id, j.n, j.buf, j.sum); err != nil {
+				return err
+			}
+		}
+		parts[j.n-1] = p
+		return nil
+	}
+	for range s.opt.UploadParallel {
 		g.Go(func() error {
 			for j := range jobs {
-				// The part's own SHA-256 here, in parallel: the reader's
-				// one pass (the blob's digest, in order) is the limit.
-				j.sum = sha256.Sum256(j.buf)
-				p, ok := have[j.n]
-				if !ok || p.SHA256 != j.sum || p.Size != int64(len(j.buf)) {
-					var err error
-					if p, err = s.b.UploadPart(gctx, key, id, j.n, j.buf, j.sum); err != nil {
-						return err
-					}
+				err := upload(j)
+				n := int64(len(j.buf))
+				give(j.buf)
+				if err != nil {
+					return err
 				}
-				parts[j.n-1] = p
-				pool <- j.buf[:cap(j.buf)]
-				if err := finish(j.n, j.state, int64(len(j.buf))); err != nil {
+				if err := finish(j.n, j.state, n); err != nil {
 					return err
 				}
 			}
@@ -587,6 +617,15 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 	log.Close()
 	os.Remove(jp)
 	return nil
+}
+
+// partBuf is a buffer of n bytes for a part, one an earlier upload gave
+// back if it is large enough.
+func (s *Store) partBuf(n int64) []byte {
+	if p, ok := s.bufs.Get().(*[]byte); ok && int64(cap(*p)) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n)
 }
 
 func sumBytes(h *hashing.Writer) []byte {

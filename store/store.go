@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/digest"
@@ -37,6 +38,15 @@ type Options struct {
 	PartSize int64
 	// Parallel is the number of parts or chunks in flight (DefaultParallel).
 	Parallel int
+	// UploadParallel is the number of parts of one multipart upload in
+	// flight (default Parallel).
+	UploadParallel int
+	// UploadInFlight bounds the parts in flight over all of the store's
+	// uploads at once, and with them the part buffers: uploads side by
+	// side share it, and an upload alone may have UploadParallel parts
+	// moving (the last ones of a run, which it waits for). 0: no bound but
+	// each upload's own (UploadParallel+1 buffers).
+	UploadInFlight int
 	// Host names this machine in leases and records (default: the host
 	// name).
 	Host string
@@ -69,6 +79,11 @@ type Store struct {
 	// live are the leases this process holds (shared by WithHost's
 	// copies).
 	live *liveLeases
+	// uploads holds a token per part in flight over all uploads
+	// (Options.UploadInFlight; nil: unbounded); bufs keeps the part
+	// buffers between them.
+	uploads chan struct{}
+	bufs    *sync.Pool
 }
 
 // ErrNotShareable reports storage that failed the conditional-write probe:
@@ -88,6 +103,9 @@ func Open(ctx context.Context, b Backend, opt Options) (*Store, error) {
 	if opt.Parallel <= 0 {
 		opt.Parallel = DefaultParallel
 	}
+	if opt.UploadParallel <= 0 {
+		opt.UploadParallel = opt.Parallel
+	}
 	if opt.CheckpointEvery <= 0 {
 		opt.CheckpointEvery = DefaultCheckpointEvery
 	}
@@ -101,7 +119,10 @@ func Open(ctx context.Context, b Backend, opt Options) (*Store, error) {
 		}
 		opt.CacheDir = d + "/ferry/store"
 	}
-	s := &Store{b: b, opt: opt, live: &liveLeases{m: map[string]*Lease{}}}
+	s := &Store{b: b, opt: opt, live: &liveLeases{m: map[string]*Lease{}}, bufs: &sync.Pool{}}
+	if opt.UploadInFlight > 0 {
+		s.uploads = make(chan struct{}, opt.UploadInFlight)
+	}
 	if !opt.SkipProbe {
 		rep := Probe(ctx, b)
 		if err := rep.Err(); err != nil {

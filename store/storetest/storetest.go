@@ -29,6 +29,7 @@ import (
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/store"
+	"golang.org/x/sync/errgroup"
 )
 
 // Harness is what a backend gives the suite.
@@ -65,6 +66,7 @@ func Run(t *testing.T, h Harness) {
 		{"PutKnownFile", testPutKnownFile},
 		{"SameBlobAtOnce", testSameBlobAtOnce},
 		{"UploadResume", testUploadResume},
+		{"UploadInFlight", testUploadInFlight},
 		{"UploadSourceChanged", testUploadSourceChanged},
 		{"DownloadResume", testDownloadResume},
 		{"DamagedBlob", testDamagedBlob},
@@ -630,6 +632,107 @@ func testUploadResume(t *testing.T, h Harness) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(cache, "uploads", "*", "*")); len(m) != 0 {
 		t.Errorf("journal left: %v", m)
+	}
+}
+
+// inFlight counts a backend's part uploads under way, and the most at
+// once; each is held a while, so that the ones a store lets overlap do.
+type inFlight struct {
+	store.Backend
+	mu       sync.Mutex
+	now, top int
+	hold     time.Duration
+	started  func() // called as each part starts, if set
+}
+
+func (c *inFlight) UploadPart(ctx context.Context, key, id string, n int, body []byte, sum [32]byte) (store.Part, error) {
+	c.mu.Lock()
+	c.now++
+	c.top = max(c.top, c.now)
+	started := c.started
+	c.mu.Unlock()
+	if started != nil {
+		started()
+	}
+	defer func() {
+		c.mu.Lock()
+		c.now--
+		c.mu.Unlock()
+	}()
+	select {
+	case <-time.After(c.hold):
+	case <-ctx.Done():
+		return store.Part{}, ctx.Err()
+	}
+	return c.Backend.UploadPart(ctx, key, id, n, body, sum)
+}
+
+func (c *inFlight) reset() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	top := c.top
+	c.top = 0
+	return top
+}
+
+// Options.UploadInFlight bounds the parts moving over all uploads side by
+// side; an upload alone has up to UploadParallel of them (more than
+// Parallel); an upload cut short gives its share back.
+func testUploadInFlight(t *testing.T, h Harness) {
+	b := &inFlight{Backend: h.New(t), hold: 100 * time.Millisecond}
+	s := open(t, b, "a", func(o *store.Options) { o.Parallel, o.UploadParallel, o.UploadInFlight = 1, 4, 4 })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	put := func(ctx context.Context, seed uint64) error {
+		data := multipartData(seed) // 4 parts
+		return s.PutBlob(ctx, digest.Of(data), bytes.NewReader(data), int64(len(data)), nil)
+	}
+	b.reset()
+
+	// Alone: all four parts at once.
+	if err := put(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	if top := b.reset(); top != 4 {
+		t.Errorf("one upload alone: %d parts at once, want UploadParallel's 4", top)
+	}
+
+	// Three side by side: never more than four parts between them.
+	g, gctx := errgroup.WithContext(ctx)
+	for seed := range uint64(3) {
+		g.Go(func() error { return put(gctx, 20+seed) })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if top := b.reset(); top > 4 || top < 2 {
+		t.Errorf("three uploads side by side: %d parts at once, want 2 to UploadInFlight's 4", top)
+	}
+
+	// Cut short while its parts move: what it held is free again, and the
+	// next uploads (each needing the whole bound) finish.
+	cut, stop := context.WithCancel(ctx)
+	var parts atomic.Int32
+	b.mu.Lock()
+	b.started = func() {
+		if parts.Add(1) == 3 {
+			stop()
+		}
+	}
+	b.mu.Unlock()
+	if err := put(cut, 30); !errors.Is(err, context.Canceled) {
+		t.Fatalf("upload cut short: %v", err)
+	}
+	b.mu.Lock()
+	b.started = nil
+	b.mu.Unlock()
+	for seed := range uint64(2) {
+		if err := put(ctx, 40+seed); err != nil {
+			t.Fatalf("upload after one cut short: %v", err)
+		}
+	}
+	if top := b.reset(); top != 4 {
+		t.Errorf("after an upload cut short: %d parts at once, want 4 (its share given back)", top)
 	}
 }
 
