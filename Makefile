@@ -18,6 +18,7 @@ FUZZ_TARGETS := \
 	./gguf:FuzzReader:150000 \
 	./gguf:FuzzSplit:20000 \
 	./gguf/convert:FuzzMMProjConfig:3000 \
+	./gguf/convert:FuzzFastTokenizer:100000 \
 	./gguf/imatrix:FuzzGGUF:80000 \
 	./gguf/imatrix:FuzzLegacy:120000 \
 	./merge:FuzzAdapterConfig:150000 \

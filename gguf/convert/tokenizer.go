@@ -45,18 +45,40 @@ type tokenizerJSON struct {
 }
 
 func readJSONFile(path string, v any) error {
+	b, err := readBounded(path)
+	if err != nil {
+		return err
+	}
+	return decodeJSONFile(path, b, v)
+}
+
+// readBounded reads the file at path, of at most maxTokenizerFile bytes.
+func readBounded(path string) ([]byte, error) {
 	fh, err := os.Open(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer fh.Close()
-	b, err := io.ReadAll(io.LimitReader(fh, maxTokenizerFile+1))
-	if err != nil {
-		return err
+	// Sized from the file (io.ReadAll's doublings cleared 17 MB of a
+	// tokenizer.json several times over).
+	var size int64
+	if fi, err := fh.Stat(); err == nil {
+		size = min(max(fi.Size(), 0), maxTokenizerFile)
 	}
+	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
+	if _, err := buf.ReadFrom(io.LimitReader(fh, maxTokenizerFile+1)); err != nil {
+		return nil, err
+	}
+	b := buf.Bytes()
 	if len(b) > maxTokenizerFile {
-		return errf(path, "", -1, ErrTokenizer, "over %d bytes", maxTokenizerFile)
+		return nil, errf(path, "", -1, ErrTokenizer, "over %d bytes", maxTokenizerFile)
 	}
+	return b, nil
+}
+
+// decodeJSONFile decodes the first JSON value of b, the bytes of the file
+// at path, into v (numbers as json.Number).
+func decodeJSONFile(path string, b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {
@@ -99,24 +121,19 @@ func (m *model) parseGPT2Vocab(kv *kvList, defaultPre string) error {
 	if !fileExists(tokPath) {
 		return errf(m.dir, "", -1, ErrTokenizer, "no tokenizer.json (a gpt2/BPE tokenizer.json is required)")
 	}
-	var tj tokenizerJSON
-	if err := readJSONFile(tokPath, &tj); err != nil {
+	tj, vocab, vocabErr, merges, mergesErr, err := readTokenizer(tokPath)
+	if err != nil {
 		return err
 	}
 	if tj.Model.Type != "BPE" {
 		return errf(tokPath, "", -1, ErrTokenizer, "model type %q, only BPE tokenizers are supported", tj.Model.Type)
 	}
-	vocab := map[string]int64{}
-	{
-		dec := json.NewDecoder(bytes.NewReader(tj.Model.Vocab))
-		dec.UseNumber()
-		if err := dec.Decode(&vocab); err != nil {
-			return errf(tokPath, "", -1, ErrTokenizer, "model.vocab: %v", err)
-		}
+	if vocabErr != nil {
+		return vocabErr
 	}
 	vocabSize, ok := m.int("vocab_size")
 	maxID := int64(-1)
-	reverse := map[int64]string{}
+	reverse := make(map[int64]string, len(vocab)+len(tj.AddedTokens))
 	for tok, id := range vocab {
 		if id < 0 {
 			return errf(tokPath, "", -1, ErrTokenizer, "token %q has id %d", tok, id)
@@ -172,7 +189,7 @@ func (m *model) parseGPT2Vocab(kv *kvList, defaultPre string) error {
 	pre := m.opts.Pre
 	if pre == "" {
 		var warn string
-		pre, warn = detectPre(&tj, defaultPre)
+		pre, warn = detectPre(tj, defaultPre)
 		if warn != "" {
 			m.warnings = append(m.warnings, tokPath+": "+warn)
 		}
@@ -181,7 +198,10 @@ func (m *model) parseGPT2Vocab(kv *kvList, defaultPre string) error {
 	kv.add(gguf.Str("tokenizer.ggml.pre", pre))
 	kv.add(gguf.Strings("tokenizer.ggml.tokens", tokens))
 	kv.add(gguf.I32s("tokenizer.ggml.token_type", types))
-	return m.specialVocab(kv, &tj, vocabSize)
+	if mergesErr != nil {
+		return mergesErr
+	}
+	return m.specialVocab(kv, tj, merges, vocabSize)
 }
 
 // looksSpecial is TextModel.does_token_look_special.
@@ -197,12 +217,9 @@ func looksSpecial(t string) bool {
 
 // specialVocab is gguf.SpecialVocab(load_merges=True).add_to_gguf for the
 // tokenizer.json + tokenizer_config.json + config.json layout.
-func (m *model) specialVocab(kv *kvList, tj *tokenizerJSON, nVocab int64) error {
+func (m *model) specialVocab(kv *kvList, tj *tokenizerJSON, merges []string, nVocab int64) error {
 	tokPath := filepath.Join(m.dir, "tokenizer.json")
-	merges, err := parseMerges(tj.Model.Merges)
-	if err != nil {
-		return errf(tokPath, "", -1, ErrTokenizer, "model.merges: %v", err)
-	}
+	var err error
 	if len(merges) == 0 {
 		if merges, err = readMergesTxt(filepath.Join(m.dir, "merges.txt")); err != nil {
 			return err
