@@ -153,6 +153,10 @@ type runner struct {
 	keyMu    sync.Mutex
 	keyLocks map[string]*sync.Mutex
 
+	// upMemo is what upToDate found, by stage.
+	upMu   sync.Mutex
+	upMemo map[string]upToDateResult
+
 	// damaged holds the blobs this run found damaged (digest → which
 	// output): each must be whole again when the run ends.
 	damagedMu sync.Mutex
@@ -418,11 +422,23 @@ func (r *runner) recordInput(st *StageSpec, rec *manifest.Record) Input {
 }
 
 // existingInput is a stage outside the selection that a selected stage
-// reads: its latest record must be complete with outputs intact.
+// reads: its record must be complete with outputs intact, and the one a
+// run of the whole file would use now (upToDate): not one made before an
+// adapter was retrained in place, say, or with other parameters.
 func (r *runner) existingInput(st *StageSpec) (Input, error) {
 	rec := r.store.StageRecord(r.spec.Name, st.Name)
 	if rec == nil {
 		return Input{}, fmt.Errorf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name)
+	}
+	cur, why, err := r.upToDate(st)
+	if err != nil {
+		return Input{}, err
+	}
+	if why != "" {
+		return Input{}, fmt.Errorf("stage %s is out of date (%s); run it first (or drop --only/--from)", st.Name, why)
+	}
+	if cur != nil {
+		rec = cur
 	}
 	for _, o := range rec.Outputs {
 		if why := r.checkOutput(st, o); why != "" {
@@ -431,6 +447,67 @@ func (r *runner) existingInput(st *StageSpec) (Input, error) {
 		}
 	}
 	return r.recordInput(st, rec), nil
+}
+
+// upToDateResult is what upToDate found for a stage.
+type upToDateResult struct {
+	rec *manifest.Record
+	why string
+}
+
+// upToDate is the record of st, outside the selection, that a run of the
+// whole file would use now, found as that run decides: an import by its
+// files' stamps (they are not read again), a stage after it by the key
+// its inputs' records and this file's parameters give. why says what is
+// not up to date, at st or before it. A nil record and "" mean it cannot
+// be told here: an import whose files are not on this machine (another
+// machine of a shared store read them), or a stage after one.
+func (r *runner) upToDate(st *StageSpec) (*manifest.Record, string, error) {
+	r.upMu.Lock()
+	c, ok := r.upMemo[st.Name]
+	r.upMu.Unlock()
+	if ok {
+		return c.rec, c.why, nil
+	}
+	var ins []Input
+	for _, dep := range st.Deps {
+		ds := r.spec.Lookup(dep.Name)
+		rec, why, err := r.upToDate(ds)
+		if err != nil || why != "" || rec == nil {
+			return nil, why, err
+		}
+		ins = append(ins, r.recordInput(ds, rec))
+	}
+	if _, ok := st.Stage.(Prober); ok && !sourcesHere(st) {
+		return nil, "", nil
+	}
+	d, err := r.decide(st, ins, false)
+	if err != nil {
+		return nil, "", err
+	}
+	c = upToDateResult{rec: d.rec}
+	switch {
+	case d.action == ActionSkip:
+	case d.cause == CauseOutput || d.cause == CauseRemote:
+		// Its record stands: an output damaged (where the run reads it,
+		// existingInput says so, exit 3; one before it is not read), or
+		// a transfer's copies to check again (--verify).
+		if c.rec = r.store.Record(d.key); c.rec == nil {
+			c.rec = r.store.StageRecord(r.spec.Name, st.Name)
+		}
+	default:
+		c = upToDateResult{why: st.Name + ": " + d.reason}
+		if _, ok := st.Stage.(Prober); ok && d.cause == CauseSource {
+			c.why = st.Name + "'s files changed since it read them: " + d.reason
+		}
+	}
+	r.upMu.Lock()
+	if r.upMemo == nil {
+		r.upMemo = map[string]upToDateResult{}
+	}
+	r.upMemo[st.Name] = c
+	r.upMu.Unlock()
+	return c.rec, c.why, nil
 }
 
 // Run executes the pipeline: first the planning pass Plan makes (a stage

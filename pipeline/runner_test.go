@@ -232,6 +232,117 @@ func TestRunOnlyNeedsInputs(t *testing.T) {
 	}
 }
 
+// chainSpec is importSpec with a stage after the synth: --only top reads
+// mid, which reads src, both outside the selection.
+const chainSpec = `name: t
+stages:
+  - name: src
+    import: { path: src }
+  - name: mid
+    synth: { size: 64KiB, units: 8, seed: %SEED%, from: src }
+  - name: top
+    synth: { size: 32KiB, units: 4, seed: 7, from: mid }
+`
+
+// TestRunOnlyOutOfDateInput: a stage outside the selection is read as a
+// run of the whole file would have it now. Its files changed in place
+// since the import read them (an adapter retrained), the import re-run
+// but not the stage after it, or that stage's parameters edited: the run
+// refuses, plan says the same, and nothing runs. Files read again with the
+// same bytes, or put back as they were, give back the record made from
+// them, not the latest one.
+func TestRunOnlyOutOfDateInput(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src", "w.bin")
+	writeFile(t, src, strings.Repeat("a", 5000))
+	spec := loadSpec(t, dir, strings.ReplaceAll(chainSpec, "%SEED%", "1"))
+	full := func(what string) *Report {
+		t.Helper()
+		rep, err := Run(ctx, spec, Options{})
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return rep
+	}
+	topInput := func(rep *Report) string {
+		t.Helper()
+		st, err := manifest.Load(spec.Store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := st.Record(rep.Stages[2].Key)
+		if rec == nil || len(rec.Inputs) != 1 {
+			t.Fatalf("top's record: %+v", rec)
+		}
+		return string(rec.Inputs[0].Digest)
+	}
+	refused := func(what string, spec *Spec, want string) {
+		t.Helper()
+		rep, err := Plan(spec, Options{Only: "top"})
+		if err != nil {
+			t.Fatalf("%s: plan: %v", what, err)
+		}
+		wantActions(t, what+": plan", rep, map[string]string{"mid": "not-selected: stage mid is out of date (" + want})
+		if _, err := Run(ctx, spec, Options{Only: "top"}); err == nil || !strings.Contains(err.Error(), "stage mid is out of date ("+want) {
+			t.Fatalf("%s: run --only top: %v, want mid out of date (%s…)", what, err, want)
+		}
+	}
+	fromA := topInput(full("first run"))
+
+	// The adapter retrained in place.
+	writeFile(t, src, strings.Repeat("b", 5000))
+	refused("file changed", spec, "src's files changed since it read them")
+	// Nothing ran: the import's record is still the first one's.
+	if rep, _ := Plan(spec, Options{}); actions(rep)["src"] == "skip" {
+		t.Fatal("a refused run imported the new files")
+	}
+
+	// Imported again, the stage after it not made again.
+	if _, err := Run(ctx, spec, Options{Only: "src"}); err != nil {
+		t.Fatal(err)
+	}
+	refused("import re-run", spec, "mid: input changed: src")
+	fromB := topInput(full("run on the new files"))
+	if fromB == fromA {
+		t.Fatal("top made from the same mid on other files")
+	}
+
+	// The stage's parameters edited in the file.
+	refused("parameters changed", loadSpec(t, dir, strings.ReplaceAll(chainSpec, "%SEED%", "2")), "mid: parameters changed")
+
+	// The same bytes again (touched): refused until the import reads them
+	// again, which finds them the same: then mid is up to date.
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(src, later, later); err != nil {
+		t.Fatal(err)
+	}
+	refused("touched", spec, "src's files changed since it read them")
+	if _, err := Run(ctx, spec, Options{Only: "src"}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(ctx, spec, Options{Only: "top"})
+	if err != nil {
+		t.Fatalf("--only top after the touched files were read again: %v", err)
+	}
+	wantActions(t, "after touch", rep, map[string]string{"top": "skip"})
+
+	// Put back as they were and imported: mid made from them is the one
+	// read, though the latest mid is the other.
+	writeFile(t, src, strings.Repeat("a", 5000))
+	if _, err := Run(ctx, spec, Options{Only: "src"}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Run(ctx, spec, Options{Only: "top"})
+	if err != nil {
+		t.Fatalf("--only top on the first files again: %v", err)
+	}
+	wantActions(t, "files put back", rep, map[string]string{"top": "skip"})
+	if got := topInput(rep); got != fromA {
+		t.Errorf("top read mid %s, want the one made from these files, %s", got, fromA)
+	}
+}
+
 func TestNotBuiltKind(t *testing.T) {
 	// A kind registered as not built, as every kind is until its package lands.
 	kinds := BuiltinKinds().With("future", Kind{NotBuilt: "issue 99 (future/)", RefKeys: []string{"from"}})

@@ -230,21 +230,17 @@ type outsideInput struct {
 	local bool
 }
 
-// sharedOutside is what st, outside the selection and with no record
-// here, stands for in the shared store. With known (ins are all its
-// inputs) it is the record of the key this file gives st, or a machine
-// making that key; never another key's, whatever the stage's ref names
-// (the latest run on any machine, maybe of a file with other parameters).
+// sharedOutside is what st (not an import), outside the selection and
+// with no usable record here, stands for in the shared store. With known
+// (ins are all its inputs) it is the record of the key this file gives
+// st, or a machine making that key; never another key's, whatever the
+// stage's ref names (the latest run on any machine, maybe of a file with
+// other parameters).
 // Without (an input before it is an import of files not here: ins are
 // its inputs that are known) it is the record the stage's ref names,
 // when that was made with this file's kind, format version and
 // parameters, from those inputs.
 func (r *runner) sharedOutside(ctx context.Context, st *StageSpec, ins []Input, known bool) (outsideInput, error) {
-	if r.shared == nil || !shareable(st) {
-		// An import whose files are here is to be run here first: its key
-		// is what decides every stage after it.
-		return outsideInput{why: fmt.Sprintf("stage %s has not run yet; run it first (or drop --only/--from)", st.Name), local: !sourcesHere(st)}, nil
-	}
 	key, params, _, err := r.key(st, ins)
 	if err != nil {
 		return outsideInput{}, err
@@ -413,8 +409,15 @@ func (r *runner) resolveOutside(ctx context.Context, st *StageSpec, memo map[str
 }
 
 func (r *runner) resolveOutsideOnce(ctx context.Context, st *StageSpec, memo map[string]outsideInput) (outsideInput, error) {
-	if in, err := r.existingInput(st); err == nil {
+	in, ierr := r.existingInput(st)
+	if ierr == nil {
 		return outsideInput{in: &in}, nil
+	}
+	if r.shared == nil || !shareable(st) {
+		// An import whose files are here is to be run here first (its
+		// key is what decides every stage after it): not yet run, or its
+		// files changed since.
+		return outsideInput{why: ierr.Error(), local: !sourcesHere(st)}, nil
 	}
 	ins, known := []Input{}, true
 	for _, dep := range st.Deps {
