@@ -243,8 +243,11 @@ func BenchmarkJarvis2(b *testing.B) {
 // 2.1–2.4 s), fetching 27.1 GB 22.9–24.4 s against cp -r 9.9–11.7 s.
 // On a 16-core H200 host, gateway on /dev/shm with --data-integrity-etag,
 // mean of 2 runs (BENCH_TIME=2x): 33.92 / 41.37 s (1.22), peak RSS
-// 1560 MiB; the single run before them 34.77 / 42.02 s (1.21). The
-// earlier runs (README): 1.63× and 1.31–1.35× at this vocabulary, 1.45×
+// 1560 MiB; the single run before them 34.77 / 42.02 s (1.21). With the
+// tokenizer read once per run and the last uploads at twice the parts
+// (16-core H100, /dev/shm, single runs): 32.08 / 43.52 s (1.36) and
+// 37.01 / 48.02 s (1.30) with --data-integrity-etag, 33.93 / 46.90 s
+// (1.38) with MD5 ETags; peak RSS 1435–1478 MiB. The earlier runs (README): 1.63× and 1.31–1.35× at this vocabulary, 1.45×
 // and 1.23× at vocab 32768 (mean of 2). Before the uploads stopped
 // hashing each blob whole a second time, left the body out of the request
 // signature and sent a stage's outputs side by side: 1.77× at vocab 32768
