@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ferry-llm/ferry/gguf"
@@ -116,5 +118,58 @@ func TestExitCodeTable(t *testing.T) {
 		if _, ok := exitCodes[k]; !ok {
 			t.Errorf("kind %v has no exit code", k)
 		}
+	}
+}
+
+// With --json a command that fails before its result prints the error as
+// JSON on stdout (with the exit code), so a script reading stdout always
+// gets JSON; one that printed its result keeps it alone; without --json
+// stdout stays empty.
+func TestJSONError(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing")
+	junk := filepath.Join(dir, "junk.gguf")
+	if err := os.WriteFile(junk, []byte("not a gguf"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		json bool // stdout is the error object
+	}{
+		{"inspect, no such path", []string{"inspect", "--json", missing}, exitBadInput, true},
+		{"flag after the path", []string{"inspect", missing, "--json"}, exitBadInput, true},
+		{"store du, no store", []string{"store", "du", "--json", missing}, 0, true},
+		{"without --json", []string{"inspect", missing}, exitBadInput, false},
+		{"after --", []string{"inspect", "--", "--json"}, exitBadInput, false},
+		{"verify printed its result", []string{"verify", "mtp", "--json", junk}, 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := execFerry(t, nil, c.args...)
+			if r.code == exitOK {
+				t.Fatalf("exit 0: %s", r.stdout)
+			}
+			if c.code != 0 && r.code != c.code {
+				t.Errorf("exit %d, want %d: %s", r.code, c.code, r.stderr)
+			}
+			var e jsonError
+			isErr := json.Unmarshal([]byte(r.stdout), &e) == nil && e.Error != ""
+			if isErr != c.json {
+				t.Fatalf("stdout %q: the error object %v, want %v", r.stdout, isErr, c.json)
+			}
+			if c.json && (e.ExitCode != r.code || !strings.Contains(r.stderr, e.Error)) {
+				t.Errorf("error object %+v; exit %d, stderr %q", e, r.code, r.stderr)
+			}
+			var rep struct{ Results []any }
+			switch {
+			case c.name == "verify printed its result":
+				if json.Unmarshal([]byte(r.stdout), &rep) != nil || len(rep.Results) != 1 {
+					t.Errorf("stdout %q, want verify's report alone", r.stdout)
+				}
+			case !c.json && r.stdout != "":
+				t.Errorf("stdout %q, want none", r.stdout)
+			}
+		})
 	}
 }

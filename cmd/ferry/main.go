@@ -5,11 +5,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/ferry-llm/ferry/internal/jsonout"
 	"github.com/urfave/cli/v2"
 )
 
@@ -69,10 +71,54 @@ func main() { os.Exit(run()) }
 func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	app := newApp()
-	err := interrupted(ctx, app.RunContext(ctx, interspersed(app, os.Args)))
+	out := &countingWriter{w: os.Stdout}
+	app.Writer = out
+	args := interspersed(app, os.Args)
+	err := interrupted(ctx, app.RunContext(ctx, args))
 	stop()
+	code := exitCode(err)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "ferry: %s\n", errorMessage(ctx, err))
+		msg := errorMessage(ctx, err)
+		fmt.Fprintf(os.Stderr, "ferry: %s\n", msg)
+		if out.n == 0 && wantsJSON(args) {
+			// A script reading --json's stdout gets JSON whatever
+			// happened: the error, where the command failed before its
+			// result (a bucket that is not there, a file that is not a
+			// model).
+			jsonout.Write(os.Stdout, jsonError{Error: msg, ExitCode: code})
+		}
 	}
-	return exitCode(err)
+	return code
+}
+
+// jsonError is what --json prints when a command fails before its result.
+type jsonError struct {
+	Error    string `json:"error"`
+	ExitCode int    `json:"exit_code"`
+}
+
+// wantsJSON says whether the command line asks for --json (before a "--"
+// that ends the flags).
+func wantsJSON(args []string) bool {
+	for _, a := range args[1:] {
+		switch a {
+		case "--":
+			return false
+		case "--json", "-json", "--json=true", "-json=true":
+			return true
+		}
+	}
+	return false
+}
+
+// countingWriter counts what a command wrote to stdout.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
