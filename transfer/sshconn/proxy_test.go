@@ -101,7 +101,9 @@ func TestKeepAliveAndReset(t *testing.T) {
 	p := newStallProxy(t, s.Addr(), false)
 	kh := writeFile(t, t.TempDir(), "known_hosts", knownhosts.Line([]string{knownhosts.Normalize(p.addr())}, s.HostKey)+"\n")
 	o := Options{SSHConfigPath: "none", IdentityFiles: []string{s.ClientKeyPath}, KnownHostsPath: kh,
-		KeepAlive: 50 * time.Millisecond, KeepAliveMax: 2}
+		// A second of keepalives unanswered: a loaded 2-core machine
+		// (the whole suite at once) answered three in 150 ms too late.
+		KeepAlive: 50 * time.Millisecond, KeepAliveMax: 20}
 	c, err := dial(t, s.User+"@"+p.addr(), o)
 	if err != nil {
 		t.Fatal(err)
