@@ -121,8 +121,9 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 		// each part is hashed as it goes. The blobs uploading share
 		// publishers × that many parts (16 MiB each, the memory they
 		// hold); one uploading alone, the last a run waits for, has up to
-		// twice that many moving (a 9 GB F16 at 8 parts in flight went at
-		// 1.5 GB/s to a versitygw on a 16-core host, at 16 at 2.6 GB/s).
+		// twice that many moving (the parts of a 4 GiB blob went to a
+		// versitygw on a 16-core host at 1.5 GB/s with 8 in flight, at
+		// 2.6 GB/s with 16: store/s3's BenchmarkBlob).
 		Parallel:       parallel,
 		UploadParallel: 2 * parallel,
 		UploadInFlight: publishers * parallel,
