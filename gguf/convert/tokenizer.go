@@ -103,6 +103,13 @@ func (m *model) gpt2Vocab(kv *kvList, defaultPre string) error {
 		err := m.parseGPT2Vocab(&sub, defaultPre)
 		warnings := slices.Clone(m.warnings[w0:])
 		m.warnings = m.warnings[:w0]
+		// Kept without the directory, which another plan's may differ
+		// from: a warning names its file there.
+		for i, w := range warnings {
+			if rest, ok := strings.CutPrefix(w, m.dir); ok {
+				warnings[i] = memoDir + rest
+			}
+		}
 		return sub.list, warnings, err
 	})
 	if err != nil {
@@ -111,9 +118,17 @@ func (m *model) gpt2Vocab(kv *kvList, defaultPre string) error {
 	for _, x := range kvs {
 		kv.add(x)
 	}
-	m.warnings = append(m.warnings, warnings...)
+	for _, w := range warnings {
+		if rest, ok := strings.CutPrefix(w, memoDir); ok {
+			w = m.dir + rest
+		}
+		m.warnings = append(m.warnings, w)
+	}
 	return nil
 }
+
+// memoDir stands for the checkpoint directory in a remembered warning.
+const memoDir = "\x00dir"
 
 // parseGPT2Vocab is gpt2Vocab without the memo.
 func (m *model) parseGPT2Vocab(kv *kvList, defaultPre string) error {

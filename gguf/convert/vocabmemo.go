@@ -89,7 +89,8 @@ func (c *memo) do(key string, work func() ([]gguf.KV, []string, error)) ([]gguf.
 // vocabKey is the memo key of gpt2Vocab over dir: the family's default
 // pre-tokenizer, Options.Pre, and the name and SHA-256 of every file of
 // the directory but the weights (a file larger than a tokenizer may be is
-// named by its stamp: size, modification time, inode). Two views of one
+// named by its stamp: size, modification time, inode; a directory by the
+// names in it). Two views of one
 // checkpoint (a plan's and a run's) share a key; a file changed on disk
 // makes another. "" when the directory cannot be read: nothing is kept.
 func vocabKey(dir, defaultPre, pre string) string {
@@ -111,7 +112,16 @@ func vocabKey(dir, defaultPre, pre string) string {
 		}
 		switch {
 		case fi.IsDir():
-			fmt.Fprintf(h, "dir %q\n", n)
+			// Its entries' names (the parse refuses a directory of
+			// additional chat templates by what it holds).
+			sub, err := os.ReadDir(p)
+			if err != nil {
+				return ""
+			}
+			fmt.Fprintf(h, "dir %q %d\n", n, len(sub))
+			for _, e := range sub {
+				fmt.Fprintf(h, "  %q\n", e.Name())
+			}
 		case fi.Size() > maxTokenizerFile:
 			st := fsutil.StampOf(fi)
 			fmt.Fprintf(h, "big %q %d %d %d\n", n, st.Size, st.MtimeNs, st.Inode)

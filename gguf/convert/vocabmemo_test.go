@@ -2,9 +2,11 @@ package convert
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -154,6 +156,59 @@ func TestVocabMemo(t *testing.T) {
 		t.Fatalf("after tokenizer.json changed: token %q, want %q", g, renamed)
 	}
 
+	// A warning names the tokenizer.json of the directory planned, the
+	// parse remembered from another's or not.
+	dir2 := filepath.Join(t.TempDir(), "model2")
+	if _, err := (testmodel.Qwen35Options{}).Write(dir2); err != nil {
+		t.Fatal(err)
+	}
+	tok2 := filepath.Join(dir2, "tokenizer.json")
+	var doc map[string]any
+	if b, err := os.ReadFile(tok2); err != nil || json.Unmarshal(b, &doc) != nil {
+		t.Fatalf("%s: %v", tok2, err)
+	}
+	doc["pre_tokenizer"] = map[string]any{"type": "Whitespace"} // not one llama.cpp names
+	if b, err := json.Marshal(doc); err != nil || os.WriteFile(tok2, b, 0o644) != nil {
+		t.Fatal(err)
+	}
+	view2 := filepath.Join(t.TempDir(), "view2")
+	if err := os.CopyFS(view2, os.DirFS(dir2)); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir2, view2} {
+		ck, err := safetensors.OpenDir(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := NewPlan(ck, Options{OutType: OutF16})
+		ck.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Warnings) != 1 || !strings.HasPrefix(p.Warnings[0], filepath.Join(d, "tokenizer.json")+": unknown pre-tokenizer") {
+			t.Errorf("plan of %s: warnings %q, want one naming its tokenizer.json", d, p.Warnings)
+		}
+	}
+	// What a directory beside the files holds counts: additional chat
+	// templates, which the parse refuses beside chat_template.jinja,
+	// added after a plan.
+	if err := os.WriteFile(filepath.Join(view2, "chat_template.jinja"), []byte("{{messages}}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(view2, "additional_chat_templates"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := planKVs(t, view2); err != nil {
+		t.Fatalf("plan with an empty additional_chat_templates: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(view2, "additional_chat_templates", "tool.jinja"), []byte("{{x}}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := planKVs(t, view2); err == nil || !strings.Contains(err.Error(), "additional_chat_templates") {
+		t.Errorf("plan with additional chat templates: %v, want them refused", err)
+	}
+	n0 := parses()
+
 	// A broken tokenizer fails every plan; nothing is remembered of it.
 	if err := os.WriteFile(tok, []byte(`{"model": {"type": "BPE", "vocab": [`), 0o644); err != nil {
 		t.Fatal(err)
@@ -163,7 +218,7 @@ func TestVocabMemo(t *testing.T) {
 			t.Fatalf("plan %d of a broken tokenizer.json: no error", i)
 		}
 	}
-	if n := parses(); n != 4 {
-		t.Fatalf("two plans of a broken tokenizer: %d parses in all, want 4", n)
+	if n := parses() - n0; n != 2 {
+		t.Fatalf("two plans of a broken tokenizer: %d parses, want 2", n)
 	}
 }
