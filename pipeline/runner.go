@@ -343,12 +343,19 @@ func (r *runner) key(st *StageSpec, inputs []Input) (string, json.RawMessage, []
 
 // decide says whether st must run, given its inputs' outputs.
 func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, error) {
+	return r.decideKeys(st, inputs, forced, true)
+}
+
+// decideKeys is decide; without outputs it does not look at the outputs
+// of the record it finds (upToDate: a stage the run does not read, whose
+// damage is not this run's to find, nor to hash under --verify).
+func (r *runner) decideKeys(st *StageSpec, inputs []Input, forced, outputs bool) (decision, error) {
 	key, params, ins, err := r.key(st, inputs)
 	if err != nil {
 		return decision{}, err
 	}
 	if p, ok := st.Stage.(Prober); ok {
-		return r.decideSourced(st, p, key, params, forced)
+		return r.decideSourced(st, p, key, params, forced, outputs)
 	}
 	d := decision{action: ActionRun, key: key, work: key, params: params, ins: ins}
 	if forced {
@@ -368,6 +375,9 @@ func (r *runner) decide(st *StageSpec, inputs []Input, forced bool) (decision, e
 		return d, nil
 	}
 	for _, o := range rec.Outputs {
+		if !outputs {
+			break
+		}
 		if why := r.checkOutput(st, o); why != "" {
 			d.reason, d.cause = fmt.Sprintf("output %s %s", o.Path, why), CauseOutput
 			return d, nil
@@ -481,7 +491,14 @@ func (r *runner) upToDate(st *StageSpec) (*manifest.Record, string, error) {
 	if _, ok := st.Stage.(Prober); ok && !sourcesHere(st) {
 		return nil, "", nil
 	}
-	d, err := r.decide(st, ins, false)
+	d, err := r.decideKeys(st, ins, false, false)
+	if _, ok := st.Stage.(Prober); ok && err != nil {
+		// Its sources cannot be looked at now (a bucket offline,
+		// credentials expired): its record is taken as it stands, as
+		// before --only looked at sources.
+		r.log.Warn("could not tell whether an import's sources changed: its record is used", "stage", st.Name, "err", err)
+		return nil, "", nil
+	}
 	if err != nil {
 		return nil, "", err
 	}
@@ -656,9 +673,12 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	for _, st := range spec.Order() {
 		sl := slots[st.Name]
 		if !sel[st.Name] {
-			close(sl.done)
 			sl.in = outside[st.Name]
+			close(sl.done)
+			// Stages started above may be reporting already.
+			mu.Lock()
 			reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionNotSelected, Reason: "not selected"}
+			mu.Unlock()
 			continue
 		}
 		wg.Add(1)

@@ -343,6 +343,40 @@ func TestRunOnlyOutOfDateInput(t *testing.T) {
 	}
 }
 
+// A stage before the input an --only run reads is not looked at for
+// damage, nor hashed under --verify: a damaged blob there is not this
+// run's to find (nor to repair).
+func TestRunOnlyVerifySkipsEarlierDamage(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "src", "w.bin"), strings.Repeat("a", 5000))
+	spec := loadSpec(t, dir, `name: t
+stages:
+  - name: src
+    import: { path: src }
+  - name: a
+    synth: { size: 64KiB, units: 8, seed: 1, from: src }
+  - name: mid
+    synth: { size: 64KiB, units: 8, seed: 2, from: a }
+  - name: top
+    synth: { size: 32KiB, units: 4, seed: 7, from: mid }
+`)
+	rep, err := Run(ctx, spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := manifest.Load(spec.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	damageBlob(t, st.BlobPath(rep.Stages[1].Outputs[0].Digest)) // a's
+	rep, err = Run(ctx, spec, Options{Only: "top", Verify: true})
+	if err != nil {
+		t.Fatalf("--only top --verify, a (not read) damaged: %v", err)
+	}
+	wantActions(t, "only top", rep, map[string]string{"top": "skip"})
+}
+
 func TestNotBuiltKind(t *testing.T) {
 	// A kind registered as not built, as every kind is until its package lands.
 	kinds := BuiltinKinds().With("future", Kind{NotBuilt: "issue 99 (future/)", RefKeys: []string{"from"}})

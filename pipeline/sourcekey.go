@@ -20,7 +20,7 @@ import (
 
 // decideSourced is decide for a source-keyed stage st whose work key and
 // canonical params (with the path) are work and params.
-func (r *runner) decideSourced(st *StageSpec, p Prober, work string, params json.RawMessage, forced bool) (decision, error) {
+func (r *runner) decideSourced(st *StageSpec, p Prober, work string, params json.RawMessage, forced, outputs bool) (decision, error) {
 	keyParams, err := manifest.SourceParams(params)
 	if err != nil {
 		return decision{}, err
@@ -54,6 +54,9 @@ func (r *runner) decideSourced(st *StageSpec, p Prober, work string, params json
 		}
 		if why == "" {
 			for _, o := range prev.Outputs {
+				if !outputs {
+					break
+				}
 				if why := r.checkOutput(st, o); why != "" {
 					// Run to repair it, not to take another record.
 					d.reason, d.cause = fmt.Sprintf("output %s %s", o.Path, why), CauseOutput
