@@ -140,6 +140,8 @@ func TestJSONError(t *testing.T) {
 	}{
 		{"inspect, no such path", []string{"inspect", "--json", missing}, exitBadInput, true},
 		{"flag after the path", []string{"inspect", missing, "--json"}, exitBadInput, true},
+		{"--json=1", []string{"inspect", "--json=1", missing}, exitBadInput, true},
+		{"--json=false", []string{"inspect", "--json=false", missing}, exitBadInput, false},
 		{"store du, no store", []string{"store", "du", "--json", missing}, 0, true},
 		{"without --json", []string{"inspect", missing}, exitBadInput, false},
 		{"after --", []string{"inspect", "--", "--json"}, exitBadInput, false},

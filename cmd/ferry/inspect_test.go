@@ -321,8 +321,14 @@ func TestInspectBadInput(t *testing.T) {
 				if !strings.Contains(r.stderr, c.Blame) {
 					t.Errorf("%v: stderr %q does not name %s", args, r.stderr, c.Blame)
 				}
-				if r.stdout != "" {
+				// No result: nothing on stdout, or with --json the error
+				// alone, as JSON.
+				var e jsonError
+				switch {
+				case args[1] != "--json" && r.stdout != "":
 					t.Errorf("%v: printed a result for bad input: %q", args, r.stdout)
+				case args[1] == "--json" && (json.Unmarshal([]byte(r.stdout), &e) != nil || e.ExitCode != exitBadInput || !strings.Contains(e.Error, c.Blame)):
+					t.Errorf("%v: stdout %q, want the error as JSON", args, r.stdout)
 				}
 			}
 			after, _ := safetensorstest.Snapshot(root)

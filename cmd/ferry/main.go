@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/ferry-llm/ferry/internal/jsonout"
@@ -101,11 +103,14 @@ type jsonError struct {
 // that ends the flags).
 func wantsJSON(args []string) bool {
 	for _, a := range args[1:] {
-		switch a {
-		case "--":
+		switch {
+		case a == "--":
 			return false
-		case "--json", "-json", "--json=true", "-json=true":
+		case a == "--json" || a == "-json":
 			return true
+		case strings.HasPrefix(a, "--json=") || strings.HasPrefix(a, "-json="):
+			on, err := strconv.ParseBool(a[strings.Index(a, "=")+1:])
+			return err == nil && on
 		}
 	}
 	return false
