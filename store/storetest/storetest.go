@@ -679,7 +679,9 @@ func (c *inFlight) reset() int {
 // side; an upload alone has up to UploadParallel of them (more than
 // Parallel); an upload cut short gives its share back.
 func testUploadInFlight(t *testing.T, h Harness) {
-	b := &inFlight{Backend: h.New(t), hold: 100 * time.Millisecond}
+	// Each part held long enough for the reader to hash and hand over
+	// the next three meanwhile (100 ms was too short under -race).
+	b := &inFlight{Backend: h.New(t), hold: 500 * time.Millisecond}
 	s := open(t, b, "a", func(o *store.Options) { o.Parallel, o.UploadParallel, o.UploadInFlight = 1, 4, 4 })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
