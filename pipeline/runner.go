@@ -505,13 +505,11 @@ func (r *runner) upToDate(st *StageSpec) (*manifest.Record, string, error) {
 	c = upToDateResult{rec: d.rec}
 	switch {
 	case d.action == ActionSkip:
-	case d.cause == CauseOutput || d.cause == CauseRemote:
-		// Its record stands: an output damaged (where the run reads it,
-		// existingInput says so, exit 3; one before it is not read), or
-		// a transfer's copies to check again (--verify).
-		if c.rec = r.store.Record(d.key); c.rec == nil {
-			c.rec = r.store.StageRecord(r.spec.Name, st.Name)
-		}
+	case d.cause == CauseRemote:
+		// Its record stands: a transfer's copies to check again
+		// (--verify). Outputs are not looked at here (decideKeys): where
+		// the run reads one damaged, existingInput says so (exit 3).
+		c.rec = r.store.Record(d.key)
 	default:
 		c = upToDateResult{why: st.Name + ": " + d.reason}
 		if _, ok := st.Stage.(Prober); ok && d.cause == CauseSource {
