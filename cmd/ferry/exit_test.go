@@ -146,6 +146,8 @@ func TestJSONError(t *testing.T) {
 		{"without --json", []string{"inspect", missing}, exitBadInput, false},
 		{"after --", []string{"inspect", "--", "--json"}, exitBadInput, false},
 		{"verify printed its result", []string{"verify", "mtp", "--json", junk}, 0, false},
+		{"unknown command", []string{"frob", "--json"}, exitBadInput, true},
+		{"unknown subcommand", []string{"store", "frob", "--json"}, exitBadInput, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := execFerry(t, nil, c.args...)
@@ -173,5 +175,40 @@ func TestJSONError(t *testing.T) {
 				t.Errorf("stdout %q, want none", r.stdout)
 			}
 		})
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	app := newApp()
+	for _, c := range []struct {
+		args []string
+		want string // "": no error
+	}{
+		{[]string{"frob"}, `unknown command "frob"; see 'ferry --help'`},
+		{[]string{"--verbose", "frob", "x"}, `unknown command "frob"; see 'ferry --help'`},
+		{[]string{"store", "frob"}, `unknown command "frob"; see 'ferry store --help'`},
+		{[]string{"pipeline", "--json", "rnu", "x.yaml"}, `unknown command "rnu"; see 'ferry pipeline --help'`},
+		{[]string{"mlx", "requant"}, `unknown command "requant"; see 'ferry mlx --help'`},
+		{[]string{}, ""},
+		{[]string{"store"}, ""},
+		{[]string{"store", "du", "frob"}, ""},      // du's argument
+		{[]string{"store", "help"}, ""},            // cli's own help command
+		{[]string{"help", "frob"}, ""},             // so is this
+		{[]string{"gguf", "frob"}, ""},             // gguf's action says what it needs
+		{[]string{"verify", "a.gguf"}, ""},         // so does verify's
+		{[]string{"store", "--", "frob"}, ""},      // not a command after --
+		{[]string{"inspect", "store", "frob"}, ""}, // inspect's arguments
+	} {
+		err := unknownCommand(app, append([]string{"ferry"}, c.args...))
+		got := ""
+		if err != nil {
+			got = err.Error()
+			if code := exitCode(err); code != exitBadInput {
+				t.Errorf("%q: exit %d, want %d", c.args, code, exitBadInput)
+			}
+		}
+		if got != c.want {
+			t.Errorf("%q: %q, want %q", c.args, got, c.want)
+		}
 	}
 }

@@ -76,7 +76,10 @@ func run() int {
 	out := &countingWriter{w: os.Stdout}
 	app.Writer = out
 	args := interspersed(app, os.Args)
-	err := interrupted(ctx, app.RunContext(ctx, args))
+	err := unknownCommand(app, args)
+	if err == nil {
+		err = interrupted(ctx, app.RunContext(ctx, args))
+	}
 	stop()
 	code := exitCode(err)
 	if err != nil {

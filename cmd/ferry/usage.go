@@ -105,3 +105,31 @@ func findCommand(cmds []*cli.Command, name string) *cli.Command {
 	}
 	return nil
 }
+
+// unknownCommand is the usage error for a command line whose command path
+// names a command that is not there ("ferry stroe du", "ferry store frob"),
+// naming the help of the level it was looked for at; nil otherwise. A
+// command with an action of its own (gguf, verify) judges its arguments
+// itself.
+func unknownCommand(app *cli.App, args []string) error {
+	cmds, path := app.Commands, "ferry"
+	for _, a := range args[1:] {
+		switch {
+		case a == "--":
+			return nil
+		case strings.HasPrefix(a, "-"):
+			continue // a flag: the global ones are all boolean
+		case a == "help" || a == "h":
+			return nil
+		}
+		next := findCommand(cmds, a)
+		if next == nil {
+			return usageErrorf("unknown command %q; see '%s --help'", a, path)
+		}
+		if len(next.Subcommands) == 0 || next.Action != nil {
+			return nil
+		}
+		cmds, path = next.Subcommands, path+" "+next.Name
+	}
+	return nil
+}
