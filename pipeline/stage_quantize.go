@@ -532,12 +532,28 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		total += q.mplan.InputBytes
 	}
 	env.Progress.SetTotal(total)
+	// The digests of the files written here, hashed while they were
+	// written: not read again to be adopted (the last thing the stage
+	// did, one file after the other on one core, was that pass).
+	type written struct {
+		sum  []byte
+		size int64
+	}
+	known := map[string]written{}
 	if len(todo) == 0 {
 		env.Progress.Add(outs[0].Plan.InputBytes)
 	} else {
-		rrs, err := quantize.RunMulti(ctx, src.File, todo, quantize.RunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Errors: s.Report})
+		rrs, err := quantize.RunMulti(ctx, src.File, todo, quantize.RunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Errors: s.Report, Digests: true})
 		if err != nil {
 			return nil, err
+		}
+		for i, rr := range rrs {
+			fls := todo[i].Plan.Layout.FileLayouts()
+			for k, f := range rr.Files {
+				if k < len(rr.Digests) && k < len(fls) {
+					known[filepath.Base(f)] = written{rr.Digests[k], fls[k].Size}
+				}
+			}
 		}
 		if s.Report {
 			if err := writeReport(outs, rrs, filepath.Join(work, pq), filepath.Join(work, svg)); err != nil {
@@ -547,7 +563,15 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	res := &Result{}
 	adopt := func(name string) error {
-		d, n, err := env.AdoptFile(filepath.Join(work, name))
+		p := filepath.Join(work, name)
+		var d manifest.Digest
+		var n int64
+		var err error
+		if w, ok := known[name]; ok {
+			d, n, err = env.AdoptKnown(p, manifest.NewDigest(w.sum), w.size)
+		} else {
+			d, n, err = env.AdoptFile(p)
+		}
 		if err != nil {
 			return err
 		}

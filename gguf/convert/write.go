@@ -2,13 +2,9 @@ package convert
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
-	"hash"
 	"io"
 	"runtime"
-
-	"sync/atomic"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
@@ -90,9 +86,14 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		units = gguf.SplitRows(units, i, R, chunk/max(C, 1))
 	}
 
-	var hf *hashFollower
+	var hf *gguf.HashFollower
 	if wo.Digest != nil || wo.FileDigests != nil {
-		if hf, err = newHashFollower(w, p, units); err != nil {
+		start := make([]int64, len(units))
+		for k, u := range units {
+			off, _ := unitSpan(p, u)
+			start[k] = w.TensorStart(u.T) + off
+		}
+		if hf, err = gguf.NewHashFollower(w, start); err != nil {
 			w.Detach()
 			return err
 		}
@@ -113,7 +114,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		return b.out, off, nil
 	}
 	uw.Written = func(worker, k int) {
-		hf.written(k)
+		hf.Written(k)
 		if wo.Progress != nil {
 			wo.Progress(bufs[worker].consumed)
 		}
@@ -122,7 +123,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		uw.Done = func(t int) { wo.TensorDone(t, p.Tensors[t].Name) }
 	}
 	if hf != nil {
-		uw.Also = hf.run
+		uw.Also = hf.Run
 	}
 	if err := w.WriteUnits(ctx, units, uw); err != nil {
 		w.Detach()
@@ -137,106 +138,12 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 		return err
 	}
 	if hf != nil {
-		sums := hf.sums()
+		sums := hf.Sums()
 		if wo.Digest != nil && len(sums) == 1 {
 			wo.Digest(sums[0])
 		}
 		if wo.FileDigests != nil {
 			wo.FileDigests(sums)
-		}
-	}
-	return nil
-}
-
-// hashFollower hashes the files being written in file order, reading
-// each range back from the page cache once every unit before it is
-// written: units are planned in file order, and everything between them
-// (header, padding, tensors a resumed run skipped) is already in the
-// file. The parts of a split are hashed one after the other, each with
-// its own hash: positions are offsets into their concatenation
-// (gguf.Writer.ReadAt).
-type hashFollower struct {
-	w      *gguf.Writer
-	hs     []hash.Hash // one per file
-	ends   []int64     // where each file ends
-	start  []int64     // where unit k begins
-	done   []atomic.Bool
-	notify chan struct{}
-	size   int64
-}
-
-func newHashFollower(w *gguf.Writer, p *Plan, units []unit) (*hashFollower, error) {
-	ends := w.FileBounds()
-	hf := &hashFollower{w: w, ends: ends, start: make([]int64, len(units)), done: make([]atomic.Bool, len(units)),
-		notify: make(chan struct{}, 1), size: ends[len(ends)-1]}
-	for range ends {
-		hf.hs = append(hf.hs, sha256.New())
-	}
-	for k, u := range units {
-		off, _ := unitSpan(p, u)
-		hf.start[k] = w.TensorStart(u.T) + off
-		if k > 0 && hf.start[k] < hf.start[k-1] {
-			return nil, fmt.Errorf("%s: internal plan error: unit %d of tensor %q starts at %d, before the unit ahead of it (%d)",
-				w.Path(), k, p.Tensors[u.T].Name, hf.start[k], hf.start[k-1])
-		}
-	}
-	return hf, nil
-}
-
-// sums are the files' digests, once run has returned.
-func (hf *hashFollower) sums() [][]byte {
-	out := make([][]byte, len(hf.hs))
-	for k, h := range hf.hs {
-		out[k] = h.Sum(nil)
-	}
-	return out
-}
-
-// written notes that unit k's bytes are in the file.
-func (hf *hashFollower) written(k int) {
-	if hf == nil {
-		return
-	}
-	hf.done[k].Store(true)
-	select {
-	case hf.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (hf *hashFollower) run(ctx context.Context) error {
-	buf := make([]byte, 1<<20)
-	var hashed int64
-	file, next := 0, 0
-	for hashed < hf.size {
-		for next < len(hf.done) && hf.done[next].Load() {
-			next++
-		}
-		safe := hf.size
-		if next < len(hf.start) {
-			safe = hf.start[next]
-		}
-		if safe <= hashed {
-			select {
-			case <-hf.notify:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			continue
-		}
-		for hashed < safe {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			for hashed >= hf.ends[file] {
-				file++
-			}
-			n := min(int64(len(buf)), safe-hashed, hf.ends[file]-hashed)
-			if _, err := hf.w.ReadAt(buf[:n], hashed); err != nil {
-				return fmt.Errorf("%s: hashing bytes %d..%d: %w", hf.w.Paths()[file], hashed, hashed+n, err)
-			}
-			hf.hs[file].Write(buf[:n])
-			hashed += n
 		}
 	}
 	return nil

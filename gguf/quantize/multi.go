@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"golang.org/x/sync/errgroup"
 )
 
 // Output is one file of a run: a plan of the run's input and where it
@@ -189,8 +190,13 @@ func writeMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions, 
 	if o.Errors {
 		errs = newErrorSums(len(units), len(outs))
 	}
+	hfs, err := followers(ws, outs, units, writes, o.Digests)
+	if err != nil {
+		detach()
+		return err
+	}
 	bufs := make([]buffers, jobs)
-	err := gguf.WriteUnitsMulti(ctx, ws, units, gguf.MultiUnitWork{
+	err = gguf.WriteUnitsMulti(ctx, ws, units, gguf.MultiUnitWork{
 		Jobs:   jobs,
 		Writes: func(k, i int) bool { return writes[k][i] },
 		Make: func(worker, u int) ([][]byte, []int64, error) {
@@ -200,10 +206,23 @@ func writeMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions, 
 			}
 			return makeUnit(f, outs, writes, same, unit, errs.unit(u), &bufs[worker])
 		},
-		Written: func(worker, _ int) {
+		Written: func(worker, u int) {
+			for _, hf := range hfs {
+				hf.Written(u)
+			}
 			if o.Progress != nil {
 				o.Progress(int64(len(bufs[worker].raw)))
 			}
+		},
+		Also: func(ctx context.Context) error {
+			if len(hfs) == 0 {
+				return nil
+			}
+			g, gctx := errgroup.WithContext(ctx)
+			for _, hf := range hfs {
+				g.Go(func() error { return hf.Run(gctx) })
+			}
+			return g.Wait()
 		},
 		Done: func(k, i int) {
 			js[k].Done(i, tensors[i].Name)
@@ -228,7 +247,40 @@ func writeMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions, 
 			res[k].Errors = errs.tensors(out.Plan, units, k)
 		}
 	}
+	for k, hf := range hfs {
+		res[k].Digests = hf.Sums()
+	}
 	return nil
+}
+
+// followers are the hash followers of the writers (RunOptions.Digests;
+// none otherwise), one per output: unit u of output k begins at its
+// tensor's start plus R0 output rows, and a unit whose tensor output k
+// does not write (kept from an interrupted run) is in its file already.
+func followers(ws []*gguf.Writer, outs []Output, units []gguf.Unit, writes [][]bool, digests bool) ([]*gguf.HashFollower, error) {
+	if !digests {
+		return nil, nil
+	}
+	hfs := make([]*gguf.HashFollower, len(ws))
+	for k, w := range ws {
+		start := make([]int64, len(units))
+		for u, unit := range units {
+			t := &outs[k].Plan.Tensors[unit.T]
+			outRow, _ := t.Type.RowSize(ne0(t.In.Dims))
+			start[u] = w.TensorStart(unit.T) + unit.R0*int64(outRow)
+		}
+		hf, err := gguf.NewHashFollower(w, start)
+		if err != nil {
+			return nil, err
+		}
+		for u, unit := range units {
+			if !writes[k][unit.T] {
+				hf.Written(u)
+			}
+		}
+		hfs[k] = hf
+	}
+	return hfs, nil
 }
 
 // sameEncoding says, for each output k and tensor i, an earlier output

@@ -50,6 +50,11 @@ type RunOptions struct {
 	// (gguf.Options.NoSync); their journals then resume only in the same
 	// boot (gguf.OpenTensorJournal).
 	NoSync bool
+	// Digests computes each file's SHA-256 while it is written
+	// (RunResult.Digests; gguf.HashFollower): a reader per output follows
+	// the workers through the page cache, so the files are not read again
+	// for their digests once written.
+	Digests bool
 }
 
 // RunResult says what Run did, and after a failure what is left to resume
@@ -62,6 +67,9 @@ type RunResult struct {
 	Files []string
 	// Errors is every tensor's error, in plan order (RunOptions.Errors).
 	Errors []TensorError
+	// Digests are the SHA-256 of each of Files, in order, hashed while
+	// they were written (RunOptions.Digests); nil when not asked for.
+	Digests [][]byte
 	gguf.Leftover
 }
 
