@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-llm/ferry/internal/cpushare"
 )
 
 // Unit is rows [R0, R1) of tensor T: what one worker makes and writes at
@@ -45,6 +47,9 @@ type UnitWork struct {
 	// Also, if set, runs beside the workers (a hasher following the
 	// writes); its error stops them, and theirs cancels its context.
 	Also func(ctx context.Context) error
+	// Cores, if set, is held by a worker while it makes and writes a
+	// unit: the process's cores shared with other work by priority.
+	Cores *cpushare.Share
 }
 
 // WriteUnits makes and writes units (in order of k, by uw.Jobs workers at
@@ -54,7 +59,7 @@ type UnitWork struct {
 // It returns the first error (ctx's when it is cancelled); the caller then
 // detaches or aborts the writer.
 func (w *Writer) WriteUnits(ctx context.Context, units []Unit, uw UnitWork) error {
-	mw := MultiUnitWork{Jobs: uw.Jobs, Written: uw.Written, Also: uw.Also,
+	mw := MultiUnitWork{Jobs: uw.Jobs, Written: uw.Written, Also: uw.Also, Cores: uw.Cores,
 		Make: func(worker, k int) ([][]byte, []int64, error) {
 			data, off, err := uw.Make(worker, k)
 			return [][]byte{data}, []int64{off}, err
@@ -89,6 +94,9 @@ type MultiUnitWork struct {
 	// Also, if set, runs beside the workers (a hasher following the
 	// writes); its error stops them, and theirs cancels its context.
 	Also func(ctx context.Context) error
+	// Cores, if set, is held by a worker while it makes and writes a
+	// unit (UnitWork.Cores).
+	Cores *cpushare.Share
 }
 
 // WriteUnitsMulti is WriteUnits for several writers at once: each unit is
@@ -124,28 +132,41 @@ func WriteUnitsMulti(ctx context.Context, ws []*Writer, units []Unit, uw MultiUn
 	if uw.Also != nil {
 		g.Go(func() error { return uw.Also(gctx) })
 	}
+	// unit makes unit k on worker and writes it.
+	unit := func(worker, k int) error {
+		u := units[k]
+		data, offs, err := uw.Make(worker, k)
+		if err != nil {
+			return err
+		}
+		for o, w := range ws {
+			if !writes(o, u.T) {
+				continue
+			}
+			if err := w.WriteAt(u.T, data[o], offs[o]); err != nil {
+				return err
+			}
+		}
+		if uw.Written != nil {
+			uw.Written(worker, k)
+		}
+		return nil
+	}
 	for worker := range jobs {
 		g.Go(func() error {
 			for k := range ch {
 				if err := gctx.Err(); err != nil {
 					return err
 				}
-				u := units[k]
-				data, offs, err := uw.Make(worker, k)
+				if err := uw.Cores.Acquire(gctx); err != nil {
+					return err
+				}
+				err := unit(worker, k)
+				uw.Cores.Release()
 				if err != nil {
 					return err
 				}
-				for o, w := range ws {
-					if !writes(o, u.T) {
-						continue
-					}
-					if err := w.WriteAt(u.T, data[o], offs[o]); err != nil {
-						return err
-					}
-				}
-				if uw.Written != nil {
-					uw.Written(worker, k)
-				}
+				u := units[k]
 				for o, w := range ws {
 					if !writes(o, u.T) || remaining[o][u.T].Add(-1) != 0 {
 						continue

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/journal"
 	"github.com/ferry-llm/ferry/safetensors"
@@ -66,6 +67,10 @@ type QuantizeRunOptions struct {
 	// JournalEvery is how often written units are fsynced and journaled
 	// (default a second): a resume redoes at most about this much work.
 	JournalEvery time.Duration
+	// Cores, if set, is held by a worker while it converts and writes a
+	// unit: the process's cores shared with other work by priority
+	// (cpushare).
+	Cores *cpushare.Share
 }
 
 // TensorResult is one output module of the --json summary.
@@ -400,7 +405,11 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 				}
 				u := p.units[k]
 				t := p.Tensors[u.t]
+				if err := o.Cores.Acquire(gctx); err != nil {
+					return err
+				}
 				st, err := w.convert(t, u, &b)
+				o.Cores.Release()
 				if err != nil {
 					return err
 				}

@@ -1,6 +1,9 @@
 package pipeline
 
-import "github.com/ferry-llm/ferry/manifest"
+import (
+	"github.com/ferry-llm/ferry/internal/cpushare"
+	"github.com/ferry-llm/ferry/manifest"
+)
 
 // WithStore gives e the local store s, as the runner does, for tests that
 // call a stage's Run themselves.
@@ -11,3 +14,13 @@ func WithStore(e *Env, s *manifest.Store) *Env {
 
 // BeforeShare makes f run before each stage is shared (nil: none).
 func BeforeShare(f func(stage string)) { beforeShare = f }
+
+// StageCores makes f told each stage's priority on the cores as it runs
+// (ok false: it takes no cores; nil f: none told).
+func StageCores(f func(stage string, prio int64, ok bool)) {
+	if f == nil {
+		stageCores = nil
+		return
+	}
+	stageCores = func(stage string, c *cpushare.Share) { f(stage, c.Priority(), c != nil) }
+}

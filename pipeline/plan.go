@@ -32,6 +32,10 @@ type StagePlan struct {
 	// in bytes: about workers × the largest unit held at once, plus a
 	// constant.
 	Memory int64 `json:"memory"`
+	// OutputBytes is what the stage will write, where its planner knows
+	// (0: it does not say). A run sharing its outputs gives the cores to
+	// the stages that write the most first (Env.Cores).
+	OutputBytes int64 `json:"output_bytes,omitempty"`
 	// Preview, if not "", is a directory laid out like the stage's outputs
 	// will be and readable now (an import's source directory): the stages
 	// that read this one are planned from it before it has run.

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/internal/sysmem"
 	"github.com/ferry-llm/ferry/manifest"
@@ -149,6 +150,9 @@ type runner struct {
 	// shared is the store several machines share (nil: none); store is
 	// then this machine's cache of it.
 	shared *sharedStore
+	// cores are the process's cores, handed to the stages that run side
+	// by side by priority when the run shares its outputs (nil: not).
+	cores *cpushare.Gate
 
 	keyMu    sync.Mutex
 	keyLocks map[string]*sync.Mutex
@@ -576,6 +580,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if r.shared, err = openShared(ctx, spec, r.opts); err != nil {
 		return nil, err
 	}
+	if r.shared != nil {
+		r.cores = cpushare.New(runtime.GOMAXPROCS(0))
+	}
 	// Inputs from outside the selection must exist before anything runs.
 	outside := map[string]*Input{}
 	memo := map[string]outsideInput{} // stages resolved by resolveOutside
@@ -973,7 +980,10 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	r.lifecycle("stage start", "stage", st.Name, "step", r.stepOf(st.Name), "kind", st.Kind, "why", d.reason, "key", sr.Key[:12], "memory", FormatBytes(memoryOf(p)))
 	r.emit(Event{Event: EventRun, Stage: st.Name, Kind: st.Kind, Reason: d.reason, Cause: d.cause, View: sr.View})
 	start := time.Now()
-	rec, err := r.execute(ctx, st, d, ins, forced)
+	// Sharing its outputs, the run gives the cores to the stages that
+	// write the most first.
+	cores := r.cores.Share(outputBytesOf(p))
+	rec, err := r.execute(ctx, st, d, ins, forced, cores)
 	// Forced, or --verify checking a transfer's copies again: made here,
 	// whatever another machine made meanwhile.
 	rerun := forced || d.cause == CauseRemote
@@ -1008,7 +1018,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 			break
 		}
 		held = true
-		rec, err = r.execute(ctx, st, d, ins, forced)
+		rec, err = r.execute(ctx, st, d, ins, forced, cores)
 	}
 	sr.Seconds = time.Since(start).Seconds()
 	if err != nil {
@@ -1054,7 +1064,7 @@ func (r *runner) env(st *StageSpec, key string, ins []Input, prog Progress, veri
 // execute runs one stage and commits its record: blobs first (the stage
 // made them durable), then the record (an object, or manifest.json for an
 // import), then the journals go.
-func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []Input, forced bool) (*manifest.Record, error) {
+func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []Input, forced bool, cores *cpushare.Share) (*manifest.Record, error) {
 	damaged := d.cause == CauseOutput
 	if forced || damaged {
 		// Start from scratch: a journal could hold the damaged bytes.
@@ -1078,6 +1088,10 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 		defer c.Close()
 	}
 	env := r.env(st, d.work, ins, prog, r.opts.Verify || forced || damaged)
+	env.Cores = cores
+	if stageCores != nil {
+		stageCores(st.Name, cores)
+	}
 	if err := r.store.BeginAttempt(r.spec.Name, st.Name, d.work); err != nil {
 		return nil, err
 	}
@@ -1120,4 +1134,16 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 		return nil, err
 	}
 	return rec, nil
+}
+
+// stageCores, set by tests only, is told each stage's hold on the cores
+// as it runs.
+var stageCores func(stage string, c *cpushare.Share)
+
+// outputBytesOf is what plan p says its stage will write (0: unknown).
+func outputBytesOf(p *StagePlan) int64 {
+	if p == nil {
+		return 0
+	}
+	return p.OutputBytes
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/manifest"
 )
 
@@ -93,6 +94,11 @@ type Env struct {
 	Verify bool
 	// Jobs bounds the stage's own worker count.
 	Jobs int
+	// Cores, in a run that shares its outputs, is the stage's hold on the
+	// process's cores, to take for each unit of its work (nil otherwise:
+	// take none). Stages that write more bytes hold a higher priority: their
+	// uploads, the run's tail, start while the others still compute.
+	Cores *cpushare.Share
 	// SSH is how the run was told to reach hosts (ferry pipeline run's
 	// --ssh-config, --known-hosts, -i); it takes precedence over a
 	// stage's own settings.

@@ -143,7 +143,7 @@ func (s *ggufStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	// The journal lives beside the output in the work dir, which the
 	// runner keeps across killed runs and removes after the commit.
 	res, err := convert.Run(ctx, ck, plan, out, convert.RunOptions{
-		Jobs: env.Jobs, Progress: env.Progress.Add, Digest: true,
+		Jobs: env.Jobs, Progress: env.Progress.Add, Digest: true, Cores: env.Cores,
 		Journal: filepath.Join(work, name+".journal"),
 	})
 	if err != nil {
@@ -193,8 +193,9 @@ func (s *ggufStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
 	// convert.Write holds about ChunkElems (1Mi) elements per worker at
 	// 8 bytes each (16 from F64), plus the writer's and hasher's buffers.
 	return &StagePlan{
-		Summary: fmt.Sprintf("%s → %s (%s), %d tensors, %s%s%s", plan.HFArch, plan.Arch, plan.OutType, len(plan.Tensors), FormatBytes(plan.Layout.OutputSize()), splitNote(plan.Layout), mmprojSummary(s.MMProj, mplan)),
-		Memory:  int64(max(env.Jobs, 1))*(1<<20)*16 + 64<<20,
+		Summary:     fmt.Sprintf("%s → %s (%s), %d tensors, %s%s%s", plan.HFArch, plan.Arch, plan.OutType, len(plan.Tensors), FormatBytes(plan.Layout.OutputSize()), splitNote(plan.Layout), mmprojSummary(s.MMProj, mplan)),
+		Memory:      int64(max(env.Jobs, 1))*(1<<20)*16 + 64<<20,
+		OutputBytes: plan.Layout.OutputSize(),
 	}, nil
 }
 

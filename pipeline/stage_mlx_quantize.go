@@ -105,7 +105,7 @@ func (s *mlxQuantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	env.Progress.SetTotal(plan.SourceBytes())
-	res, err := mlxpack.Quantize(ctx, plan, dst, mlxpack.QuantizeRunOptions{Jobs: env.Jobs, Progress: env.Progress.Add})
+	res, err := mlxpack.Quantize(ctx, plan, dst, mlxpack.QuantizeRunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Cores: env.Cores})
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +141,8 @@ func (s *mlxQuantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, erro
 	}
 	// A worker holds one row block of at most 1Mi elements: about 14 MiB.
 	return &StagePlan{
-		Summary: fmt.Sprintf("%s, %s, %d tensors, %s", plan.ModelType, what, len(plan.Tensors), FormatBytes(plan.OutputBytes())),
-		Memory:  int64(max(env.Jobs, 1))*(14<<20) + 64<<20,
+		Summary:     fmt.Sprintf("%s, %s, %d tensors, %s", plan.ModelType, what, len(plan.Tensors), FormatBytes(plan.OutputBytes())),
+		Memory:      int64(max(env.Jobs, 1))*(14<<20) + 64<<20,
+		OutputBytes: plan.OutputBytes(),
 	}, nil
 }

@@ -543,7 +543,7 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	if len(todo) == 0 {
 		env.Progress.Add(outs[0].Plan.InputBytes)
 	} else {
-		rrs, err := quantize.RunMulti(ctx, src.File, todo, quantize.RunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Errors: s.Report, Digests: true})
+		rrs, err := quantize.RunMulti(ctx, src.File, todo, quantize.RunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Errors: s.Report, Digests: true, Cores: env.Cores})
 		if err != nil {
 			return nil, err
 		}
@@ -631,7 +631,9 @@ func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 	defer q.Close()
 	src, outs := q.src, q.outs
 	var parts []string
+	var bytes int64
 	for _, o := range outs {
+		bytes += o.Plan.Layout.OutputSize()
 		parts = append(parts, fmt.Sprintf("%s %s%s", filepath.Base(o.Path), FormatBytes(o.Plan.Layout.OutputSize()), splitNote(o.Plan.Layout)))
 	}
 	if s.Report {
@@ -648,8 +650,9 @@ func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 		summary += fmt.Sprintf(", imatrix %s (%d entries; %d quantized tensors without one)", o.ImatrixFile, o.Imatrix.Len(), len(outs[0].Plan.Unweighted))
 	}
 	return &StagePlan{
-		Summary: summary,
-		Memory:  int64(max(env.Jobs, 1))*(1<<20)*int64(10+2*len(outs)) + 64<<20,
+		Summary:     summary,
+		Memory:      int64(max(env.Jobs, 1))*(1<<20)*int64(10+2*len(outs)) + 64<<20,
+		OutputBytes: bytes,
 	}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-llm/ferry/gguf"
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/safetensors"
 )
@@ -29,6 +30,8 @@ type RunOptions struct {
 	// Digest asks for the finished file's sha256 (RunResult.Digest),
 	// hashed while it is written (WriteOptions.Digest).
 	Digest bool
+	// Cores is WriteOptions.Cores.
+	Cores *cpushare.Share
 	// NonFinite is WriteOptions.NonFinite.
 	NonFinite func(i int, name string, n int64)
 	// NoSync writes the file as cp does, without fsync
@@ -101,7 +104,7 @@ func Run(ctx context.Context, ck *safetensors.Checkpoint, p *Plan, out string, o
 		}
 	}
 	err = Write(ctx, p, out, WriteOptions{
-		Jobs: o.Jobs, NoSync: o.NoSync, Progress: o.Progress, Resume: true,
+		Jobs: o.Jobs, NoSync: o.NoSync, Progress: o.Progress, Resume: true, Cores: o.Cores,
 		Verify: func(i int, name string, _ *io.SectionReader) bool {
 			if j.Has(i, name) {
 				res.Resumed++

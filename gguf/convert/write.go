@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -43,6 +44,10 @@ type WriteOptions struct {
 	// (Layout.Files: the file, or each part of a split), in order, hashed
 	// the same way. Digest is called only for a layout of one file.
 	FileDigests func(sums [][]byte)
+	// Cores, if set, is held by a worker while it converts and writes a
+	// row block: the process's cores shared with other work by priority
+	// (cpushare).
+	Cores *cpushare.Share
 	// TensorDone is called, from worker goroutines (so it must be safe for
 	// concurrent use), after tensor i's bytes are written (not yet fsynced;
 	// the file is fsynced before it is renamed into place).
@@ -98,7 +103,7 @@ func Write(ctx context.Context, p *Plan, out string, wo WriteOptions) error {
 			return err
 		}
 	}
-	uw := gguf.UnitWork{Jobs: jobs}
+	uw := gguf.UnitWork{Jobs: jobs, Cores: wo.Cores}
 	bufs := make([]buffers, jobs)
 	uw.Make = func(worker, k int) ([]byte, int64, error) {
 		b := &bufs[worker]

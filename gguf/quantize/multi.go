@@ -198,6 +198,7 @@ func writeMulti(ctx context.Context, f *gguf.File, outs []Output, o RunOptions, 
 	bufs := make([]buffers, jobs)
 	err = gguf.WriteUnitsMulti(ctx, ws, units, gguf.MultiUnitWork{
 		Jobs:   jobs,
+		Cores:  o.Cores,
 		Writes: func(k, i int) bool { return writes[k][i] },
 		Make: func(worker, u int) ([][]byte, []int64, error) {
 			unit := units[u]

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/inputerr"
 	"github.com/ferry-llm/ferry/tensor"
 )
@@ -50,6 +51,10 @@ type RunOptions struct {
 	// (gguf.Options.NoSync); their journals then resume only in the same
 	// boot (gguf.OpenTensorJournal).
 	NoSync bool
+	// Cores, if set, is held by a worker while it makes and writes a row
+	// block: the process's cores shared with other work by priority
+	// (cpushare).
+	Cores *cpushare.Share
 	// Digests computes each file's SHA-256 while it is written
 	// (RunResult.Digests; gguf.HashFollower): a reader per output follows
 	// the workers through the page cache, so the files are not read again

@@ -1,0 +1,102 @@
+package gguf
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/cpushare"
+)
+
+// UnitWork.Cores: every unit is made holding a slot of the gate, so
+// while work of a higher priority holds the slots no unit is made, the
+// units made at once never outnumber the slots, and the file is the same
+// as without a gate.
+func TestWriteUnitsCores(t *testing.T) {
+	l, err := PlanLayout([]KV{{Key: "general.architecture", Type: ValueString, Value: "llama"}},
+		[]TensorSpec{{Name: "a", Dims: []uint64{64, 40}, Type: quant.F32}, {Name: "b", Dims: []uint64{32, 8}, Type: quant.F32}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var units []Unit
+	for i, ti := range l.Tensors {
+		units = SplitRows(units, i, int64(ti.Dims[1]), 2)
+	}
+	dir := t.TempDir()
+	var files atomic.Int32
+	write := func(cores *cpushare.Share, inFlight *atomic.Int32, peak *atomic.Int32, made *atomic.Int32) ([]byte, error) {
+		path := filepath.Join(dir, fmt.Sprintf("m%d.gguf", files.Add(1)))
+		w, err := Create(path, l, Options{NoSync: true})
+		if err != nil {
+			return nil, err
+		}
+		err = w.WriteUnits(context.Background(), units, UnitWork{Jobs: 4, Cores: cores,
+			Make: func(_, k int) ([]byte, int64, error) {
+				n := inFlight.Add(1)
+				defer inFlight.Add(-1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				made.Add(1)
+				time.Sleep(200 * time.Microsecond)
+				u := units[k]
+				row := int64(l.Tensors[u.T].Dims[0]) * 4
+				return bytes.Repeat([]byte{byte(k + 1)}, int((u.R1-u.R0)*row)), u.R0 * row, nil
+			}})
+		if err != nil {
+			return nil, err
+		}
+		if err := w.Close(); err != nil {
+			return nil, err
+		}
+		return os.ReadFile(path)
+	}
+	var a, b, c atomic.Int32
+	want, err := write(nil, &a, &b, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Load() < 2 {
+		t.Fatalf("without a gate at most %d unit made at once: the test needs several", b.Load())
+	}
+
+	g := cpushare.New(2)
+	ctx := context.Background()
+	// Work of a higher priority holds both slots.
+	for range 2 {
+		if err := g.Acquire(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var inFlight, peak, made atomic.Int32
+	done := make(chan error)
+	var got []byte
+	go func() {
+		var err error
+		got, err = write(g.Share(1), &inFlight, &peak, &made)
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if n := made.Load(); n != 0 {
+		t.Fatalf("%d units made while the gate's slots were held", n)
+	}
+	g.Release()
+	g.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if int(made.Load()) != len(units) {
+		t.Errorf("%d units made, want %d", made.Load(), len(units))
+	}
+	if p := peak.Load(); p > 2 {
+		t.Errorf("%d units made at once through a gate of 2 slots", p)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("the file written through the gate differs")
+	}
+}
