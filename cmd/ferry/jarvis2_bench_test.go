@@ -247,7 +247,13 @@ func BenchmarkJarvis2(b *testing.B) {
 // tokenizer read once per run and the last uploads at twice the parts
 // (16-core H100, /dev/shm, single runs): 32.08 / 43.52 s (1.36) and
 // 37.01 / 48.02 s (1.30) with --data-integrity-etag, 33.93 / 46.90 s
-// (1.38) with MD5 ETags; peak RSS 1435–1478 MiB. The earlier runs (README): 1.63× and 1.31–1.35× at this vocabulary, 1.45×
+// (1.38) with MD5 ETags; peak RSS 1435–1478 MiB. With the K-quants hashed
+// while written (the local run 6 s faster), on one 16-core H200 host back
+// to back, /dev/shm, --data-integrity-etag: 27.60 / 40.04 s (1.45); with
+// the cores given first to the stages that write the most (shared runs):
+// 26.64 / 37.42 s (1.40), peak RSS 1450 MiB. The s3 run's extra CPU there,
+// 121 s (the gateway's 83 s), is 7.6 s of the whole machine: 1.28 at best.
+// The earlier runs (README): 1.63× and 1.31–1.35× at this vocabulary, 1.45×
 // and 1.23× at vocab 32768 (mean of 2). Before the uploads stopped
 // hashing each blob whole a second time, left the body out of the request
 // signature and sent a stage's outputs side by side: 1.77× at vocab 32768
