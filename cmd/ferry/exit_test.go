@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
@@ -210,5 +211,45 @@ func TestUnknownCommand(t *testing.T) {
 		if got != c.want {
 			t.Errorf("%q: %q, want %q", c.args, got, c.want)
 		}
+	}
+}
+
+// `ferry pipeline run --events` that fails before the run starts still
+// ends its stream: one line, the end event with the error stderr shows.
+func TestEventsError(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	for _, c := range []struct {
+		name   string
+		args   []string
+		events bool // stdout is one end event
+	}{
+		{"no such pipeline file", []string{"pipeline", "run", missing, "--events"}, true},
+		{"--events with --json", []string{"pipeline", "run", missing, "--events", "--json"}, true},
+		{"--events=true", []string{"pipeline", "run", "--events=true", missing}, true},
+		{"--events=false", []string{"pipeline", "run", "--events=false", missing}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := execFerry(t, nil, c.args...)
+			if r.code != exitBadInput {
+				t.Errorf("exit %d, want %d: %s", r.code, exitBadInput, r.stderr)
+			}
+			if !c.events {
+				if r.stdout != "" {
+					t.Errorf("stdout %q, want none", r.stdout)
+				}
+				return
+			}
+			lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+			var e struct {
+				Event, Error string
+				Time         time.Time
+			}
+			if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &e) != nil {
+				t.Fatalf("stdout %q, want one JSON line", r.stdout)
+			}
+			if e.Event != "end" || e.Error == "" || !strings.Contains(r.stderr, e.Error) || e.Time.IsZero() {
+				t.Errorf("event %+v; stderr %q", e, r.stderr)
+			}
+		})
 	}
 }

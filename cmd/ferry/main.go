@@ -12,8 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/ferry-llm/ferry/internal/jsonout"
+	"github.com/ferry-llm/ferry/pipeline"
 	"github.com/urfave/cli/v2"
 )
 
@@ -85,7 +87,15 @@ func run() int {
 	if err != nil {
 		msg := errorMessage(ctx, err)
 		fmt.Fprintf(os.Stderr, "ferry: %s\n", msg)
-		if out.n == 0 && wantsJSON(args) {
+		switch {
+		case out.n > 0:
+			// The command printed its result, or its events' end.
+		case wantsFlag(args, "events"):
+			// A script reading --events' stream gets its end whatever
+			// happened: a run that never started (no such pipeline file,
+			// a usage error) ends in one line too.
+			jsonout.Line(os.Stdout, pipeline.Event{Time: time.Now().UTC(), Event: pipeline.EventEnd, Error: msg})
+		case wantsFlag(args, "json"):
 			// A script reading --json's stdout gets JSON whatever
 			// happened: the error, where the command failed before its
 			// result (a bucket that is not there, a file that is not a
@@ -102,16 +112,16 @@ type jsonError struct {
 	ExitCode int    `json:"exit_code"`
 }
 
-// wantsJSON says whether the command line asks for --json (before a "--"
-// that ends the flags).
-func wantsJSON(args []string) bool {
+// wantsFlag says whether the command line turns the boolean flag name
+// on (--json, --events; before a "--" that ends the flags).
+func wantsFlag(args []string, name string) bool {
 	for _, a := range args[1:] {
 		switch {
 		case a == "--":
 			return false
-		case a == "--json" || a == "-json":
+		case a == "--"+name || a == "-"+name:
 			return true
-		case strings.HasPrefix(a, "--json=") || strings.HasPrefix(a, "-json="):
+		case strings.HasPrefix(a, "--"+name+"=") || strings.HasPrefix(a, "-"+name+"="):
 			on, err := strconv.ParseBool(a[strings.Index(a, "=")+1:])
 			return err == nil && on
 		}
