@@ -47,8 +47,9 @@ type UnitWork struct {
 	// Also, if set, runs beside the workers (a hasher following the
 	// writes); its error stops them, and theirs cancels its context.
 	Also func(ctx context.Context) error
-	// Cores, if set, is held by a worker while it makes and writes a
-	// unit: the process's cores shared with other work by priority.
+	// Cores, if set, is held by each worker from its first unit to its
+	// last and offered between units (cpushare.Share.Yield): the
+	// process's cores shared with other work by priority.
 	Cores *cpushare.Share
 }
 
@@ -94,8 +95,8 @@ type MultiUnitWork struct {
 	// Also, if set, runs beside the workers (a hasher following the
 	// writes); its error stops them, and theirs cancels its context.
 	Also func(ctx context.Context) error
-	// Cores, if set, is held by a worker while it makes and writes a
-	// unit (UnitWork.Cores).
+	// Cores, if set, is held by each worker and offered between units
+	// (UnitWork.Cores).
 	Cores *cpushare.Share
 }
 
@@ -154,16 +155,26 @@ func WriteUnitsMulti(ctx context.Context, ws []*Writer, units []Unit, uw MultiUn
 	}
 	for worker := range jobs {
 		g.Go(func() error {
+			// A core held from the first unit to the last, offered to
+			// work of a higher priority between units.
+			if err := uw.Cores.Acquire(gctx); err != nil {
+				return err
+			}
+			held := true
+			defer func() {
+				if held {
+					uw.Cores.Release()
+				}
+			}()
 			for k := range ch {
 				if err := gctx.Err(); err != nil {
 					return err
 				}
-				if err := uw.Cores.Acquire(gctx); err != nil {
+				if err := uw.Cores.Yield(gctx); err != nil {
+					held = false
 					return err
 				}
-				err := unit(worker, k)
-				uw.Cores.Release()
-				if err != nil {
+				if err := unit(worker, k); err != nil {
 					return err
 				}
 				u := units[k]

@@ -30,6 +30,7 @@ func TestWriteUnitsCores(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var files atomic.Int32
+	var onMake func(k int) // called in Make, when set
 	write := func(cores *cpushare.Share, inFlight *atomic.Int32, peak *atomic.Int32, made *atomic.Int32) ([]byte, error) {
 		path := filepath.Join(dir, fmt.Sprintf("m%d.gguf", files.Add(1)))
 		w, err := Create(path, l, Options{NoSync: true})
@@ -44,6 +45,9 @@ func TestWriteUnitsCores(t *testing.T) {
 				}
 				made.Add(1)
 				time.Sleep(200 * time.Microsecond)
+				if onMake != nil {
+					onMake(k)
+				}
 				u := units[k]
 				row := int64(l.Tensors[u.T].Dims[0]) * 4
 				return bytes.Repeat([]byte{byte(k + 1)}, int((u.R1-u.R0)*row)), u.R0 * row, nil
@@ -98,5 +102,47 @@ func TestWriteUnitsCores(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Error("the file written through the gate differs")
+	}
+
+	// Work of a higher priority that comes while the units are made gets
+	// a slot between two units, and none is made while it holds it.
+	// Unit 3 is made once the higher work waits: the slot is offered to
+	// it before unit 4.
+	g = cpushare.New(1)
+	inFlight, peak, made = atomic.Int32{}, atomic.Int32{}, atomic.Int32{}
+	queued := make(chan struct{})
+	onMake = func(k int) {
+		if k == 3 {
+			<-queued
+		}
+	}
+	go func() {
+		var err error
+		got, err = write(g.Share(1), &inFlight, &peak, &made)
+		done <- err
+	}()
+	for made.Load() < 4 { // unit 3 begun: the writer holds the slot
+		time.Sleep(time.Millisecond)
+	}
+	acquired := make(chan error)
+	go func() { acquired <- g.Acquire(ctx, 10) }()
+	for g.Waiting() < 4 { // the writer's 3 other workers and this
+		time.Sleep(time.Millisecond)
+	}
+	close(queued)
+	if err := <-acquired; err != nil {
+		t.Fatal(err)
+	}
+	at := made.Load()
+	time.Sleep(30 * time.Millisecond)
+	if n := made.Load(); n != at || n != 4 {
+		t.Errorf("units made while the higher work held the slot: %d, then %d of %d", at, n, len(units))
+	}
+	g.Release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("the file written through the gate, interrupted, differs")
 	}
 }

@@ -67,9 +67,9 @@ type QuantizeRunOptions struct {
 	// JournalEvery is how often written units are fsynced and journaled
 	// (default a second): a resume redoes at most about this much work.
 	JournalEvery time.Duration
-	// Cores, if set, is held by a worker while it converts and writes a
-	// unit: the process's cores shared with other work by priority
-	// (cpushare).
+	// Cores, if set, is held by each worker from its first unit to its
+	// last and offered between units: the process's cores shared with
+	// other work by priority (cpushare).
 	Cores *cpushare.Share
 }
 
@@ -398,18 +398,29 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 	})
 	for range jobs {
 		g.Go(func() error {
+			// A core held from the first unit to the last, offered to
+			// work of a higher priority between units.
+			if err := o.Cores.Acquire(gctx); err != nil {
+				return err
+			}
+			held := true
+			defer func() {
+				if held {
+					o.Cores.Release()
+				}
+			}()
 			var b unitBufs
 			for k := range next {
 				if err := gctx.Err(); err != nil {
 					return err
 				}
-				u := p.units[k]
-				t := p.Tensors[u.t]
-				if err := o.Cores.Acquire(gctx); err != nil {
+				if err := o.Cores.Yield(gctx); err != nil {
+					held = false
 					return err
 				}
+				u := p.units[k]
+				t := p.Tensors[u.t]
 				st, err := w.convert(t, u, &b)
-				o.Cores.Release()
 				if err != nil {
 					return err
 				}

@@ -44,9 +44,9 @@ type WriteOptions struct {
 	// (Layout.Files: the file, or each part of a split), in order, hashed
 	// the same way. Digest is called only for a layout of one file.
 	FileDigests func(sums [][]byte)
-	// Cores, if set, is held by a worker while it converts and writes a
-	// row block: the process's cores shared with other work by priority
-	// (cpushare).
+	// Cores, if set, is held by each worker and offered between row
+	// blocks (gguf.UnitWork.Cores): the process's cores shared with other
+	// work by priority (cpushare).
 	Cores *cpushare.Share
 	// TensorDone is called, from worker goroutines (so it must be safe for
 	// concurrent use), after tensor i's bytes are written (not yet fsynced;

@@ -51,9 +51,9 @@ type RunOptions struct {
 	// (gguf.Options.NoSync); their journals then resume only in the same
 	// boot (gguf.OpenTensorJournal).
 	NoSync bool
-	// Cores, if set, is held by a worker while it makes and writes a row
-	// block: the process's cores shared with other work by priority
-	// (cpushare).
+	// Cores, if set, is held by each worker and offered between row
+	// blocks (gguf.UnitWork.Cores): the process's cores shared with other
+	// work by priority (cpushare).
 	Cores *cpushare.Share
 	// Digests computes each file's SHA-256 while it is written
 	// (RunResult.Digests; gguf.HashFollower): a reader per output follows

@@ -1,11 +1,13 @@
 // Package cpushare hands a process's cores to the work running side by
-// side in it, the most urgent first. Work that runs in small units (a row
-// block of a conversion or a quantization) takes a slot of a Gate for
-// each unit and gives it back after; a slot given back goes to the
-// waiting unit of the highest priority, so while a stage of higher
-// priority has units to make the others get only the cores it leaves
-// idle. Nothing is starved for good: a stage gets every slot the others
-// do not wait for, and all of them once the others are done.
+// side in it, the most urgent first. A worker of work that runs in small
+// units (row blocks of a conversion or a quantization) takes a slot of a
+// Gate before its first unit, offers it between units (Yield: it goes to
+// a waiter of higher priority, if one waits) and gives it back when it
+// is done; a slot given back goes to the waiter of the highest priority.
+// So while a stage of higher priority has units to make, the others get
+// only the cores it leaves idle. Nothing is starved for good: a stage
+// gets every slot the others do not use, and all of them once they are
+// done.
 //
 // A pipeline run that shares its outputs gives the stages that make the
 // most bytes the cores first: their uploads then overlap the stages that
@@ -75,6 +77,26 @@ func (g *Gate) Acquire(ctx context.Context, prio int64) error {
 		g.mu.Unlock()
 		return nil
 	}
+	return g.wait(ctx, prio)
+}
+
+// Yield offers the slot the caller holds for work of priority prio: to a
+// waiter of a higher priority, if one waits, and then waits for a slot
+// again as Acquire does (holding none if ctx ends first, with its
+// error); else the caller keeps it.
+func (g *Gate) Yield(ctx context.Context, prio int64) error {
+	g.mu.Lock()
+	if g.waiting.Len() == 0 || g.waiting[0].prio <= prio {
+		g.mu.Unlock()
+		return nil
+	}
+	g.releaseLocked()
+	return g.wait(ctx, prio)
+}
+
+// wait queues the caller, g.mu held (and unlocked here), until a slot is
+// handed to it or ctx ends.
+func (g *Gate) wait(ctx context.Context, prio int64) error {
 	g.seq++
 	w := &waiter{prio: prio, seq: g.seq, ch: make(chan struct{})}
 	heap.Push(&g.waiting, w)
@@ -93,6 +115,13 @@ func (g *Gate) Acquire(ctx context.Context, prio int64) error {
 		g.mu.Unlock()
 		return ctx.Err()
 	}
+}
+
+// Waiting is how many callers wait for a slot now.
+func (g *Gate) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.waiting.Len()
 }
 
 // Release gives back a slot Acquire took.
@@ -142,6 +171,14 @@ func (s *Share) Acquire(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return s.g.Acquire(ctx, s.prio)
+}
+
+// Yield offers the slot held (Gate.Yield).
+func (s *Share) Yield(ctx context.Context) error {
+	if s == nil {
+		return ctx.Err()
+	}
+	return s.g.Yield(ctx, s.prio)
 }
 
 // Release gives back a slot Acquire took.

@@ -9,12 +9,7 @@ import (
 	"time"
 )
 
-// waitingLen is how many Acquire calls wait.
-func (g *Gate) waitingLen() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.waiting.Len()
-}
+func (g *Gate) waitingLen() int { return g.Waiting() }
 
 // enqueue starts an Acquire of prio that records prio in got once it
 // holds a slot, and returns once it waits.
@@ -168,4 +163,190 @@ func TestNilShare(t *testing.T) {
 	if s.Acquire(ctx) == nil {
 		t.Error("a nil share's Acquire on an ended context: no error")
 	}
+}
+
+// Yield hands the slot held to a waiter of strictly higher priority
+// only, and then waits for one again; a waiter of the same or a lower
+// priority leaves it with the caller.
+func TestGateYield(t *testing.T) {
+	ctx := context.Background()
+	g := New(1)
+	if err := g.Acquire(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	// Lower and equal waiters: the holder keeps its slot.
+	got := make(chan int64, 3)
+	for _, p := range []int64{1, 5} {
+		n := g.waitingLen()
+		go func() {
+			if err := g.Acquire(ctx, p); err == nil {
+				got <- p
+			}
+		}()
+		for g.waitingLen() == n {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	kept := make(chan error, 1)
+	go func() { kept <- g.Yield(ctx, 5) }()
+	if err := recv(t, kept); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		t.Fatalf("Yield handed the slot to a waiter of priority %d, not above the holder's 5", p)
+	case <-time.After(20 * time.Millisecond):
+	}
+	// A higher waiter: Yield hands it over and queues the caller again.
+	go func() {
+		if err := g.Acquire(ctx, 9); err == nil {
+			got <- 9
+		}
+	}()
+	for g.waitingLen() != 3 {
+		time.Sleep(time.Millisecond)
+	}
+	yielded := make(chan error)
+	go func() { yielded <- g.Yield(ctx, 5) }()
+	if p := recv(t, got); p != 9 {
+		t.Fatalf("the slot went to priority %d, want 9", p)
+	}
+	// 9 gives it back: the 5 that waited before the yielder gets it,
+	// then the yielder, then the 1.
+	g.Release()
+	if p := recv(t, got); p != 5 {
+		t.Fatalf("the slot went to priority %d, want the first 5 waiting", p)
+	}
+	g.Release()
+	if err := recv(t, yielded); err != nil {
+		t.Fatal(err)
+	}
+	g.Release()
+	if p := recv(t, got); p != 1 {
+		t.Fatalf("the slot went to priority %d, want 1", p)
+	}
+	g.Release()
+	if g.free != 1 || g.waitingLen() != 0 {
+		t.Errorf("free %d, waiting %d: want 1, 0", g.free, g.waitingLen())
+	}
+
+	// A yielder whose context ends while it waits again holds nothing.
+	g = New(1)
+	if err := g.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if err := g.Acquire(ctx, 9); err == nil {
+			got <- 9
+		}
+	}()
+	for g.waitingLen() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	yielded = make(chan error)
+	go func() { yielded <- g.Yield(cctx, 1) }()
+	recv(t, got)
+	for g.waitingLen() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := recv(t, yielded); err != context.Canceled {
+		t.Fatalf("Yield on a cancelled context: %v", err)
+	}
+	g.Release()
+	if g.free != 1 || g.waitingLen() != 0 {
+		t.Errorf("free %d, waiting %d: want 1, 0", g.free, g.waitingLen())
+	}
+}
+
+// Workers that hold a slot across their units and yield between them:
+// until a higher-priority worker is done and gives its slot back, the
+// lower-priority ones make no unit, however the two interleave.
+func TestGateYieldStrict(t *testing.T) {
+	const slots, units = 4, 200
+	ctx := context.Background()
+	g := New(slots)
+	var highLeft sync.WaitGroup
+	var mu sync.Mutex
+	highRunning, lowDuringHigh, lowDone := slots, 0, 0
+	worker := func(prio int64, n int, each func()) {
+		if err := g.Acquire(ctx, prio); err != nil {
+			t.Error(err)
+			return
+		}
+		for range n {
+			if err := g.Yield(ctx, prio); err != nil {
+				t.Error(err)
+				return
+			}
+			each()
+		}
+		g.Release()
+	}
+	// The high-priority workers take every slot first.
+	for range slots {
+		if err := g.Acquire(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lowWG sync.WaitGroup
+	for range 2 * slots {
+		lowWG.Add(1)
+		go func() {
+			defer lowWG.Done()
+			worker(1, units, func() {
+				mu.Lock()
+				if highRunning == slots {
+					lowDuringHigh++
+				}
+				lowDone++
+				mu.Unlock()
+			})
+		}()
+	}
+	for g.waitingLen() < 2*slots {
+		time.Sleep(time.Millisecond)
+	}
+	for range slots {
+		highLeft.Add(1)
+		go func() {
+			defer highLeft.Done()
+			for range units {
+				if err := g.Yield(ctx, 10); err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(20 * time.Microsecond)
+			}
+			mu.Lock()
+			highRunning--
+			mu.Unlock()
+			g.Release()
+		}()
+	}
+	highLeft.Wait()
+	lowWG.Wait()
+	if lowDuringHigh != 0 {
+		t.Errorf("%d low-priority units made before a high-priority worker was done", lowDuringHigh)
+	}
+	if lowDone != 2*slots*units {
+		t.Errorf("%d low-priority units made, want %d", lowDone, 2*slots*units)
+	}
+	if g.free != slots || g.waitingLen() != 0 {
+		t.Errorf("free %d, waiting %d: want %d, 0", g.free, g.waitingLen(), slots)
+	}
+}
+
+// recv is what ch yields, or a failure after 5 s.
+func recv[T any](t *testing.T, ch chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing came in 5 s")
+	}
+	var zero T
+	return zero
 }
