@@ -540,6 +540,12 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		size int64
 	}
 	known := map[string]written{}
+	mine := map[string]bool{} // the files this run writes
+	for _, o := range todo {
+		for _, f := range o.Plan.Layout.Files(o.Path) {
+			mine[filepath.Base(f)] = true
+		}
+	}
 	if len(todo) == 0 {
 		env.Progress.Add(outs[0].Plan.InputBytes)
 	} else {
@@ -567,9 +573,14 @@ func (s *quantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		var d manifest.Digest
 		var n int64
 		var err error
-		if w, ok := known[name]; ok {
+		switch w, ok := known[name]; {
+		case ok:
 			d, n, err = env.AdoptKnown(p, manifest.NewDigest(w.sum), w.size)
-		} else {
+		case mine[name]:
+			err = fmt.Errorf("quantize: internal error: %s was written without its digest", p)
+		default:
+			// Finished by a killed run, or not a quantized file (the
+			// report).
 			d, n, err = env.AdoptFile(p)
 		}
 		if err != nil {
@@ -631,9 +642,9 @@ func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 	defer q.Close()
 	src, outs := q.src, q.outs
 	var parts []string
-	var bytes int64
+	var outBytes int64
 	for _, o := range outs {
-		bytes += o.Plan.Layout.OutputSize()
+		outBytes += o.Plan.Layout.OutputSize()
 		parts = append(parts, fmt.Sprintf("%s %s%s", filepath.Base(o.Path), FormatBytes(o.Plan.Layout.OutputSize()), splitNote(o.Plan.Layout)))
 	}
 	if s.Report {
@@ -644,15 +655,16 @@ func (s *quantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) 
 	}
 	// quantize.RunMulti holds about ChunkElems (1Mi) values per worker:
 	// the input rows (≤ 4 bytes a value), their float32s and the blocks of
-	// every output (and, converting a checkpoint, the converter's rows).
+	// every output (and, converting a checkpoint, the converter's rows),
+	// and a 1 MiB buffer per output for the reader hashing it.
 	summary := fmt.Sprintf("%s (%s) → %s", filepath.Base(src.Path), src.Architecture(), strings.Join(parts, ", "))
 	if o := outs[0].Plan.Options; o.Imatrix != nil {
 		summary += fmt.Sprintf(", imatrix %s (%d entries; %d quantized tensors without one)", o.ImatrixFile, o.Imatrix.Len(), len(outs[0].Plan.Unweighted))
 	}
 	return &StagePlan{
 		Summary:     summary,
-		Memory:      int64(max(env.Jobs, 1))*(1<<20)*int64(10+2*len(outs)) + 64<<20,
-		OutputBytes: bytes,
+		Memory:      int64(max(env.Jobs, 1))*(1<<20)*int64(10+2*len(outs)) + int64(len(outs))<<20 + 64<<20,
+		OutputBytes: outBytes,
 	}, nil
 }
 
