@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/urfave/cli/v2"
+
 	"github.com/ferry-llm/ferry/gguf"
 	"github.com/ferry-llm/ferry/gguf/convert"
 	"github.com/ferry-llm/ferry/internal/errkind"
@@ -181,6 +183,24 @@ func TestJSONError(t *testing.T) {
 
 func TestUnknownCommand(t *testing.T) {
 	app := newApp()
+	// unknownCommand (and interspersed) step over the flags before a
+	// command as booleans: a flag that takes a value there would make its
+	// value look like a command.
+	for _, f := range app.Flags {
+		if _, ok := f.(*cli.BoolFlag); !ok {
+			t.Errorf("global flag %v takes a value: unknownCommand would take it for a command", f.Names())
+		}
+	}
+	for _, c := range app.Commands {
+		if len(c.Subcommands) == 0 || c.Action != nil {
+			continue
+		}
+		for _, f := range c.Flags {
+			if _, ok := f.(*cli.BoolFlag); !ok {
+				t.Errorf("flag %v of %s takes a value: unknownCommand would take it for a command", f.Names(), c.Name)
+			}
+		}
+	}
 	for _, c := range []struct {
 		args []string
 		want string // "": no error
@@ -194,11 +214,16 @@ func TestUnknownCommand(t *testing.T) {
 		{[]string{"store"}, ""},
 		{[]string{"store", "du", "frob"}, ""},      // du's argument
 		{[]string{"store", "help"}, ""},            // cli's own help command
-		{[]string{"help", "frob"}, ""},             // so is this
+		{[]string{"help", "store", "du"}, ""},      // help for a command that is there
+		{[]string{"store", "h", "du"}, ""},         // the same, shorter
 		{[]string{"gguf", "frob"}, ""},             // gguf's action says what it needs
 		{[]string{"verify", "a.gguf"}, ""},         // so does verify's
-		{[]string{"store", "--", "frob"}, ""},      // not a command after --
 		{[]string{"inspect", "store", "frob"}, ""}, // inspect's arguments
+		{[]string{"store", "du", "--", "frob"}, ""},
+		// The command looked up is still named after -- and help.
+		{[]string{"store", "--", "frob"}, `unknown command "frob"; see 'ferry store --help'`},
+		{[]string{"store", "help", "frob"}, `unknown command "frob"; see 'ferry store --help'`},
+		{[]string{"help", "frob"}, `unknown command "frob"; see 'ferry --help'`},
 	} {
 		err := unknownCommand(app, append([]string{"ferry"}, c.args...))
 		got := ""
@@ -227,6 +252,10 @@ func TestEventsError(t *testing.T) {
 		{"--events with --json", []string{"pipeline", "run", missing, "--events", "--json"}, true},
 		{"--events=true", []string{"pipeline", "run", "--events=true", missing}, true},
 		{"--events=false", []string{"pipeline", "run", "--events=false", missing}, false},
+		{"the last one counts, on", []string{"pipeline", "run", "--events=false", missing, "--events"}, true},
+		{"the last one counts, off", []string{"pipeline", "run", "--events", missing, "--events=false"}, false},
+		// Only pipeline run has events: elsewhere --json's error object.
+		{"not pipeline run", []string{"store", "du", missing, "--json", "--events"}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := execFerry(t, nil, c.args...)
@@ -234,8 +263,12 @@ func TestEventsError(t *testing.T) {
 				t.Errorf("exit %d, want %d: %s", r.code, exitBadInput, r.stderr)
 			}
 			if !c.events {
-				if r.stdout != "" {
-					t.Errorf("stdout %q, want none", r.stdout)
+				var je jsonError
+				isJSON := json.Unmarshal([]byte(r.stdout), &je) == nil && je.Error != ""
+				if wantJSON := strings.Contains(strings.Join(c.args, " "), "--json"); r.stdout != "" && !(wantJSON && isJSON) {
+					t.Errorf("stdout %q, want none (or --json's error object)", r.stdout)
+				} else if wantJSON && !isJSON {
+					t.Errorf("stdout %q, want --json's error object", r.stdout)
 				}
 				return
 			}

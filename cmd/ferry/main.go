@@ -90,11 +90,11 @@ func run() int {
 		switch {
 		case out.n > 0:
 			// The command printed its result, or its events' end.
-		case wantsFlag(args, "events"):
+		case argsCommand(app, args) == "pipeline run" && wantsFlag(args, "events"):
 			// A script reading --events' stream gets its end whatever
 			// happened: a run that never started (no such pipeline file,
 			// a usage error) ends in one line too.
-			jsonout.Line(os.Stdout, pipeline.Event{Time: time.Now().UTC(), Event: pipeline.EventEnd, Error: msg})
+			jsonout.Line(os.Stdout, pipeline.Event{Time: time.Now().UTC(), Event: pipeline.EventEnd, Error: strings.TrimSpace(msg)})
 		case wantsFlag(args, "json"):
 			// A script reading --json's stdout gets JSON whatever
 			// happened: the error, where the command failed before its
@@ -113,20 +113,22 @@ type jsonError struct {
 }
 
 // wantsFlag says whether the command line turns the boolean flag name
-// on (--json, --events; before a "--" that ends the flags).
+// on (--json, --events; before a "--" that ends the flags): as the flag
+// parser takes it, the last of its occurrences decides.
 func wantsFlag(args []string, name string) bool {
+	on := false
 	for _, a := range args[1:] {
 		switch {
 		case a == "--":
-			return false
+			return on
 		case a == "--"+name || a == "-"+name:
-			return true
+			on = true
 		case strings.HasPrefix(a, "--"+name+"=") || strings.HasPrefix(a, "-"+name+"="):
-			on, err := strconv.ParseBool(a[strings.Index(a, "=")+1:])
-			return err == nil && on
+			v, err := strconv.ParseBool(a[strings.Index(a, "=")+1:])
+			on = err == nil && v
 		}
 	}
-	return false
+	return on
 }
 
 // countingWriter counts what a command wrote to stdout.

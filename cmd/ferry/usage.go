@@ -113,23 +113,47 @@ func findCommand(cmds []*cli.Command, name string) *cli.Command {
 // itself.
 func unknownCommand(app *cli.App, args []string) error {
 	cmds, path := app.Commands, "ferry"
+	help := false // after help: the command it is asked for
 	for _, a := range args[1:] {
 		switch {
 		case a == "--":
-			return nil
+			continue // the flags end; a command is still looked up
 		case strings.HasPrefix(a, "-"):
 			continue // a flag: the global ones are all boolean
-		case a == "help" || a == "h":
-			return nil
+		case (a == "help" || a == "h") && !help:
+			help = true
+			continue
 		}
 		next := findCommand(cmds, a)
 		if next == nil {
 			return usageErrorf("unknown command %q; see '%s --help'", a, path)
 		}
-		if len(next.Subcommands) == 0 || next.Action != nil {
+		if help || len(next.Subcommands) == 0 || next.Action != nil {
 			return nil
 		}
 		cmds, path = next.Subcommands, path+" "+next.Name
 	}
 	return nil
+}
+
+// argsCommand is the names of the commands the command line args runs,
+// from the top ("pipeline run"), as far as they are known (commandPath
+// once the command runs).
+func argsCommand(app *cli.App, args []string) string {
+	var names []string
+	cmds := app.Commands
+	for _, a := range args[1:] {
+		if a == "--" || strings.HasPrefix(a, "-") {
+			continue
+		}
+		next := findCommand(cmds, a)
+		if next == nil {
+			break
+		}
+		names = append(names, next.Name)
+		if cmds = next.Subcommands; len(cmds) == 0 {
+			break
+		}
+	}
+	return strings.Join(names, " ")
 }
