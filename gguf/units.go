@@ -157,21 +157,16 @@ func WriteUnitsMulti(ctx context.Context, ws []*Writer, units []Unit, uw MultiUn
 		g.Go(func() error {
 			// A core held from the first unit to the last, offered to
 			// work of a higher priority between units.
-			if err := uw.Cores.Acquire(gctx); err != nil {
+			core, err := uw.Cores.Hold(gctx)
+			if err != nil {
 				return err
 			}
-			held := true
-			defer func() {
-				if held {
-					uw.Cores.Release()
-				}
-			}()
+			defer core.Done()
 			for k := range ch {
 				if err := gctx.Err(); err != nil {
 					return err
 				}
-				if err := uw.Cores.Yield(gctx); err != nil {
-					held = false
+				if err := core.Yield(gctx); err != nil {
 					return err
 				}
 				if err := unit(worker, k); err != nil {

@@ -400,22 +400,17 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 		g.Go(func() error {
 			// A core held from the first unit to the last, offered to
 			// work of a higher priority between units.
-			if err := o.Cores.Acquire(gctx); err != nil {
+			core, err := o.Cores.Hold(gctx)
+			if err != nil {
 				return err
 			}
-			held := true
-			defer func() {
-				if held {
-					o.Cores.Release()
-				}
-			}()
+			defer core.Done()
 			var b unitBufs
 			for k := range next {
 				if err := gctx.Err(); err != nil {
 					return err
 				}
-				if err := o.Cores.Yield(gctx); err != nil {
-					held = false
+				if err := core.Yield(gctx); err != nil {
 					return err
 				}
 				u := p.units[k]

@@ -187,3 +187,37 @@ func (s *Share) Release() {
 		s.g.Release()
 	}
 }
+
+// Hold is a worker's slot, taken for its units: Yield between them, Done
+// at the end (a nil Share's Hold holds nothing).
+type Hold struct {
+	s    *Share
+	held bool
+}
+
+// Hold takes a slot for a worker (Acquire), or returns ctx's error
+// holding none.
+func (s *Share) Hold(ctx context.Context) (*Hold, error) {
+	if err := s.Acquire(ctx); err != nil {
+		return nil, err
+	}
+	return &Hold{s: s, held: true}, nil
+}
+
+// Yield offers the slot between two units (Gate.Yield); after an error
+// the worker holds none.
+func (h *Hold) Yield(ctx context.Context) error {
+	err := h.s.Yield(ctx)
+	if err != nil {
+		h.held = false
+	}
+	return err
+}
+
+// Done gives the slot back, if held.
+func (h *Hold) Done() {
+	if h.held {
+		h.held = false
+		h.s.Release()
+	}
+}

@@ -350,3 +350,56 @@ func recv[T any](t *testing.T, ch chan T) T {
 	var zero T
 	return zero
 }
+
+// Hold: Done gives the slot back once, and not after a Yield that ended
+// holding none; a nil Share's Hold holds nothing.
+func TestHold(t *testing.T) {
+	ctx := context.Background()
+	g := New(1)
+	h, err := g.Share(1).Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Done()
+	h.Done()
+	if g.free != 1 {
+		t.Fatalf("free %d after Done twice, want 1", g.free)
+	}
+	// A Yield cut short by its context leaves nothing to give back.
+	h, err = g.Share(1).Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- g.Acquire(ctx, 9) }()
+	for g.Waiting() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	yielded := make(chan error, 1)
+	go func() { yielded <- h.Yield(cctx) }()
+	if err := recv(t, got); err != nil {
+		t.Fatal(err)
+	}
+	for g.Waiting() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := recv(t, yielded); err != context.Canceled {
+		t.Fatalf("Yield: %v, want cancelled", err)
+	}
+	h.Done()
+	g.Release() // the priority-9 holder's
+	if g.free != 1 || g.Waiting() != 0 {
+		t.Errorf("free %d, waiting %d: want 1, 0", g.free, g.Waiting())
+	}
+	var s *Share
+	nh, err := s.Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nh.Yield(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nh.Done()
+}
