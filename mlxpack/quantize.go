@@ -1,6 +1,7 @@
 package mlxpack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/fsutil"
+	"github.com/ferry-llm/ferry/internal/hashfollow"
 	"github.com/ferry-llm/ferry/internal/journal"
 	"github.com/ferry-llm/ferry/safetensors"
 	"github.com/ferry-llm/ferry/tensor"
@@ -71,6 +73,10 @@ type QuantizeRunOptions struct {
 	// last and offered between units: the process's cores shared with
 	// other work by priority (cpushare).
 	Cores *cpushare.Share
+	// Digests hashes each shard while it is written, a reader per shard
+	// following the workers in file order (hashfollow), so that a caller
+	// adopting the files need not read them again: QuantizeResult.Digests.
+	Digests bool
 }
 
 // TensorResult is one output module of the --json summary.
@@ -106,6 +112,16 @@ type QuantizeResult struct {
 	OutputBytes  int64          `json:"output_bytes"`
 	ResumedUnits int            `json:"resumed_units,omitempty"`
 	Tensors      []TensorResult `json:"tensors"`
+	// Digests are the shards' SHA-256 digests and sizes (by file name, as
+	// in Files) when QuantizeRunOptions.Digests asked for them; the small
+	// files (index, config, copies) are not in it.
+	Digests map[string]FileSum `json:"-"`
+}
+
+// FileSum is a file's SHA-256 digest and its size, as its writer made it.
+type FileSum struct {
+	SHA256 []byte
+	Size   int64
 }
 
 // unitStats are one unit's error sums (quantized tensors only).
@@ -186,8 +202,19 @@ func Quantize(ctx context.Context, plan *QuantizePlan, out string, o QuantizeRun
 	res = &QuantizeResult{Src: plan.Src, Out: abs, ModelType: plan.ModelType, Quantization: plan.Quantization, DType: plan.DType,
 		ConfigFixes: plan.ConfigFixes, MTPDropped: len(plan.MTPDropped), MTPKept: plan.MTPKept, Files: plan.Files,
 		SourceBytes: plan.SourceBytes(), OutputBytes: plan.OutputBytes(), ResumedUnits: len(w.done)}
+	if o.Digests {
+		if err := w.follow(); err != nil {
+			return nil, err
+		}
+	}
 	if err := w.run(ctx, o); err != nil {
 		return nil, err
+	}
+	if w.hfs != nil {
+		res.Digests = map[string]FileSum{}
+		for i, hf := range w.hfs {
+			res.Digests[plan.shards[i].name] = FileSum{SHA256: hf.Sums()[0], Size: plan.shards[i].size}
+		}
 	}
 	if err := w.finish(ctx, abs); err != nil {
 		return nil, err
@@ -202,6 +229,9 @@ type dirWriter struct {
 	dir   string
 	log   *journal.Log
 	files []*shardFile
+	// hfs hash each shard as it is written (QuantizeRunOptions.Digests;
+	// nil: not).
+	hfs []*hashfollow.Follower
 
 	mu      sync.Mutex
 	done    map[int]unitStats // durable units
@@ -282,6 +312,48 @@ func (w *dirWriter) openShards(create bool) error {
 		w.files = append(w.files, f)
 	}
 	return nil
+}
+
+// follow sets up a hash follower per shard: the regions the units write
+// there, in file order (weight, scales and biases of one tensor are three
+// regions of each of its units; the header is in the file already).
+func (w *dirWriter) follow() error {
+	p := w.plan
+	regions := make([][]hashfollow.Region, len(p.shards))
+	for k, u := range p.units {
+		t := p.Tensors[u.t]
+		offs := t.outOffsets(u)
+		for j, o := range t.outs {
+			sh := &p.shards[o.shard]
+			start := int64(len(sh.hdr)) + sh.infos[o.info].Begin + offs[j]
+			regions[o.shard] = append(regions[o.shard], hashfollow.Region{Start: start, Unit: k})
+		}
+	}
+	for i := range p.shards {
+		rs := regions[i]
+		slices.SortStableFunc(rs, func(a, b hashfollow.Region) int { return cmp.Compare(a.Start, b.Start) })
+		f := w.files[i]
+		hf, err := hashfollow.New(f.f, []int64{p.shards[i].size}, rs, len(p.units), func(int) string { return f.path })
+		if err != nil {
+			return err
+		}
+		w.hfs = append(w.hfs, hf)
+	}
+	for k := range w.done {
+		w.written(k)
+	}
+	return nil
+}
+
+// written tells the hash followers of the shards unit k writes that its
+// bytes are in them.
+func (w *dirWriter) written(k int) {
+	if w.hfs == nil {
+		return
+	}
+	for _, o := range w.plan.Tensors[w.plan.units[k].t].outs {
+		w.hfs[o.shard].Written(k)
+	}
 }
 
 // closeFiles closes the shards as they are (an abandoned run's, or a
@@ -384,6 +456,9 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 	}
 	defer w.bg.Wait() // before abandon or finish touch the files
 	g, gctx := errgroup.WithContext(ctx)
+	for _, hf := range w.hfs {
+		g.Go(func() error { return hf.Run(gctx) })
+	}
 	next := make(chan int)
 	g.Go(func() error {
 		defer close(next)
@@ -419,6 +494,7 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 				if err != nil {
 					return err
 				}
+				w.written(k)
 				if o.UnitDone != nil {
 					o.UnitDone(t.Name, u.r0, u.r1)
 				}
@@ -489,8 +565,9 @@ func (w *dirWriter) convert(t *TensorPlan, u unit, b *unitBufs) (unitStats, erro
 	if err := readRows(t, u.r0, b.raw); err != nil {
 		return unitStats{}, err
 	}
+	off := t.outOffsets(u)
 	if !t.Quantized() && !t.Shift && t.DType == sdt {
-		return unitStats{}, w.writeOut(t, 0, u.r0*t.cols*int64(sdt.Bits()/8), b.raw)
+		return unitStats{}, w.writeOut(t, 0, off[0], b.raw)
 	}
 	b.vals = grow(b.vals, int(n))
 	if err := tensor.ToF32(sdt, b.vals, b.raw); err != nil {
@@ -512,7 +589,7 @@ func (w *dirWriter) convert(t *TensorPlan, u unit, b *unitBufs) (unitStats, erro
 		if err := tensor.FromF32(t.DType, b.out, b.vals); err != nil {
 			return unitStats{}, err
 		}
-		return unitStats{}, w.writeOut(t, 0, u.r0*t.cols*int64(t.DType.Bits()/8), b.out)
+		return unitStats{}, w.writeOut(t, 0, off[0], b.out)
 	}
 	rows := u.r1 - u.r0
 	groups := rows * t.cols / int64(t.GroupSize)
@@ -523,17 +600,23 @@ func (w *dirWriter) convert(t *TensorPlan, u unit, b *unitBufs) (unitStats, erro
 	if err := AffineQuantize(b.vals, int(t.cols), t.GroupSize, t.Bits, t.DType, b.wq, b.sc, b.bi); err != nil {
 		return unitStats{}, w.valueErr(t, u, err)
 	}
-	gpr := t.cols / int64(t.GroupSize)
-	if err := w.writeOut(t, 0, u.r0*t.cols*int64(t.Bits)/8, b.wq); err != nil {
-		return unitStats{}, err
-	}
-	if err := w.writeOut(t, 1, u.r0*gpr*width, b.sc); err != nil {
-		return unitStats{}, err
-	}
-	if err := w.writeOut(t, 2, u.r0*gpr*width, b.bi); err != nil {
-		return unitStats{}, err
+	for k, data := range [][]byte{b.wq, b.sc, b.bi} {
+		if err := w.writeOut(t, k, off[k], data); err != nil {
+			return unitStats{}, err
+		}
 	}
 	return quantErr(b.vals, b.wq, b.sc, b.bi, t.GroupSize, t.Bits, t.DType, &b.deq), nil
+}
+
+// outOffsets are where unit u's bytes go in each output of t (weight,
+// then scales and biases when quantized): offsets into their bodies. The
+// one place that says it, for convert and for the hash followers.
+func (t *TensorPlan) outOffsets(u unit) [3]int64 {
+	if !t.Quantized() {
+		return [3]int64{u.r0 * t.cols * int64(t.DType.Bits()/8)}
+	}
+	groups := u.r0 * (t.cols / int64(t.GroupSize)) * int64(t.DType.Bits()/8)
+	return [3]int64{u.r0 * t.cols * int64(t.Bits) / 8, groups, groups}
 }
 
 // quantErr sums a unit's quantization error: each element's q·scale+bias

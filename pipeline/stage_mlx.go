@@ -79,7 +79,7 @@ func (s *mlxRepackStage) Run(ctx context.Context, env *Env) (*Result, error) {
 			out.Outputs = append(out.Outputs, manifest.Output{Path: filepath.ToSlash(e.Name), Digest: o.Digest, Size: o.Size})
 			continue
 		}
-		o, err := adoptOutput(env, dst, e.Name)
+		o, err := adoptOutput(env, dst, e.Name, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -135,10 +135,19 @@ func mlxOut(env *Env) (string, error) {
 	return dst, os.RemoveAll(dst)
 }
 
-// adoptOutput hashes the file name (slash-separated) of dir into the
-// store: the stage's output of that name.
-func adoptOutput(env *Env, dir, name string) (manifest.Output, error) {
-	d, n, err := env.AdoptFile(filepath.Join(dir, filepath.FromSlash(name)))
+// adoptOutput makes the file name (slash-separated) of dir the stage's
+// output of that name in the store: under the digest its writer computed
+// (sum), or hashed here when there is none.
+func adoptOutput(env *Env, dir, name string, sum *mlxpack.FileSum) (manifest.Output, error) {
+	p := filepath.Join(dir, filepath.FromSlash(name))
+	var d manifest.Digest
+	var n int64
+	var err error
+	if sum == nil {
+		d, n, err = env.AdoptFile(p)
+	} else {
+		d, n, err = env.AdoptKnown(p, manifest.NewDigest(sum.SHA256), sum.Size)
+	}
 	if err != nil {
 		return manifest.Output{}, err
 	}

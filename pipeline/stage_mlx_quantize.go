@@ -105,13 +105,20 @@ func (s *mlxQuantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		return nil, err
 	}
 	env.Progress.SetTotal(plan.SourceBytes())
-	res, err := mlxpack.Quantize(ctx, plan, dst, mlxpack.QuantizeRunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Cores: env.Cores})
+	// The shards are hashed while they are written (Digests), and adopted
+	// under those digests: not read again, one after the other, once
+	// the conversion is done. The small files are hashed here.
+	res, err := mlxpack.Quantize(ctx, plan, dst, mlxpack.QuantizeRunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Cores: env.Cores, Digests: true})
 	if err != nil {
 		return nil, err
 	}
 	out := &Result{}
 	for _, name := range res.Files {
-		o, err := adoptOutput(env, dst, name)
+		var sum *mlxpack.FileSum
+		if d, ok := res.Digests[name]; ok {
+			sum = &d
+		}
+		o, err := adoptOutput(env, dst, name, sum)
 		if err != nil {
 			return nil, err
 		}
@@ -139,10 +146,12 @@ func (s *mlxQuantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, erro
 			what += " " + s.Recipe
 		}
 	}
-	// A worker holds one row block of at most 1Mi elements: about 14 MiB.
+	// A worker holds one row block of at most 1Mi elements: about 14 MiB;
+	// the reader hashing a shard as it is written 1 MiB (a shard per file
+	// at most).
 	return &StagePlan{
 		Summary:     fmt.Sprintf("%s, %s, %d tensors, %s", plan.ModelType, what, len(plan.Tensors), FormatBytes(plan.OutputBytes())),
-		Memory:      int64(max(env.Jobs, 1))*(14<<20) + 64<<20,
+		Memory:      int64(max(env.Jobs, 1))*(14<<20) + int64(len(plan.Files))<<20 + 64<<20,
 		OutputBytes: plan.OutputBytes(),
 	}, nil
 }
