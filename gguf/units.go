@@ -133,8 +133,9 @@ func WriteUnitsMulti(ctx context.Context, ws []*Writer, units []Unit, uw MultiUn
 	if uw.Also != nil {
 		g.Go(func() error { return uw.Also(gctx) })
 	}
-	// unit makes unit k on worker and writes it.
-	unit := func(worker, k int) error {
+	// unit makes unit k on worker, holding core, and writes it (the core
+	// given back while another worker's write holds a file).
+	unit := func(ctx context.Context, worker, k int, core *cpushare.Hold) error {
 		u := units[k]
 		data, offs, err := uw.Make(worker, k)
 		if err != nil {
@@ -144,7 +145,7 @@ func WriteUnitsMulti(ctx context.Context, ws []*Writer, units []Unit, uw MultiUn
 			if !writes(o, u.T) {
 				continue
 			}
-			if err := w.WriteAt(u.T, data[o], offs[o]); err != nil {
+			if err := w.WriteAtHolding(ctx, u.T, data[o], offs[o], core); err != nil {
 				return err
 			}
 		}
@@ -169,7 +170,7 @@ func WriteUnitsMulti(ctx context.Context, ws []*Writer, units []Unit, uw MultiUn
 				if err := core.Yield(gctx); err != nil {
 					return err
 				}
-				if err := unit(worker, k); err != nil {
+				if err := unit(gctx, worker, k, core); err != nil {
 					return err
 				}
 				u := units[k]

@@ -146,3 +146,90 @@ func TestWriteUnitsCores(t *testing.T) {
 		t.Error("the file written through the gate, interrupted, differs")
 	}
 }
+
+// A worker waiting for its file while another worker's write holds it
+// (a write that waits long on the disk) gives its slot back: work of a
+// lower priority makes its units meanwhile instead of the cores standing
+// idle, and both files come out whole.
+func TestWriteUnitsCoresWriteWait(t *testing.T) {
+	l, err := PlanLayout([]KV{{Key: "general.architecture", Type: ValueString, Value: "llama"}},
+		[]TensorSpec{{Name: "a", Dims: []uint64{64, 40}, Type: quant.F32}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	units := SplitRows(nil, 0, 40, 2)
+	row := int64(64 * 4)
+	uw := func(cores *cpushare.Share, made *atomic.Int32) UnitWork {
+		return UnitWork{Jobs: 2, Cores: cores, Make: func(_, k int) ([]byte, int64, error) {
+			made.Add(1)
+			u := units[k]
+			return bytes.Repeat([]byte{byte(k + 1)}, int((u.R1-u.R0)*row)), u.R0 * row, nil
+		}}
+	}
+	dir := t.TempDir()
+	create := func(name string) *Writer {
+		w, err := Create(filepath.Join(dir, name), l, Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	var refMade atomic.Int32
+	ref := create("ref.gguf")
+	if err := ref.WriteUnits(context.Background(), units, uw(nil, &refMade)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ref.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(filepath.Join(dir, "ref.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	g := cpushare.New(2)
+	ctx := context.Background()
+	hi, lo := create("hi.gguf"), create("lo.gguf")
+	hi.wmu.Lock() // a write of hi's that waits on the disk
+	var hiMade, loMade atomic.Int32
+	hiDone, loDone := make(chan error, 1), make(chan error, 1)
+	go func() { hiDone <- hi.WriteUnits(ctx, units, uw(g.Share(10), &hiMade)) }()
+	for hiMade.Load() < 2 { // both of hi's workers took a slot and made a unit
+		time.Sleep(time.Millisecond)
+	}
+	go func() { loDone <- lo.WriteUnits(ctx, units, uw(g.Share(1), &loMade)) }()
+	select {
+	case err := <-loDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the lower work made %d of %d units while the higher work's workers waited for their file", loMade.Load(), len(units))
+	}
+	if n := hiMade.Load(); n != 2 {
+		t.Errorf("%d units of the higher work made while its file was held, want 2", n)
+	}
+	hi.wmu.Unlock()
+	if err := <-hiDone; err != nil {
+		t.Fatal(err)
+	}
+	for name, w := range map[string]*Writer{"hi.gguf": hi, "lo.gguf": lo} {
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(filepath.Join(dir, name)); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s differs from the file written without a gate (%v)", name, err)
+		}
+	}
+	if g.Waiting() != 0 {
+		t.Errorf("%d waiting on the gate after both ended", g.Waiting())
+	}
+	// Every slot is free again: both can be taken at once.
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for range 2 {
+		if err := g.Acquire(tctx, 1); err != nil {
+			t.Fatalf("a slot of the gate is not free after both ended: %v", err)
+		}
+	}
+}

@@ -2,12 +2,12 @@ package gguf
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
-	"io/fs"
-
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ferry-llm/ferry/gguf/quant"
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 )
 
@@ -543,6 +544,21 @@ func (w *Writer) TensorWriter(i int) io.Writer {
 // bytes starts in the background (Linux), so Close's fsync has little
 // left to do.
 func (w *Writer) WriteAt(i int, b []byte, off int64) error {
+	return w.writeAt(context.Background(), i, b, off, nil)
+}
+
+// WriteAtHolding is WriteAt for a worker holding a core (cpushare): when
+// another worker's write holds the file, it gives its core back while it
+// waits, and takes one again after its write. A write can wait long
+// (seconds, on a page the kernel is writing back while the disk is
+// throttled), and the workers queued behind it would otherwise keep
+// every core of their priority idle for as long, work of a lower
+// priority waiting for them.
+func (w *Writer) WriteAtHolding(ctx context.Context, i int, b []byte, off int64, core *cpushare.Hold) error {
+	return w.writeAt(ctx, i, b, off, core)
+}
+
+func (w *Writer) writeAt(ctx context.Context, i int, b []byte, off int64, core *cpushare.Hold) error {
 	if err := w.sticky(); err != nil {
 		return err
 	}
@@ -552,13 +568,23 @@ func (w *Writer) WriteAt(i int, b []byte, off int64) error {
 	if off < 0 || off+int64(len(b)) > t.Size() {
 		return w.fail(fmt.Errorf("%s: tensor %q: %w: bytes %d..%d of %d", f.path, t.Name, ErrWriteSize, off, off+int64(len(b)), t.Size()))
 	}
-	w.wmu.Lock()
+	paused := false
+	if !w.wmu.TryLock() {
+		if core != nil {
+			core.Pause()
+			paused = true
+		}
+		w.wmu.Lock()
+	}
 	_, err := f.f.WriteAt(b, l.off+off)
 	w.wmu.Unlock()
 	if err != nil {
 		return w.fail(fmt.Errorf("%s: tensor %q: %w", f.path, t.Name, err))
 	}
 	f.fl.Wrote(int64(len(b)))
+	if paused {
+		return core.Resume(ctx)
+	}
 	return nil
 }
 

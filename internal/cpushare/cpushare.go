@@ -4,6 +4,10 @@
 // Gate before its first unit, offers it between units (Yield: it goes to
 // a waiter of higher priority, if one waits) and gives it back when it
 // is done; a slot given back goes to the waiter of the highest priority.
+// A worker that waits on something other than a core (its file, held by
+// another worker's write that waits on the disk) gives its slot back for
+// that time (Pause, Resume): a slot is a core kept busy, not a place in
+// line.
 // So while a stage of higher priority has units to make, the others get
 // only the cores it leaves idle. Nothing is starved for good: a stage
 // gets every slot the others do not use, and all of them once they are
@@ -212,6 +216,32 @@ func (h *Hold) Yield(ctx context.Context) error {
 		h.held = false
 	}
 	return err
+}
+
+// Pause gives the slot back while the worker waits on something other
+// than a core (a lock another worker of its own holds while the disk is
+// slow): other work gets the core meanwhile instead of it standing idle.
+// Resume takes a slot again; a paused worker that stops calls Done as
+// usual.
+func (h *Hold) Pause() {
+	if h.held {
+		h.held = false
+		h.s.Release()
+	}
+}
+
+// Resume takes a slot again after Pause (Acquire: behind waiters of a
+// higher priority), or returns ctx's error holding none. It does nothing
+// for a worker holding its slot.
+func (h *Hold) Resume(ctx context.Context) error {
+	if h.held {
+		return nil
+	}
+	if err := h.s.Acquire(ctx); err != nil {
+		return err
+	}
+	h.held = true
+	return nil
 }
 
 // Done gives the slot back, if held.

@@ -2,6 +2,7 @@ package cpushare
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -402,4 +403,80 @@ func TestHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	nh.Done()
+}
+
+// Pause gives a worker's slot back and Resume takes one again, behind
+// waiters of a higher priority; Resume ended by its context leaves the
+// worker holding none, and Done then gives nothing back.
+func TestHoldPause(t *testing.T) {
+	g := New(1)
+	ctx := context.Background()
+	h, err := g.Share(5).Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Resume(ctx); err != nil { // held: nothing to do
+		t.Fatal(err)
+	}
+	h.Pause()
+	h.Pause() // paused already: nothing more given back
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := g.Acquire(tctx, 1); err != nil {
+		t.Fatalf("the slot a paused worker gave back: %v", err)
+	}
+	// Held by the lower work: a higher waiter, then the resuming worker.
+	higher := make(chan error)
+	go func() { higher <- g.Acquire(ctx, 9) }()
+	for g.Waiting() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	resumed := make(chan error)
+	go func() { resumed <- h.Resume(ctx) }()
+	for g.Waiting() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	g.Release() // the lower work's slot: to the higher waiter first
+	if err := <-higher; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-resumed:
+		t.Fatalf("resumed (%v) while the higher waiter holds the only slot", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	g.Release()
+	if err := <-resumed; err != nil {
+		t.Fatal(err)
+	}
+	h.Done()
+
+	// A Resume its context ends holds nothing: Done gives nothing back.
+	h, err = g.Share(5).Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Pause()
+	if err := g.Acquire(ctx, 1); err != nil { // someone else takes it
+		t.Fatal(err)
+	}
+	cctx, ccancel := context.WithCancel(ctx)
+	ccancel()
+	if err := h.Resume(cctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Resume with its context ended: %v", err)
+	}
+	h.Done()
+	g.Release()
+	if err := g.Acquire(tctx, 1); err != nil {
+		t.Fatalf("the gate's one slot is not free: %v", err)
+	}
+	if err := g.Acquire(ctx20ms(t), 1); err == nil {
+		t.Fatal("two slots taken from a gate of one: Done gave back a slot it did not hold")
+	}
+}
+
+func ctx20ms(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	t.Cleanup(cancel)
+	return ctx
 }
