@@ -29,7 +29,14 @@ const (
 	// A stage made here is in the shared store, behind the run: Seconds
 	// its upload took (its outputs' Bytes), Reason where it went.
 	EventShared EventType = "shared"
-	EventEnd    EventType = "end" // the run ended (Report, Error)
+	// The run or a stage logged a warning (a record at Warn level or
+	// above; the log line stays): Stage and Kind the stage it is about
+	// ("" for the run), Reason the message and its attributes as one
+	// line, "message key=value …" (the line the Report keeps), and Attrs
+	// the attributes by name. One may come before start (a stale store
+	// lock taken over, an input checked before the run).
+	EventWarning EventType = "warning"
+	EventEnd     EventType = "end" // the run ended (Report, Error)
 )
 
 // Event is one thing that happened in a run, for displays and for the
@@ -56,6 +63,9 @@ type Event struct {
 	Rate  float64 `json:"rate,omitempty"`
 	ETA   float64 `json:"eta,omitempty"`
 	Error string  `json:"error,omitempty"`
+	// Attrs are a warning's attributes, key to value as text (a group's
+	// keys joined with "."; a time in RFC 3339), without the stage.
+	Attrs map[string]string `json:"attrs,omitempty"`
 	// Holder and Until: who holds the lease of a waiting stage, and until
 	// when unless renewed.
 	Holder string     `json:"holder,omitempty"`

@@ -102,7 +102,13 @@ func Plan(spec *Spec, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.plan(context.Background(), sel, forced)
+	rep, err := r.plan(context.Background(), sel, forced)
+	if rep != nil {
+		r.eventMu.Lock()
+		r.addWarnings(rep)
+		r.eventMu.Unlock()
+	}
+	return rep, err
 }
 
 func (r *runner) plan(ctx context.Context, sel, forced map[string]bool) (*Report, error) {

@@ -114,6 +114,9 @@ type StageReport struct {
 	// Plan is what the stage's planner says it will make, or, for a stage
 	// whose inputs are not made yet, "checked after <stage> runs".
 	Plan string `json:"plan,omitempty"`
+	// Warnings are what the runner and the stage logged about it at Warn
+	// level or above, in the order logged, as Report.Warnings.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Report is the result of Plan or Run.
@@ -124,6 +127,10 @@ type Report struct {
 	Cache  string        `json:"cache,omitempty"`
 	Vars   []Var         `json:"vars,omitempty"`
 	Stages []StageReport `json:"stages"`
+	// Warnings are what the run (or plan) logged at Warn level or above
+	// about no stage, in the order logged, each as the warning event's
+	// Reason: "message key=value …". A stage's are in its StageReport.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 type decision struct {
@@ -167,10 +174,17 @@ type runner struct {
 	damaged   map[manifest.Digest]string
 
 	// step is each selected stage's place in the run's order (1-based),
-	// of steps; eventMu keeps events one at a time.
+	// of steps; eventMu keeps events one at a time, and guards step and
+	// steps (shares started before the run, behind it, send events),
+	// warnings and ended.
 	step    map[string]int
 	steps   int
 	eventMu sync.Mutex
+	// warnings are the records at Warn or above logged through log, in
+	// the order they came (see warnHandler); ended is set with the end
+	// event, after which a warning is in the log only.
+	warnings []warning
+	ended    bool
 }
 
 // emit sends e to Options.Events, with its time and step.
@@ -178,14 +192,78 @@ func (r *runner) emit(e Event) {
 	if r.opts.Events == nil {
 		return
 	}
+	r.eventMu.Lock()
+	defer r.eventMu.Unlock()
+	r.send(e)
+}
+
+// send is emit, with eventMu held. Nothing the runner logs is logged
+// under eventMu (a warning takes it), and Options.Events cannot log
+// through the runner's logger: it never has it.
+func (r *runner) send(e Event) {
+	if r.ended {
+		return // the end event is the last
+	}
 	e.Time = time.Now().UTC()
 	if e.Stage != "" {
 		e.Index = r.step[e.Stage]
 	}
 	e.Total = r.steps
+	r.ended = e.Event == EventEnd
+	r.opts.Events(e)
+}
+
+// warned keeps a warning the run logged for its report and sends it as
+// an event (warnHandler calls it).
+func (r *runner) warned(w warning) {
 	r.eventMu.Lock()
 	defer r.eventMu.Unlock()
-	r.opts.Events(e)
+	if r.ended {
+		return
+	}
+	r.warnings = append(r.warnings, w)
+	if r.opts.Events == nil {
+		return
+	}
+	e := Event{Event: EventWarning, Stage: w.stage, Reason: w.text(), Attrs: w.attrMap()}
+	if st := r.spec.Lookup(w.stage); st != nil {
+		e.Kind = st.Kind
+	}
+	r.send(e)
+}
+
+// addWarnings puts the warnings logged so far into rep, in the order they
+// came: a stage's in its StageReport, the others (and any of a stage rep
+// does not list) in Report.Warnings. eventMu must be held.
+func (r *runner) addWarnings(rep *Report) {
+	at := map[string]int{}
+	for i, sr := range rep.Stages {
+		at[sr.Stage] = i
+	}
+	for _, w := range r.warnings {
+		i, ok := at[w.stage]
+		switch {
+		case w.stage == "":
+			rep.Warnings = append(rep.Warnings, w.text())
+		case ok:
+			rep.Stages[i].Warnings = append(rep.Stages[i].Warnings, w.text())
+		default:
+			rep.Warnings = append(rep.Warnings, "stage "+w.stage+": "+w.text())
+		}
+	}
+}
+
+// finish adds the run's warnings to rep and sends the end event, under
+// one hold of eventMu: a warning is in both the report and the events,
+// or (logged after the run ended) in neither.
+func (r *runner) finish(rep *Report, end Event) {
+	r.eventMu.Lock()
+	defer r.eventMu.Unlock()
+	r.addWarnings(rep)
+	if r.opts.Events != nil {
+		r.send(end)
+	}
+	r.ended = true
 }
 
 // lifecycle logs a stage's start, skip or end: at Info level, or at Debug
@@ -281,7 +359,11 @@ func newRunner(spec *Spec, store *manifest.Store, opts Options) *runner {
 	if opts.Memory <= 0 {
 		opts.Memory = math.MaxInt64 // no budget (or the machine's memory is unknown)
 	}
-	return &runner{spec: spec, store: store, opts: opts, log: l}
+	r := &runner{spec: spec, store: store, opts: opts}
+	// Its warnings, the stages' (Env.Log) included, are also events and
+	// lines of the report.
+	r.log = slog.New(newWarnHandler(l.Handler(), r.warned))
+	return r
 }
 
 // selection returns the stages to consider and the stages to force.
@@ -639,6 +721,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	planOpts.Verify = false
 	pr := newRunner(spec, store, planOpts)
 	pr.shared = r.shared
+	pr.log = r.log // its warnings are the run's
 	if _, err := pr.plan(ctx, sel, forced); err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, &InterruptedError{Err: cerr}
@@ -649,6 +732,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		share()
 	}
 
+	r.eventMu.Lock()
 	r.step = map[string]int{}
 	for _, st := range spec.Order() {
 		if sel[st.Name] {
@@ -656,6 +740,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 			r.step[st.Name] = r.steps
 		}
 	}
+	r.eventMu.Unlock()
 	r.emit(Event{Event: EventStart})
 
 	type slot struct {
@@ -782,7 +867,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if err != nil {
 		end.Error = err.Error()
 	}
-	r.emit(end)
+	r.finish(rep, end)
 	return rep, err
 }
 

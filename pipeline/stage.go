@@ -86,7 +86,10 @@ type Env struct {
 	// backend; moving outputs between machines is the runner's.
 	store    *manifest.Store
 	Progress Progress
-	Log      *slog.Logger
+	// Log is the stage's logger (its records carry stage=NAME). What it
+	// logs at Warn level or above is also a warning event of the run and
+	// a line of the stage's report (see EventWarning).
+	Log *slog.Logger
 	// Prev is the latest earlier record of this pipeline stage (any key),
 	// or nil: import uses it to skip re-hashing files whose stamps match.
 	Prev *manifest.Record
