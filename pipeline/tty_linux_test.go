@@ -158,6 +158,20 @@ func TestCLIDisplay(t *testing.T) {
 	}
 }
 
+// On a terminal a warning is shown once: its log line, above the bars;
+// the display draws no line of its own for its event.
+func TestCLIDisplayWarning(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "model", "a.bin"), "weights")
+	write(t, filepath.Join(dir, "backup", "model", "old-Q6_K.gguf"), "an older quant")
+	p := filepath.Join(dir, "p.yaml")
+	write(t, p, "name: tty\nstages:\n  - name: model\n    import: { path: model }\n  - name: shipped\n    transfer: { from: [model], to: [backup], skip_netcheck: true }\n")
+	tty, _ := runTTY(t, "pipeline", "run", p)
+	if n := strings.Count(tty, "that the stage did not put there"); n != 1 || !strings.Contains(tty, "level=WARN") {
+		t.Errorf("the warning %d times on the terminal, want its log line once:\n%q", n, tty)
+	}
+}
+
 // On a terminal, a stage that Ctrl-C stops gets its own line in the
 // display: interrupted, after how long, what it left; not failed.
 func TestCLIDisplayInterrupted(t *testing.T) {

@@ -50,7 +50,7 @@ func pipelineCommand() *cli.Command {
 					&cli.IntFlag{Name: "stages", Usage: "stages run at once (within --memory)", DefaultText: "core count"},
 					&cli.StringFlag{Name: "memory", Usage: "memory budget the stages running at once share (`SIZE` like 8GB or 16GiB); a stage estimated over it runs alone", DefaultText: "half of RAM"},
 					lockWaitFlag("the store"),
-					&cli.BoolFlag{Name: "events", Usage: "print the run's events on stdout, one JSON object a line (stage start, skip, progress, done, failed, interrupted; the report last), for scripts"},
+					&cli.BoolFlag{Name: "events", Usage: "print the run's events on stdout, one JSON object a line (stage start, skip, progress, done, failed, interrupted, warnings; the report last), for scripts"},
 					&cli.StringFlag{Name: "ssh-config", Usage: "transfer stages read only this ssh_config (\"none\": no config), over the pipeline file's ssh_config"},
 					&cli.StringFlag{Name: "known-hosts", Usage: "the known_hosts file transfer stages check, over the pipeline file's known_hosts"},
 					&cli.StringSliceFlag{Name: "identity", Aliases: []string{"i"}, Usage: "identity file (private key) transfer stages try before the config's (repeatable), over the pipeline file's identity"},

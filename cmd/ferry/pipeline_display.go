@@ -74,6 +74,9 @@ func (d *display) event(e pipeline.Event) {
 		d.pg.Println(fmt.Sprintf("  ! %s: interrupted after %s; %s", step, formatSeconds(e.Seconds), e.Reason))
 	case pipeline.EventBlocked:
 		d.pg.Println(fmt.Sprintf("  - %s: blocked: %s", step, e.Reason))
+	case pipeline.EventWarning:
+		// Not drawn: its log line is on the terminal already, above the
+		// bars (the progress group logs through them).
 	}
 }
 
