@@ -2,6 +2,8 @@ package mlxpack
 
 import (
 	"context"
+	"crypto/sha256"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -88,4 +90,77 @@ func BenchmarkQuantizeInProcess(b *testing.B) {
 		}
 		os.RemoveAll(out)
 	}
+}
+
+// BenchmarkQuantizeDigests is what the mlx_quantize stage pays for the
+// shards' digests: converting the 27B-width checkpoint to 4-bit MLX with
+// the shards hashed while they are written (QuantizeRunOptions.Digests:
+// a reader per shard follows the workers) against converting and then
+// hashing each shard, read back whole (as the stage adopted them before).
+// Reported per conversion: wall and CPU seconds (this process's, user
+// and system) of each.
+func BenchmarkQuantizeDigests(b *testing.B) {
+	ck := wideCheckpoint(b)
+	p, err := PlanQuantize(ck.Dir, QuantizeOptions{Bits: 4, GroupSize: 64})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	for _, follow := range []bool{true, false} {
+		name := "after"
+		if follow {
+			name = "while-written"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(p.SourceBytes())
+			work := b.TempDir()
+			var wall, cpu time.Duration
+			for i := range b.N {
+				out := filepath.Join(work, strconv.Itoa(i))
+				c0, t0 := benchtest.ProcessCPU(b), time.Now()
+				res, err := Quantize(context.Background(), p, out, QuantizeRunOptions{Digests: follow})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, name := range p.shardNames() {
+					if follow {
+						if _, ok := res.Digests[name]; !ok {
+							b.Fatalf("%s: no digest", name)
+						}
+						continue
+					}
+					if _, err := hashFile(filepath.Join(out, name)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				wall += time.Since(t0)
+				cpu += benchtest.ProcessCPU(b) - c0
+				os.RemoveAll(out)
+			}
+			b.ReportMetric(wall.Seconds()/float64(b.N), "s")
+			b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s")
+		})
+	}
+}
+
+func (p *QuantizePlan) shardNames() []string {
+	var names []string
+	for _, s := range p.shards {
+		names = append(names, s.name)
+	}
+	return names
+}
+
+// hashFile is the SHA-256 of the file at path, read once, 1 MiB at a time.
+func hashFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
 }

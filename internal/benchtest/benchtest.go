@@ -19,6 +19,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -156,6 +157,17 @@ func Run(tb testing.TB, env []string, name string, args ...string) Measured {
 	wall := time.Since(start)
 	ps := cmd.ProcessState
 	return Measured{Wall: wall, CPU: ps.UserTime() + ps.SystemTime(), PeakRSS: sysmem.PeakRSS(ps)}
+}
+
+// ProcessCPU is the CPU time this process has used so far, user and
+// system: around in-process work, what the work cost in CPU.
+func ProcessCPU(tb testing.TB) time.Duration {
+	tb.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // ProfileEnv names a file that a benchmark's measured child process
