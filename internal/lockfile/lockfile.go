@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 )
@@ -89,6 +90,7 @@ func TryLock(path, what, command string) (*Lock, error) {
 		dir = "."
 	}
 	var tookOver *Info
+	sweep(dir, base)
 	for attempt := 0; attempt < 5; attempt++ {
 		// Write the content under a temp name, then link it to the lock
 		// name: the lock appears complete or not at all.
@@ -145,6 +147,42 @@ func TryLock(path, what, command string) (*Lock, error) {
 		tookOver = &h
 	}
 	return nil, fmt.Errorf("%s: could not take the lock (contention)", path)
+}
+
+// sweep removes the temp files of the lock dir/base that a taker killed
+// while taking it left behind: between creating its temp and linking it
+// to the lock name, or between the link and the temp's removal (a
+// SIGKILL right after the lock appeared). Each holds the Info of a process
+// of this host that is gone (Stale), or nothing at all for a minute (killed
+// before it wrote its Info); a temp a live process is writing, or one of a
+// live process, is left alone.
+func sweep(dir, base string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	prefix := "." + base + "-"
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), prefix) || !e.Type().IsRegular() {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		info, raw, err := read(p)
+		switch {
+		case err == nil && info.Stale():
+		case len(raw) == 0 && emptyFor(p, time.Minute):
+		default:
+			continue
+		}
+		os.Remove(p)
+	}
+}
+
+// emptyFor reports whether the file at p is empty and was last written
+// more than d ago.
+func emptyFor(p string, d time.Duration) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Size() == 0 && time.Since(fi.ModTime()) > d
 }
 
 // unwrapPath drops an *fs.PathError's path (a temp name the user never

@@ -184,3 +184,55 @@ func TestStale(t *testing.T) {
 		}
 	}
 }
+
+// TryLock removes what a taker killed while taking the same lock left
+// beside it (its temp file: its Info, or nothing for over a minute), and
+// nothing else.
+func TestTryLockSweepsKilledTakersTemps(t *testing.T) {
+	host, _ := hostname()
+	dir := t.TempDir()
+	dead := Info{PID: deadPID(t), Host: host}
+	for _, tc := range []struct {
+		name    string
+		info    *Info         // nil: the content below
+		content string        // when info is nil
+		age     time.Duration // how long ago it was written
+		removed bool
+	}{
+		{".x.lock-1", &dead, "", 0, true},
+		{".x.lock-2", &Info{PID: os.Getppid(), Host: host}, "", 0, false},
+		{".x.lock-3", &Info{PID: os.Getpid(), Host: host}, "", 0, false},
+		{".x.lock-4", &Info{PID: dead.PID, Host: host + "-other"}, "", 0, false},
+		{".x.lock-5", nil, "", 2 * time.Minute, true},
+		{".x.lock-6", nil, "", 0, false},
+		{".x.lock-7", nil, "not a lock", 2 * time.Minute, false},
+		{".y.lock-1", &dead, "", 0, false},
+		{"x.lock-1", &dead, "", 0, false},
+	} {
+		p := filepath.Join(dir, tc.name)
+		if tc.info != nil {
+			writeLock(t, p, *tc.info)
+		} else if err := os.WriteFile(p, []byte(tc.content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if tc.age > 0 {
+			old := time.Now().Add(-tc.age)
+			if err := os.Chtimes(p, old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() {
+			_, err := os.Stat(p)
+			if gone := errors.Is(err, fs.ErrNotExist); gone != tc.removed {
+				t.Errorf("%s: removed %v, want %v", tc.name, gone, tc.removed)
+			}
+		})
+	}
+	l, err := TryLock(filepath.Join(dir, "x.lock"), "output", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+}
