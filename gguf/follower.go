@@ -9,7 +9,7 @@ import (
 // back from the page cache once every unit before it is in the file, so a
 // finished file is not read again for its digest. Units are planned in
 // file order, and everything between them (header, padding, tensors a
-// resumed run skipped) is in the file before the units are written. The
+// resumed run skipped) is in the file before Run starts. The
 // parts of a split are hashed one after the other, each with its own
 // hash: positions are offsets into their concatenation (Writer.ReadAt).
 // Written(k) notes unit k in the file, Run hashes beside the workers

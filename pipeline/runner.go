@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"runtime"
@@ -578,18 +579,19 @@ func (r *runner) upToDate(st *StageSpec) (*manifest.Record, string, error) {
 		return nil, "", nil
 	}
 	d, err := r.decideKeys(st, ins, false, false)
-	if _, ok := st.Stage.(Prober); ok && err != nil {
-		// Its sources cannot be looked at now (a bucket offline,
-		// credentials expired): its record is taken as it stands, as
-		// before --only looked at sources.
-		r.log.Warn("could not tell whether an import's sources changed: its record is used", "stage", st.Name, "err", err)
-		return nil, "", nil
-	}
-	if err != nil {
+	_, probes := st.Stage.(Prober)
+	if err != nil && !probes {
 		return nil, "", err
 	}
 	c = upToDateResult{rec: d.rec}
 	switch {
+	case err != nil:
+		// Its sources cannot be looked at now (a bucket offline,
+		// credentials expired): its record is taken as it stands, as
+		// before --only looked at sources; remembered, so that the
+		// warning is given once a run (the planning pass shares the memo).
+		r.log.Warn("could not tell whether an import's sources changed: its record is used", "stage", st.Name, "err", err)
+		c = upToDateResult{}
 	case d.action == ActionSkip:
 	case d.cause == CauseRemote:
 		// Its record stands: a transfer's copies to check again
@@ -722,16 +724,19 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	pr := newRunner(spec, store, planOpts)
 	pr.shared = r.shared
 	pr.log = r.log // its warnings are the run's
+	// What the inputs outside the selection were found to be, so that the
+	// planning pass neither looks at them again nor warns twice.
+	r.upMu.Lock()
+	pr.upMemo = maps.Clone(r.upMemo)
+	r.upMu.Unlock()
 	if _, err := pr.plan(ctx, sel, forced); err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, &InterruptedError{Err: cerr}
 		}
 		return nil, fmt.Errorf("%w; nothing was run (see 'ferry pipeline plan')", err)
 	}
-	for _, share := range toShare {
-		share()
-	}
-
+	// The steps before the shares start: their "stage shared" lines name
+	// steps too (stepOf).
 	r.eventMu.Lock()
 	r.step = map[string]int{}
 	for _, st := range spec.Order() {
@@ -741,6 +746,9 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		}
 	}
 	r.eventMu.Unlock()
+	for _, share := range toShare {
+		share()
+	}
 	r.emit(Event{Event: EventStart})
 
 	type slot struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -143,5 +144,41 @@ func TestRunWarnings(t *testing.T) {
 				t.Errorf("without events: %d warnings in the report, want %d: %+v", n, len(want), rep2)
 			}
 		})
+	}
+}
+
+// A warning about an input outside --only's selection (an import whose
+// sources cannot be looked at: a symlink to a directory appeared in it) is
+// given once, though both the run and its planning pass look at the input.
+func TestRunOnlyWarnsOnce(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "model", "a.bin"), "weights")
+	spec := loadSpec(t, dir, "name: x\nstages:\n  - name: model\n    import: { path: model }\n"+
+		"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 1, from: model }\n")
+	if _, err := Run(ctx, spec, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "elsewhere"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "elsewhere"), filepath.Join(dir, "model", "d")); err != nil {
+		t.Fatal(err)
+	}
+	var warned []Event
+	rep, err := Run(ctx, spec, Options{Only: "b", Force: []string{"b"}, Events: func(e Event) {
+		if e.Event == EventWarning {
+			warned = append(warned, e)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(rep.Warnings)
+	for _, sr := range rep.Stages {
+		n += len(sr.Warnings)
+	}
+	if len(warned) != 1 || n != 1 {
+		t.Errorf("%d warning events and %d report lines for one condition, want 1 each: %+v", len(warned), n, warned)
 	}
 }

@@ -7,7 +7,7 @@
 // one unit of work (a unit may write several regions, as an MLX quantized
 // tensor's weight, scales and biases, and a region may be empty).
 // Everything not in a region (headers, padding) must be in the file before
-// the first unit is reported written. Several files are hashed one after
+// Run starts: Run hashes what lies before the first region at once. Several files are hashed one after
 // the other, each with its own hash: positions are offsets into their
 // concatenation, as the reader reads them.
 package hashfollow
