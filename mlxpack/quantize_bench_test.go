@@ -2,8 +2,6 @@ package mlxpack
 
 import (
 	"context"
-	"crypto/sha256"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/benchtest"
+	"github.com/ferry-llm/ferry/internal/hashing"
 	"github.com/ferry-llm/ferry/internal/testmodel"
 )
 
@@ -129,7 +128,7 @@ func BenchmarkQuantizeDigests(b *testing.B) {
 						}
 						continue
 					}
-					if _, err := hashFile(filepath.Join(out, name)); err != nil {
+					if _, _, err := hashing.File(context.Background(), filepath.Join(out, name), nil); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -149,18 +148,4 @@ func (p *QuantizePlan) shardNames() []string {
 		names = append(names, s.name)
 	}
 	return names
-}
-
-// hashFile is the SHA-256 of the file at path, read once, 1 MiB at a time.
-func hashFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
-		return nil, err
-	}
-	return h.Sum(nil), nil
 }
