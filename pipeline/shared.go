@@ -265,6 +265,11 @@ func (r *runner) sharedOutside(ctx context.Context, st *StageSpec, ins []Input, 
 		}
 		return outsideInput{why: why}, nil
 	}
+	// Another machine making st anew (new files of an input before it)
+	// points the ref at what it makes: waited for.
+	if o, err := r.beingMade(ctx, st, params); err != nil || o.making != "" {
+		return o, err
+	}
 	latest, rec, err := r.latestShared(ctx, st)
 	if err != nil {
 		return outsideInput{}, err
@@ -577,19 +582,70 @@ func (r *runner) leaseStage(ctx context.Context, st *StageSpec, d decision, forc
 		return nil, nil, "", waited, err
 	}
 	r.noteTakeover(st, l)
-	if forced {
-		return l, nil, "", waited, nil
-	}
-	// The record may have been committed while we waited, or just before
-	// the lease was taken (its maker released it after the commit).
-	rec, host, err := r.fromShared(ctx, st, d)
-	if err != nil || rec != nil {
+	release := func() {
 		if rerr := l.Release(context.WithoutCancel(ctx)); rerr != nil {
 			r.log.Warn("could not release a stage lease (it expires after its ttl)", "stage", st.Name, "err", rerr)
 		}
-		return nil, rec, host, waited, err
+	}
+	if !forced {
+		// The record may have been committed while we waited, or just
+		// before the lease was taken (its maker released it after the
+		// commit).
+		rec, host, err := r.fromShared(ctx, st, d)
+		if err != nil || rec != nil {
+			release()
+			return nil, rec, host, waited, err
+		}
+	}
+	if err := r.markLease(ctx, st, l, makingNote{Kind: st.Kind, KindVersion: r.spec.KindOf(st).Version, Params: d.params}); err != nil {
+		release()
+		return nil, nil, "", waited, err
 	}
 	return l, nil, "", waited, nil
+}
+
+// makingNote is what the mark of a stage's lease says the holder makes
+// (Lease.Mark, in the group of the stage's ref): a machine that cannot
+// work out the stage's key (its inputs' files are not there) waits for a
+// lease whose note is what its file makes, then takes the stage's ref.
+type makingNote struct {
+	Kind        string          `json:"kind"`
+	KindVersion string          `json:"kind_version"`
+	Params      json.RawMessage `json:"params"`
+}
+
+// markLease marks l, st's lease, with what it makes, in the group of st's
+// ref.
+func (r *runner) markLease(ctx context.Context, st *StageSpec, l *store.Lease, n makingNote) error {
+	note, err := json.Marshal(n)
+	if err != nil {
+		return err
+	}
+	return l.Mark(ctx, manifest.StageRef(r.spec.Name, st.Name), note)
+}
+
+// beingMade is what st, whose inputs cannot be keyed here, stands for
+// while another machine makes it with this file's kind, format version
+// and parameters (a live lease marked in the group of st's ref): a stage
+// being made, which a run waits for before it takes the ref (that
+// machine points it at what it made). None (making "") when no machine
+// is.
+func (r *runner) beingMade(ctx context.Context, st *StageSpec, params json.RawMessage) (outsideInput, error) {
+	ms, err := r.shared.s.Marked(ctx, manifest.StageRef(r.spec.Name, st.Name))
+	if err != nil {
+		return outsideInput{}, err
+	}
+	for _, m := range ms {
+		var n makingNote
+		if json.Unmarshal(m.Note, &n) != nil {
+			continue
+		}
+		if r.differs(st, &manifest.Record{Kind: n.Kind, KindVersion: n.KindVersion, Params: n.Params}, params, nil, "") != "" {
+			continue
+		}
+		return outsideInput{why: fmt.Sprintf("stage %s is being made on %s (lease until %s)", st.Name, m.Holder, m.Until.Local().Format("15:04:05")), making: m.Holder, until: m.Until}, nil
+	}
+	return outsideInput{}, nil
 }
 
 // noteTakeover logs a stage lease taken over from a machine that had
@@ -643,7 +699,9 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 				break
 			}
 			l = nl
-			err = r.share(ctx, st, rec, l)
+			if err = r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params}); err == nil {
+				err = r.share(ctx, st, rec, l)
+			}
 		}
 		if l != nil {
 			if rerr := l.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
@@ -700,6 +758,9 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		}
 		defer l.Release(context.WithoutCancel(ctx))
 		r.noteTakeover(st, l)
+		if err := r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params}); err != nil {
+			return err
+		}
 		if whole, err := r.sharedWhole(ctx, rec); err != nil {
 			return err
 		} else if whole {

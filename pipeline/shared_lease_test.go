@@ -699,3 +699,136 @@ func TestSharedLeaseLostWhileSharing(t *testing.T) {
 		t.Errorf("verify: %+v, %v", vr, err)
 	}
 }
+
+// A machine without the base files (--only c) takes b from the stage's
+// ref; while another machine makes b anew from new base files, it waits
+// for that machine (the mark of b's lease names the ref's stage and what
+// it makes), then takes the new b: not the b the ref named before. A
+// machine making b with other parameters is not waited for.
+func TestSharedOnlyWaitsForRefBeingMadeAnew(t *testing.T) {
+	shared := t.TempDir()
+	file := func(data string, seedB int) string {
+		src := filepath.Join(t.TempDir(), "w.bin")
+		if data != "" {
+			if err := os.WriteFile(src, []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return "name: p\nstore: file://" + shared + "\nstages:\n" +
+			"  - name: base\n    import: { path: " + src + " }\n" +
+			fmt.Sprintf("  - name: b\n    synth: { size: 1MiB, units: 2, seed: %d, from: base }\n", seedB) +
+			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
+	}
+	open := func(src string) *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+	keyOf := func(rep *Report, stage string) string {
+		for _, sr := range rep.Stages {
+			if sr.Stage == stage {
+				return sr.Key
+			}
+		}
+		return ""
+	}
+	ctx := context.Background()
+	old, err := Run(ctx, open(file("the base", 2)), Options{Host: "team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The team makes b again, from a new base; b is held at its share,
+	// under its lease.
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	BeforeShare(func(stage string) {
+		if stage == "b" {
+			once.Do(func() { close(held); <-release })
+		}
+	})
+	defer BeforeShare(nil)
+	type result struct {
+		rep *Report
+		err error
+	}
+	team := make(chan result, 1)
+	go func() {
+		rep, err := Run(ctx, open(file("a new base", 2)), Options{Host: "team"})
+		team <- result{rep, err}
+	}()
+	select {
+	case <-held:
+	case r := <-team:
+		t.Fatalf("the team's run ended before b was shared: %v", r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the team's b was not shared")
+	}
+	// Another file of the pipeline, whose b has other parameters, is
+	// not held up by it: it is refused at once, saying why.
+	if _, err := Run(ctx, open(file("", 9)), Options{Host: "mac2", Only: "c"}); err == nil || !strings.Contains(err.Error(), "was made with other parameters") {
+		t.Errorf("--only c with a b of other parameters while the team makes its b: %v", err)
+	}
+	// plan tells what a run does: waits.
+	pr, err := Plan(open(file("", 2)), Options{Host: "mac", Only: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range pr.Stages {
+		if sr.Stage == "c" && (sr.Action != ActionPending || !strings.Contains(sr.Reason, "stage b is being made on team")) {
+			t.Errorf("plan while the team makes b anew: c %s (%s)", sr.Action, sr.Reason)
+		}
+	}
+	waiting := make(chan Event, 16)
+	mac := make(chan result, 1)
+	go func() {
+		rep, err := Run(ctx, open(file("", 2)), Options{Host: "mac", Only: "c", Events: func(e Event) {
+			if e.Event == EventWaiting {
+				waiting <- e
+			}
+		}})
+		mac <- result{rep, err}
+	}()
+	select {
+	case e := <-waiting:
+		if e.Stage != "b" || e.Holder != "team" {
+			t.Errorf("waiting event: %+v", e)
+		}
+	case r := <-mac:
+		t.Fatalf("the mac did not wait for the team's b: c's key %.12s (the old c's %.12s), %v", keyOf(r.rep, "c"), keyOf(old, "c"), r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no waiting event")
+	}
+	close(release)
+	var nt, nm result
+	for _, ch := range []chan result{team, mac} {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if ch == team {
+				nt = r
+			} else {
+				nm = r
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("a run did not end once the team's b was shared")
+		}
+	}
+	if k := keyOf(nm.rep, "c"); k != keyOf(nt.rep, "c") || k == keyOf(old, "c") {
+		t.Errorf("the mac's c %.12s, want the team's new c %.12s (the old one %.12s)", k, keyOf(nt.rep, "c"), keyOf(old, "c"))
+	}
+	// Every mark went with its lease.
+	var marks []string
+	if err := filepath.WalkDir(filepath.Join(shared, "marks"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			marks = append(marks, p)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(marks) != 0 {
+		t.Errorf("marks left after both runs: %v", marks)
+	}
+}

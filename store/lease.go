@@ -143,6 +143,7 @@ type Lease struct {
 	info   LeaseInfo
 	etag   string
 	unsure *unsureWrite // the last write, when its outcome is unknown
+	marks  []markAt     // the marks written (Mark), removed by Release
 
 	released atomic.Bool
 }
@@ -590,6 +591,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	// end of a run (or its Ctrl-C); the lease then expires after its ttl.
 	ctx, cancel := context.WithTimeout(ctx, min(l.ttl, releaseTimeout))
 	defer cancel()
+	// Its marks go first, while it is held: whoever sees it released
+	// finds no mark of it either.
+	l.unmark(ctx)
 	err := l.write(ctx, func(i *LeaseInfo) { i.Released = true })
 	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%s: lease %s: taken over before release: %w", l.s.b, l.name, ErrLeaseLost)

@@ -618,6 +618,9 @@ type GCReport struct {
 	// removed by a delete conditional on the version read (only where the
 	// probe found conditional deletes honoured).
 	RemovedLeases int `json:"removed_leases"`
+	// RemovedMarks: marks (Lease.Mark) past the grace period whose leases
+	// are not live, removed the same way.
+	RemovedMarks int `json:"removed_marks"`
 	// PrunedRecords: records GCOptions.PruneRecords dropped (or, with
 	// DryRun, would).
 	PrunedRecords int        `json:"pruned_records,omitempty"`
@@ -681,6 +684,9 @@ func (s *Store) GC(ctx context.Context, opt GCOptions) (*GCReport, error) {
 		}
 	}
 	if err := s.removeOldLeases(ctx, opt, rep); err != nil {
+		return nil, err
+	}
+	if err := s.removeOldMarks(ctx, opt, rep); err != nil {
 		return nil, err
 	}
 	protected := map[digest.Digest]bool{}

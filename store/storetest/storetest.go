@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -74,6 +75,7 @@ func Run(t *testing.T, h Harness) {
 		{"GCUnreadableLease", testGCUnreadableLease},
 		{"GCPruneRecords", testGCPruneRecords},
 		{"LeaseRemoved", testLeaseRemoved},
+		{"Marks", testMarks},
 		{"FetchBlobRemoved", testFetchBlobRemoved},
 		{"Records", testRecords},
 		{"Refs", testRefs},
@@ -1433,6 +1435,176 @@ func testLeaseRemoved(t *testing.T, h Harness) {
 	}
 	if err := l.Err(); !errors.Is(err, store.ErrLeaseLost) || !strings.Contains(err.Error(), "removed once it had expired") {
 		t.Errorf("lease removed: %v", err)
+	}
+}
+
+// A lease's marks: a machine that cannot name a lease finds it by its
+// group while it is live (the holder now, its note), not a nested group's;
+// Release removes them; a holder that died leaves its mark, which counts
+// only while its lease does, is replaced by the next holder's, and goes
+// in a gc past the grace period, with any other object there that is
+// not a mark, while a live lease's stays.
+func testMarks(t *testing.T, h Harness) {
+	ctx := context.Background()
+	b := h.New(t)
+	a, bb := open(t, b, "machine-a"), open(t, b, "machine-b")
+	ttl := h.LeaseTTL
+	const group = "pipelines/p/merged"
+	marked := func(s *store.Store, g string) []store.Mark {
+		t.Helper()
+		ms, err := s.Marked(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ms
+	}
+	if ms := marked(bb, group); len(ms) != 0 {
+		t.Fatalf("marks of an empty store: %+v", ms)
+	}
+	l1, err := a.AcquireLease(ctx, "stage/m1", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.Mark(ctx, group, json.RawMessage(`{"params":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	// Marked again with another note: one mark, the last note.
+	if err := l1.Mark(ctx, group, json.RawMessage(`{"params":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := a.AcquireLease(ctx, "stage/m2", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Mark(ctx, group+"/nested", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "a//b", "../x", "a b"} {
+		if err := l2.Mark(ctx, bad, nil); err == nil {
+			t.Errorf("Mark in group %q: no error", bad)
+		}
+		if _, err := bb.Marked(ctx, bad); err == nil {
+			t.Errorf("Marked of group %q: no error", bad)
+		}
+	}
+	if err := l2.Mark(ctx, group, json.RawMessage(`{"params":`)); err == nil {
+		t.Error("Mark with a note that is not JSON: no error")
+	}
+	ms := marked(bb, group)
+	if len(ms) != 1 || ms[0].Lease != "stage/m1" || ms[0].Holder != "machine-a" || string(ms[0].Note) != `{"params":2}` || time.Until(ms[0].Until) <= 0 || time.Until(ms[0].Until) > ttl+2*time.Second {
+		t.Fatalf("marks of %s: %+v", group, ms)
+	}
+	if ms := marked(bb, group+"/nested"); len(ms) != 1 || ms[0].Lease != "stage/m2" || ms[0].Note != nil {
+		t.Fatalf("marks of the nested group: %+v", ms)
+	}
+	objects := func(prefix string) int {
+		t.Helper()
+		n := 0
+		if err := b.List(ctx, prefix, func(store.Info) error { n++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Released: its mark is gone, not only ignored.
+	if err := l1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ms := marked(bb, group); len(ms) != 0 {
+		t.Fatalf("marks after the release: %+v", ms)
+	}
+	if n := objects("marks/" + group + "/"); n != 1 {
+		t.Fatalf("%d objects under the group's prefix after the release, want the nested group's 1", n)
+	}
+
+	// A holder that dies: its mark counts while its lease lives, then not.
+	actx, die := context.WithCancel(ctx)
+	l3, err := a.AcquireLease(actx, "stage/m3", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l3.Mark(ctx, group, json.RawMessage(`"a's"`)); err != nil {
+		t.Fatal(err)
+	}
+	die()
+	if ms := marked(bb, group); len(ms) != 1 || ms[0].Lease != "stage/m3" {
+		t.Fatalf("marks right after the holder died: %+v", ms)
+	}
+	deadline := time.Now().Add(2*ttl + 5*time.Second)
+	for len(marked(bb, group)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the dead holder's mark still counts after %v (ttl %v)", 2*ttl+5*time.Second, ttl)
+		}
+		time.Sleep(ttl / 10)
+	}
+	// The next holder's mark replaces it.
+	l4, err := bb.WaitLease(ctx, "stage/m3", ttl, ttl/10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l4.Mark(ctx, group, json.RawMessage(`"b's"`)); err != nil {
+		t.Fatal(err)
+	}
+	if ms := marked(a, group); len(ms) != 1 || ms[0].Holder != "machine-b" || string(ms[0].Note) != `"b's"` {
+		t.Fatalf("marks after the takeover: %+v", ms)
+	}
+	if err := l4.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := objects("marks/" + group + "/"); n != 1 {
+		t.Fatalf("%d objects under the group's prefix after the takeover's release, want 1", n)
+	}
+
+	// gc: a mark left by a holder that died (another process, here its
+	// lease gone), and an object that is no mark, both past the grace
+	// period, go; the live lease's mark stays, however old.
+	actx, die = context.WithCancel(ctx)
+	l5, err := a.AcquireLease(actx, "stage/m5", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l5.Mark(ctx, group, nil); err != nil {
+		t.Fatal(err)
+	}
+	die()
+	if err := b.Delete(ctx, "leases/stage/m5", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Put(ctx, "marks/"+group+"/garbled", []byte("{"), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	if err := b.List(ctx, "marks/", func(in store.Info) error { keys = append(keys, in.Key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 3 {
+		t.Fatalf("mark objects before gc: %v", keys)
+	}
+	if ms := marked(bb, group); len(ms) != 0 {
+		t.Fatalf("marks of a removed lease, or of an object that is none: %+v", ms)
+	}
+	rep, err := bb.GC(ctx, store.GCOptions{Grace: time.Hour})
+	if err != nil || rep.RemovedMarks != 0 {
+		t.Fatalf("gc within the grace period: %+v, %v", rep, err)
+	}
+	for _, k := range keys {
+		h.Age(t, b, k, 2*time.Hour)
+	}
+	rep, err = bb.GC(ctx, store.GCOptions{Grace: time.Hour, DryRun: true})
+	if err != nil || rep.RemovedMarks != 2 || objects("marks/") != 3 {
+		t.Fatalf("gc dry run: %+v, %v", rep, err)
+	}
+	rep, err = bb.GC(ctx, store.GCOptions{Grace: time.Hour})
+	if err != nil || rep.RemovedMarks != 2 {
+		t.Fatalf("gc: %+v, %v", rep, err)
+	}
+	if ms := marked(bb, group+"/nested"); len(ms) != 1 || objects("marks/") != 1 {
+		t.Fatalf("after gc: the live lease's mark %+v, %d mark objects, want it alone", ms, objects("marks/"))
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := objects("marks/"); n != 0 {
+		t.Fatalf("%d mark objects after every lease was released", n)
 	}
 }
 
