@@ -173,6 +173,9 @@ type runner struct {
 	// output): each must be whole again when the run ends.
 	damagedMu sync.Mutex
 	damaged   map[manifest.Digest]string
+	// removedShared: the stage keys whose damaged blob in the shared
+	// store this run removed (told once, not again as a missing blob).
+	removedShared sync.Map
 
 	// step is each selected stage's place in the run's order (1-based),
 	// of steps; eventMu keeps events one at a time, and guards step and

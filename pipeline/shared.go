@@ -464,12 +464,29 @@ func (r *runner) fromShared(ctx context.Context, st *StageSpec, d decision) (*ma
 	if errors.Is(err, store.ErrBlobMissing) {
 		// A record whose blob is gone (deleted by hand, a bucket
 		// lifecycle rule): made again here, which stores the blob again.
-		r.log.Warn("the shared record names a blob that is gone: the stage is made again", "stage", st.Name, "err", err)
+		if _, told := r.removedShared.Load(d.key); !told {
+			r.log.Warn("the shared record names a blob that is gone: the stage is made again", "stage", st.Name, "err", err)
+		}
 		return nil, "", nil
 	}
-	if errors.Is(err, store.ErrDigestMismatch) {
+	var dm *store.DamagedError
+	if errors.As(err, &dm) {
 		// A blob the storage holds damaged (create-only: storing it again
-		// would keep it): removed by hand, the stage is made again.
+		// would keep it): once read again with the same wrong bytes it is
+		// removed, and the stage made again here stores it again.
+		rerr := r.shared.s.RemoveDamaged(ctx, dm)
+		if rerr == nil {
+			r.removedShared.Store(d.key, true)
+			r.log.Warn("a blob of the shared record is damaged in the shared store (read twice, the same wrong bytes): removed; the stage is made again here, which stores it again",
+				"stage", st.Name, "blob", dm.Blob.Short(), "got", dm.Got.Short(), "store", r.shared.s.String())
+			return nil, "", nil
+		}
+		if ctx.Err() != nil {
+			return nil, "", ctx.Err()
+		}
+		return nil, "", fmt.Errorf("%w; not removed (%v): 'ferry store verify --repair %s' hashes every blob and removes the damaged ones, and the next run makes the stage again", err, rerr, r.shared.s)
+	}
+	if errors.Is(err, store.ErrDigestMismatch) {
 		return nil, "", fmt.Errorf("%w; 'ferry store verify --repair %s' removes the damaged blob, and the next run makes the stage again", err, r.shared.s)
 	}
 	if err != nil {
@@ -947,6 +964,10 @@ func (r *runner) fetchInputs(ctx context.Context, ins []Input) ([]Input, error) 
 				return fmt.Errorf("input %s: record %s in %s: %w", in.Stage, in.Key, r.shared.s, err)
 			}
 			rec, err := r.materialize(ctx, st, nil, nil, srec)
+			if errors.Is(err, store.ErrDigestMismatch) {
+				// Not this run's to make again (outside the selection).
+				return fmt.Errorf("input %s: %w; 'ferry store verify --repair %s' removes the damaged blob, and the next run of %s on a machine that can make it (or that has it in its cache) stores it again", in.Stage, err, r.shared.s, in.Stage)
+			}
 			if err != nil {
 				return fmt.Errorf("input %s: %w", in.Stage, err)
 			}

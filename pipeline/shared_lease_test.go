@@ -3,7 +3,6 @@ package pipeline_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -184,20 +183,22 @@ func TestSharedDamagedBlob(t *testing.T) {
 	blob := filepath.Join(shared, filepath.FromSlash(store.BlobKey(rec.Outputs[0].Digest)))
 	storetest.DamageFile(t, blob)
 
-	_, err = Run(ctx, open(), Options{Host: "machine-b"})
-	if !errors.Is(err, store.ErrDigestMismatch) || !strings.Contains(err.Error(), "'ferry store verify --repair "+shared+"' removes the damaged blob") {
-		t.Fatalf("run on a damaged blob: %v", err)
-	}
-	vr, err := s.VerifyWith(ctx, store.VerifyOptions{Repair: true})
-	if err != nil || len(vr.Problems) != 1 || !vr.Problems[0].Removed {
-		t.Fatalf("repair: %+v, %v", vr, err)
-	}
-	rep, err = Run(ctx, open(), Options{Host: "machine-c"})
+	// The machine that fetches it finds it damaged twice, removes it
+	// and makes the stage again, which stores it again; it says so.
+	var logs bytes.Buffer
+	rep, err = Run(ctx, open(), Options{Host: "machine-b", Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil || rep.Stages[0].Action != ActionRun {
-		t.Fatalf("run after the repair: %+v, %v", rep.Stages, err)
+		t.Fatalf("run on a damaged blob: %+v, %v", rep, err)
+	}
+	if !strings.Contains(logs.String(), "damaged in the shared store (read twice, the same wrong bytes): removed") || len(rep.Stages[0].Warnings) != 1 {
+		t.Errorf("no warning of the damaged blob removed (%q):\n%s", rep.Stages[0].Warnings, logs.String())
 	}
 	if vr, err := s.Verify(ctx, nil); err != nil || !vr.OK() {
 		t.Errorf("verify after the stage was made again: %+v, %v", vr, err)
+	}
+	rep, err = Run(ctx, open(), Options{Host: "machine-c"})
+	if err != nil || rep.Stages[0].Action != ActionSkip || rep.Stages[0].Host != "machine-a" {
+		t.Fatalf("run after the blob was stored again: %+v, %v", rep.Stages, err)
 	}
 	// Repaired again; this time the machine that made it, its outputs
 	// whole in its cache, runs: up to date here, it stores the blob
@@ -411,23 +412,31 @@ func TestSharedOnlyTakesThisFilesInputs(t *testing.T) {
 	}
 }
 
-// --only whose input another machine is making (its lease held): the run
-// waits, telling who makes it, and goes on when the lease ends (here
-// without a record: then it says that no machine made it).
-func TestSharedOnlyWaitsForInputBeingMade(t *testing.T) {
-	shared := t.TempDir()
-	src := "name: p\nstore: file://" + shared + "\nstages:\n" +
+// sharedAB is a shared directory store where team made a of the file
+// src (stages a, then b from a), and open, src on a machine of its own.
+func sharedAB(t *testing.T) (shared, src string, open func() *Spec) {
+	t.Helper()
+	shared = t.TempDir()
+	src = "name: p\nstore: file://" + shared + "\nstages:\n" +
 		"  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n" +
 		"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: a }\n"
-	open := func() *Spec {
+	open = func() *Spec {
 		spec := loadSpec(t, t.TempDir(), src)
 		spec.Store = filepath.Join(t.TempDir(), "cache")
 		return spec
 	}
-	ctx := context.Background()
-	if _, err := Run(ctx, open(), Options{Host: "team", Only: "a"}); err != nil {
+	if _, err := Run(context.Background(), open(), Options{Host: "team", Only: "a"}); err != nil {
 		t.Fatal(err)
 	}
+	return shared, src, open
+}
+
+// --only whose input another machine is making (its lease held): the run
+// waits, telling who makes it, and goes on when the lease ends (here
+// without a record: then it says that no machine made it).
+func TestSharedOnlyWaitsForInputBeingMade(t *testing.T) {
+	shared, src, open := sharedAB(t)
+	ctx := context.Background()
 	s := openDirStore(t, shared, "machine-x")
 	// b's key, as this file gives it: a's record in the store.
 	pr, err := Plan(open(), Options{Host: "mac", Only: "b"})
@@ -830,5 +839,32 @@ func TestSharedOnlyWaitsForRefBeingMadeAnew(t *testing.T) {
 	}
 	if len(marks) != 0 {
 		t.Errorf("marks left after both runs: %v", marks)
+	}
+}
+
+// An input outside the selection whose blob is damaged in the shared
+// store is not this run's to make again: the run stops (bad data), says
+// how to repair, and leaves the blob for verify --repair.
+func TestSharedOnlyDamagedInput(t *testing.T) {
+	shared, _, open := sharedAB(t)
+	ctx := context.Background()
+	s := openDirStore(t, shared, "")
+	var blob string
+	if err := s.Records(ctx, func(key string) error {
+		rec, err := s.Record(ctx, key) // a's, the one record
+		if err == nil {
+			blob = filepath.Join(shared, filepath.FromSlash(store.BlobKey(rec.Outputs[0].Digest)))
+		}
+		return err
+	}); err != nil || blob == "" {
+		t.Fatalf("a's blob: %q, %v", blob, err)
+	}
+	storetest.DamageFile(t, blob)
+	_, err := Run(ctx, open(), Options{Host: "mac", Only: "b"})
+	if errkind.Of(err) != errkind.VerifyFailed || !strings.Contains(err.Error(), "input a: ") || !strings.Contains(err.Error(), "'ferry store verify --repair "+shared+"' removes the damaged blob") {
+		t.Fatalf("--only b with a's blob damaged: %v", err)
+	}
+	if _, err := os.Stat(blob); err != nil {
+		t.Errorf("the damaged blob of an input outside the selection was removed: %v", err)
 	}
 }

@@ -29,6 +29,37 @@ import (
 // while it was uploaded. Nothing is kept of them.
 var ErrDigestMismatch = errkind.New(errkind.VerifyFailed, "store: content does not match its digest")
 
+// DamagedError is a FetchBlob of bytes that do not hash to the blob's
+// name as the storage returned them (errors.Is ErrDigestMismatch): what
+// RemoveDamaged takes.
+type DamagedError struct {
+	Blob digest.Digest
+	Got  digest.Digest // what the bytes read hash to
+	Size int64         // how many there were
+	ETag string        // the version read
+	msg  string
+}
+
+func (e *DamagedError) Error() string { return e.msg }
+func (e *DamagedError) Unwrap() error { return ErrDigestMismatch }
+
+// damaged is the DamagedError of a fetch of blob d, version etag, whose
+// n bytes hashed to got.
+func (s *Store) damaged(d, got digest.Digest, n int64, etag string) error {
+	return &DamagedError{Blob: d, Got: got, Size: n, ETag: etag,
+		msg: fmt.Sprintf("%s: blob %s: the storage returned %d bytes that hash to %s; nothing kept: %v", s.b, d, n, got.Short(), ErrDigestMismatch)}
+}
+
+// RemoveDamaged removes the blob a FetchBlob found damaged once it is
+// hashed again, as the storage returns it, with the same answer, by a
+// delete conditional on the version read (what verify --repair does for
+// one blob): the records that name it then name a missing blob, which
+// the next run that makes their stage stores again. An error says why it
+// was left (the second read whole: the first was damaged on its way).
+func (s *Store) RemoveDamaged(ctx context.Context, e *DamagedError) error {
+	return s.removeDamaged(ctx, e.Blob, e.Got, e.ETag)
+}
+
 // ErrBlobMissing reports a blob that is not in the store (a record whose
 // blob is gone).
 var ErrBlobMissing = errkind.New(errkind.VerifyFailed, "store: blob missing")
@@ -538,7 +569,7 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 	}
 	defer unlock()
 	if fg, ok := s.b.(FileGetter); ok {
-		return s.fetchFile(ctx, fg, d, key, dst, size, progress)
+		return s.fetchFile(ctx, fg, d, key, dst, in, progress)
 	}
 	jp := partial + ".journal"
 	ref := fmt.Sprintf("get %s size %d chunk %d from %s", d, size, cs, s.b)
@@ -599,7 +630,7 @@ func (s *Store) FetchBlob(ctx context.Context, d digest.Digest, dst string, prog
 		os.Remove(partial)
 		log.Close()
 		os.Remove(jp)
-		return fmt.Errorf("%s: blob %s: the storage returned %d bytes that hash to %s; nothing kept: %w", s.b, d, h.Size(), sum.Short(), ErrDigestMismatch)
+		return s.damaged(d, sum, h.Size(), in.ETag)
 	}
 	if err := f.Sync(); err != nil {
 		return err
@@ -742,7 +773,7 @@ func (s *Store) hashBlob(ctx context.Context, d digest.Digest, progress func(int
 
 // fetchFile is FetchBlob through a FileGetter: the copy is hashed before
 // it gets its name.
-func (s *Store) fetchFile(ctx context.Context, fg FileGetter, d digest.Digest, key, dst string, size int64, progress func(int64)) error {
+func (s *Store) fetchFile(ctx context.Context, fg FileGetter, d digest.Digest, key, dst string, in Info, progress func(int64)) error {
 	partial := dst + ".partial"
 	if err := fg.GetFile(ctx, key, partial); err != nil {
 		os.Remove(partial)
@@ -753,9 +784,9 @@ func (s *Store) fetchFile(ctx context.Context, fg FileGetter, d digest.Digest, k
 		os.Remove(partial)
 		return err
 	}
-	if got := digest.New(sum[:]); got != d || n != size {
+	if got := digest.New(sum[:]); got != d || n != in.Size {
 		os.Remove(partial)
-		return fmt.Errorf("%s: blob %s: the storage returned %d bytes that hash to %s; nothing kept: %w", s.b, d, n, got.Short(), ErrDigestMismatch)
+		return s.damaged(d, got, n, in.ETag)
 	}
 	if err := os.Rename(partial, dst); err != nil {
 		return err

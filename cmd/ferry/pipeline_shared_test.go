@@ -714,23 +714,57 @@ func TestPipelineSharedBadCases(t *testing.T) {
 		t.Fatalf("store verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
-	// Changed on the server: caught, exit 3, nothing of it recorded here.
+	// Changed on the server: caught. A machine without the base files
+	// that makes checked again (--only checked --force checked), which
+	// reads quants, cannot make quants: exit 3, naming the
+	// stage and the blob and how to repair, nothing of it recorded there,
+	// the blob left.
 	bad := append([]byte(nil), good...)
 	bad[len(bad)/2] ^= 0xff
 	if err := os.WriteFile(obj, bad, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c := newSharedMachine(t, root, "machine-c", url)
-	r := execFerry(t, nil, "pipeline", "run", "--cache", c.cache, c.file)
-	t.Logf("damaged: %s", r.stderr)
-	if r.code != 3 || !strings.Contains(r.stderr, "quants") || !strings.Contains(r.stderr, hex[:12]) {
-		t.Errorf("damaged blob: exit %d, want 3 naming the stage and the blob:\n%s", r.code, r.stderr)
-	}
-	if _, err := os.Stat(filepath.Join(c.dir, "out", "quants")); err == nil {
-		t.Errorf("a view of the damaged stage was made")
-	}
 	if r := execFerry(t, nil, "store", "verify", url); r.code != 3 {
 		t.Errorf("store verify of the damaged bucket: exit %d, want 3", r.code)
+	}
+	d := newSharedMachine(t, root, "machine-d", url)
+	if err := os.RemoveAll(filepath.Join(d.dir, "models")); err != nil { // a Mac that only serves
+		t.Fatal(err)
+	}
+	r := execFerry(t, nil, "pipeline", "run", "--cache", d.cache, "--only", "checked", "--force", "checked", d.file)
+	t.Logf("damaged, --only checked --force checked: %s", r.stderr)
+	if r.code != 3 || !strings.Contains(r.stderr, "input quants") || !strings.Contains(r.stderr, hex[:12]) || !strings.Contains(r.stderr, "verify --repair") {
+		t.Errorf("damaged blob of an input: exit %d, want 3 naming the stage, the blob and the repair:\n%s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(d.dir, "out", "quants")); err == nil {
+		t.Errorf("a view of the damaged stage was made")
+	}
+	if got, err := os.ReadFile(obj); err != nil || !bytes.Equal(got, bad) {
+		t.Errorf("the damaged blob was changed by a machine that cannot make its stage: %v", err)
+	}
+	// A machine that can make it reads it twice, the same wrong bytes:
+	// removes it, makes quants again and stores it again, with a warning.
+	c := newSharedMachine(t, root, "machine-c", url)
+	cmd, ch, errb = c.startRun(t)
+	evs, code = collect(t, c, cmd, ch, errb)
+	if code != 0 {
+		t.Fatalf("machine-c on the damaged blob: exit %d\n%s", code, errb)
+	}
+	if n := len(byStage(evs, pipeline.EventRun)["quants"]); n != 1 {
+		t.Errorf("machine-c ran quants %d times, want 1 (its blob was damaged)", n)
+	}
+	warned := false
+	for _, e := range evs {
+		warned = warned || e.Event == pipeline.EventWarning && e.Stage == "quants" && strings.Contains(e.Reason, "damaged in the shared store") && strings.Contains(e.Reason, hex[:12])
+	}
+	if !warned {
+		t.Errorf("no warning event of the damaged blob removed: %+v", evs)
+	}
+	if got, err := os.ReadFile(obj); err != nil || !bytes.Equal(got, good) {
+		t.Errorf("the blob is not whole again: %v", err)
+	}
+	if r := execFerry(t, nil, "store", "verify", url); r.code != 0 {
+		t.Errorf("store verify after machine-c: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
 

@@ -844,6 +844,43 @@ func testDamagedBlob(t *testing.T, h Harness) {
 		if _, err := s.ReadBlob(ctx, d, int64(len(data))); !errors.Is(err, store.ErrDigestMismatch) {
 			t.Errorf("%d-byte blob: read of damaged bytes: %v", len(data), err)
 		}
+		// RemoveDamaged takes the fetch's error: it removes the blob only
+		// when a second read gives what the fetch got, of the version the
+		// fetch read.
+		err := s.FetchBlob(ctx, d, dst, nil)
+		var dm *store.DamagedError
+		if !errors.As(err, &dm) || dm.Blob != d || dm.Got == d || dm.ETag == "" || dm.Size != int64(len(data)) {
+			t.Fatalf("%d-byte blob: fetch of damaged bytes: %v (%+v)", len(data), err, dm)
+		}
+		for _, c := range []struct {
+			name string
+			bad  store.DamagedError
+			want string
+		}{
+			{"reads damaged on the way", store.DamagedError{Blob: d, Got: digest.Of([]byte("other")), ETag: dm.ETag}, "the reads, not the blob, may be damaged"},
+			{"replaced since", store.DamagedError{Blob: d, Got: dm.Got, ETag: `"not-the-version-read"`}, "replaced while it was read"},
+		} {
+			if err := s.RemoveDamaged(ctx, &c.bad); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%d-byte blob, %s: RemoveDamaged: %v", len(data), c.name, err)
+			}
+			if _, ok, err := s.HasBlob(ctx, d); !ok || err != nil {
+				t.Fatalf("%d-byte blob, %s: removed (%v)", len(data), c.name, err)
+			}
+		}
+		if err := s.RemoveDamaged(ctx, dm); err != nil {
+			t.Fatalf("%d-byte blob: RemoveDamaged: %v", len(data), err)
+		}
+		if _, ok, err := s.HasBlob(ctx, d); ok || err != nil {
+			t.Errorf("%d-byte blob: still stored after RemoveDamaged (%v)", len(data), err)
+		}
+		// Stored again whole, it is fetched.
+		if err := s.PutBlob(ctx, d, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.FetchBlob(ctx, d, dst, nil); err != nil {
+			t.Errorf("%d-byte blob stored again: %v", len(data), err)
+		}
+		os.Remove(dst)
 	}
 }
 
