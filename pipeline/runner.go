@@ -670,6 +670,18 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if r.shared != nil {
 		r.cores = cpushare.New(runtime.GOMAXPROCS(0))
 	}
+	// The steps, before anything is logged or sent of a stage (a warning,
+	// a wait for an input, the shares of earlier stages' "stage shared"
+	// lines) that names one: stepOf, Event.Index and Total.
+	r.eventMu.Lock()
+	r.step = map[string]int{}
+	for _, st := range spec.Order() {
+		if sel[st.Name] {
+			r.steps++
+			r.step[st.Name] = r.steps
+		}
+	}
+	r.eventMu.Unlock()
 	// Inputs from outside the selection must exist before anything runs.
 	outside := map[string]*Input{}
 	memo := map[string]outsideInput{} // stages resolved by resolveOutside
@@ -738,17 +750,6 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 		}
 		return nil, fmt.Errorf("%w; nothing was run (see 'ferry pipeline plan')", err)
 	}
-	// The steps before the shares start: their "stage shared" lines name
-	// steps too (stepOf).
-	r.eventMu.Lock()
-	r.step = map[string]int{}
-	for _, st := range spec.Order() {
-		if sel[st.Name] {
-			r.steps++
-			r.step[st.Name] = r.steps
-		}
-	}
-	r.eventMu.Unlock()
 	for _, share := range toShare {
 		share()
 	}

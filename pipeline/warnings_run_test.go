@@ -179,6 +179,11 @@ func TestRunOnlyWarnsOnce(t *testing.T) {
 		n += len(sr.Warnings)
 	}
 	if len(warned) != 1 || n != 1 {
-		t.Errorf("%d warning events and %d report lines for one condition, want 1 each: %+v", len(warned), n, warned)
+		t.Fatalf("%d warning events and %d report lines for one condition, want 1 each: %+v", len(warned), n, warned)
+	}
+	// Given before the run starts, of a stage that is no step of it: no
+	// index, and the run's count of steps.
+	if e := warned[0]; e.Stage != "model" || e.Index != 0 || e.Total != 1 {
+		t.Errorf("the warning's stage, index and total: %q %d/%d, want model 0/1", e.Stage, e.Index, e.Total)
 	}
 }
