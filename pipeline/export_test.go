@@ -3,6 +3,7 @@ package pipeline
 import (
 	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/manifest"
+	"github.com/ferry-llm/ferry/store"
 )
 
 // WithStore gives e the local store s, as the runner does, for tests that
@@ -11,6 +12,10 @@ func WithStore(e *Env, s *manifest.Store) *Env {
 	e.store = s
 	return e
 }
+
+// WrapShared makes f wrap the storage of each run's shared store (nil:
+// none).
+func WrapShared(f func(store.Backend) store.Backend) { wrapShared = f }
 
 // BeforeShare makes f run before each stage is shared (nil: none).
 func BeforeShare(f func(stage string)) { beforeShare = f }

@@ -112,6 +112,9 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 	if err != nil {
 		return nil, err
 	}
+	if wrapShared != nil {
+		b = wrapShared(b)
+	}
 	parallel := min(max(runtime.NumCPU()/2, store.DefaultParallel), 8)
 	s, err := store.Open(ctx, b, store.Options{
 		CacheDir: filepath.Join(spec.Store, "shared"),
@@ -146,6 +149,10 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 	}
 	return &sharedStore{s: s, ttl: ttl, poll: min(max(ttl/8, 50*time.Millisecond), 2*time.Second), slots: make(chan struct{}, publishers)}, nil
 }
+
+// wrapShared, set by tests only, wraps the storage of a run's shared
+// store (a fault on its way here).
+var wrapShared func(store.Backend) store.Backend
 
 // sharedBackend is the storage of the shared store url: an S3 prefix, or a
 // directory (file:///DIR) on a file system the machines mount. A lease
@@ -474,6 +481,7 @@ func (r *runner) fromShared(ctx context.Context, st *StageSpec, d decision) (*ma
 		// A blob the storage holds damaged (create-only: storing it again
 		// would keep it): once read again with the same wrong bytes it is
 		// removed, and the stage made again here stores it again.
+		r.log.Info("a blob of the shared record hashes wrong: reading it again", "stage", st.Name, "blob", dm.Blob.Short(), "bytes", dm.Size)
 		rerr := r.shared.s.RemoveDamaged(ctx, dm)
 		if rerr == nil {
 			r.removedShared.Store(d.key, true)
@@ -484,7 +492,17 @@ func (r *runner) fromShared(ctx context.Context, st *StageSpec, d decision) (*ma
 		if ctx.Err() != nil {
 			return nil, "", ctx.Err()
 		}
-		return nil, "", fmt.Errorf("%w; not removed (%v): 'ferry store verify --repair %s' hashes every blob and removes the damaged ones, and the next run makes the stage again", err, rerr, r.shared.s)
+		// Left (the second read whole: the first was damaged on its way
+		// here; or the blob was replaced): fetched once more.
+		r.log.Warn("a blob of the shared record hashed wrong once, and is not removed: fetching it again", "stage", st.Name, "blob", dm.Blob.Short(), "why", rerr)
+		rec, err2 := r.materialize(ctx, st, d.params, d.ins, srec)
+		if err2 == nil {
+			return rec, srec.Host, nil
+		}
+		if !errors.Is(err2, store.ErrDigestMismatch) {
+			return nil, "", err2
+		}
+		return nil, "", fmt.Errorf("%w; not removed (%v), and fetched again: %v; 'ferry store verify --repair %s' hashes every blob and removes the damaged ones, and the next run makes the stage again", err, rerr, err2, r.shared.s)
 	}
 	if errors.Is(err, store.ErrDigestMismatch) {
 		return nil, "", fmt.Errorf("%w; 'ferry store verify --repair %s' removes the damaged blob, and the next run makes the stage again", err, r.shared.s)
@@ -614,10 +632,7 @@ func (r *runner) leaseStage(ctx context.Context, st *StageSpec, d decision, forc
 			return nil, rec, host, waited, err
 		}
 	}
-	if err := r.markLease(ctx, st, l, makingNote{Kind: st.Kind, KindVersion: r.spec.KindOf(st).Version, Params: d.params}); err != nil {
-		release()
-		return nil, nil, "", waited, err
-	}
+	r.markLease(ctx, st, l, makingNote{Kind: st.Kind, KindVersion: r.spec.KindOf(st).Version, Params: d.params})
 	return l, nil, "", waited, nil
 }
 
@@ -632,13 +647,16 @@ type makingNote struct {
 }
 
 // markLease marks l, st's lease, with what it makes, in the group of st's
-// ref.
-func (r *runner) markLease(ctx context.Context, st *StageSpec, l *store.Lease, n makingNote) error {
+// ref. A mark only spares a machine that cannot key st the record the ref
+// names before: one not written is a warning, not the stage's failure.
+func (r *runner) markLease(ctx context.Context, st *StageSpec, l *store.Lease, n makingNote) {
 	note, err := json.Marshal(n)
-	if err != nil {
-		return err
+	if err == nil {
+		err = l.Mark(ctx, manifest.StageRef(r.spec.Name, st.Name), note)
 	}
-	return l.Mark(ctx, manifest.StageRef(r.spec.Name, st.Name), note)
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("could not mark the stage's lease (a machine without this stage's input files may take the record made before this one until it is shared)", "stage", st.Name, "err", err)
+	}
 }
 
 // beingMade is what st, whose inputs cannot be keyed here, stands for
@@ -716,9 +734,8 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 				break
 			}
 			l = nl
-			if err = r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params}); err == nil {
-				err = r.share(ctx, st, rec, l)
-			}
+			r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params})
+			err = r.share(ctx, st, rec, l)
 		}
 		if l != nil {
 			if rerr := l.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
@@ -775,9 +792,7 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		}
 		defer l.Release(context.WithoutCancel(ctx))
 		r.noteTakeover(st, l)
-		if err := r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params}); err != nil {
-			return err
-		}
+		r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params})
 		if whole, err := r.sharedWhole(ctx, rec); err != nil {
 			return err
 		} else if whole {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/errkind"
+	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
 	"github.com/ferry-llm/ferry/store/local"
 	"github.com/ferry-llm/ferry/store/storetest"
@@ -866,5 +867,52 @@ func TestSharedOnlyDamagedInput(t *testing.T) {
 	}
 	if _, err := os.Stat(blob); err != nil {
 		t.Errorf("the damaged blob of an input outside the selection was removed: %v", err)
+	}
+}
+
+// damagedOnce is storage whose first ranged read of key comes damaged, as
+// bytes hurt on their way (the stored ones whole).
+type damagedOnce struct {
+	store.Backend
+	key  string
+	once sync.Once
+}
+
+func (b *damagedOnce) GetRange(ctx context.Context, key string, off int64, buf []byte) error {
+	err := b.Backend.GetRange(ctx, key, off, buf)
+	if err == nil && key == b.key && len(buf) > 0 {
+		b.once.Do(func() { buf[len(buf)/2] ^= 0xff })
+	}
+	return err
+}
+
+// A blob that hashes wrong once, but whole when read again (hurt on its
+// way, not in the store), is not removed: it is fetched again and the
+// stage skipped, with a warning.
+func TestSharedBlobDamagedOnItsWay(t *testing.T) {
+	shared, _, open := sharedAB(t)
+	ctx := context.Background()
+	s := openDirStore(t, shared, "")
+	var d manifest.Digest
+	if err := s.Records(ctx, func(key string) error {
+		rec, err := s.Record(ctx, key) // a's, the one record
+		if err == nil {
+			d = rec.Outputs[0].Digest
+		}
+		return err
+	}); err != nil || d == "" {
+		t.Fatalf("a's blob: %v", err)
+	}
+	WrapShared(func(b store.Backend) store.Backend { return &damagedOnce{Backend: b, key: store.BlobKey(d)} })
+	defer WrapShared(nil)
+	rep, err := Run(ctx, open(), Options{Host: "mac", Only: "a"})
+	if err != nil || rep.Stages[0].Action != ActionSkip || rep.Stages[0].Host != "team" {
+		t.Fatalf("a with its blob damaged on its way once: %+v, %v", rep, err)
+	}
+	if w := rep.Stages[0].Warnings; len(w) != 1 || !strings.Contains(w[0], "hashed wrong once, and is not removed: fetching it again") || !strings.Contains(w[0], "it is whole") {
+		t.Errorf("warnings: %q", w)
+	}
+	if _, ok, err := s.HasBlob(ctx, d); !ok || err != nil {
+		t.Errorf("the whole blob was removed (%v)", err)
 	}
 }

@@ -387,8 +387,8 @@ func (r *Record) names(d digest.Digest) bool {
 // still that version.
 func (s *Store) removeDamaged(ctx context.Context, d, first digest.Digest, etag string) error {
 	in, got, _, err := s.hashBlob(ctx, d, nil)
-	if errors.Is(err, ErrBlobMissing) {
-		return nil // removed since (another repair)
+	if errors.Is(err, ErrBlobMissing) || errors.Is(err, ErrNotFound) {
+		return nil // removed since (another repair), before or while read
 	}
 	if err != nil {
 		return err

@@ -36,9 +36,13 @@ type Mark struct {
 
 // markBody is a mark object's content.
 type markBody struct {
-	Lease  string          `json:"lease"`
-	Holder string          `json:"holder"` // the machine that wrote it
-	Note   json.RawMessage `json:"note,omitempty"`
+	Lease  string `json:"lease"`
+	Holder string `json:"holder"` // the machine that wrote it
+	// ID is the acquisition of the lease that wrote it (LeaseInfo.ID):
+	// a mark counts only while that acquisition holds the lease, and two
+	// acquisitions' marks never have the same bytes (nor ETag).
+	ID   string          `json:"id"`
+	Note json.RawMessage `json:"note,omitempty"`
 }
 
 // maxMarkBytes bounds a mark object (its note, a stage's parameters).
@@ -68,7 +72,10 @@ func (l *Lease) Mark(ctx context.Context, group string, note json.RawMessage) er
 	if note != nil && !json.Valid(note) {
 		return fmt.Errorf("store: mark of lease %s in %s: the note is not JSON", l.name, group)
 	}
-	body, err := json.Marshal(markBody{Lease: l.name, Holder: l.info.Holder, Note: note})
+	l.wmu.Lock()
+	id := l.info.ID
+	l.wmu.Unlock()
+	body, err := json.Marshal(markBody{Lease: l.name, Holder: l.s.opt.Host, ID: id, Note: note})
 	if err != nil {
 		return err
 	}
@@ -100,13 +107,21 @@ func (l *Lease) unmark(ctx context.Context) {
 	marks := l.marks
 	l.marks = nil
 	l.wmu.Unlock()
+	// Where the storage does not take conditional deletes, whole ones:
+	// l still holds the lease, and a mark names its acquisition.
+	cond := l.s.probe == nil || l.s.probe.ConditionalDelete
 	for _, m := range marks {
-		l.s.b.Delete(ctx, m.key, m.etag)
+		etag := m.etag
+		if !cond {
+			etag = ""
+		}
+		l.s.b.Delete(ctx, m.key, etag)
 	}
 }
 
 // Marked is the marks of group whose leases are live (neither released
-// nor expired by the storage's clock), in the order of the leases' names.
+// nor expired by the storage's clock) and held by the acquisition that
+// wrote them, in the order of the leases' names.
 func (s *Store) Marked(ctx context.Context, group string) ([]Mark, error) {
 	if err := checkName("mark group", group); err != nil {
 		return nil, err
@@ -124,8 +139,8 @@ func (s *Store) Marked(ctx context.Context, group string) ([]Mark, error) {
 	var marks []Mark
 	for _, k := range keys {
 		body, _, err := s.b.Get(ctx, k, maxMarkBytes)
-		if errors.Is(err, ErrNotFound) {
-			continue // removed since the listing
+		if errors.Is(err, ErrNotFound) || errors.Is(err, ErrTooLarge) {
+			continue // removed since the listing; or no mark (gc removes it)
 		}
 		if err != nil {
 			return nil, err
@@ -135,7 +150,9 @@ func (s *Store) Marked(ctx context.Context, group string) ([]Mark, error) {
 			continue // not a mark this store wrote: gc removes it
 		}
 		li, until, live, err := s.LeaseStatus(ctx, mb.Lease)
-		if errors.Is(err, ErrNotFound) || err == nil && !live {
+		if errors.Is(err, ErrNotFound) || err == nil && (!live || li.ID != mb.ID) {
+			// Ended; or taken since by another acquisition, which marks
+			// it again if it makes something of this group.
 			continue
 		}
 		if err != nil {
@@ -148,7 +165,8 @@ func (s *Store) Marked(ctx context.Context, group string) ([]Mark, error) {
 }
 
 // removeOldMarks deletes the marks older than the grace period whose
-// leases are not live (released, expired or gone), or that do not parse:
+// leases are not live (released, expired, gone, or held by another
+// acquisition since), or that do not parse:
 // each by a delete conditional on the version read, so that a mark its
 // lease's next holder wrote meanwhile stays. Storage that ignores
 // conditional deletes keeps them (Marked ignores them).
@@ -183,11 +201,11 @@ func (s *Store) removeOldMarks(ctx context.Context, opt GCOptions, rep *GCReport
 		}
 		var mb markBody
 		if body != nil && json.Unmarshal(body, &mb) == nil && checkName("lease", mb.Lease) == nil {
-			_, _, live, err := s.LeaseStatus(ctx, mb.Lease)
+			li, _, live, err := s.LeaseStatus(ctx, mb.Lease)
 			if err != nil && !errors.Is(err, ErrNotFound) {
 				return err
 			}
-			if live {
+			if live && li.ID == mb.ID {
 				continue
 			}
 		}

@@ -1573,10 +1573,14 @@ func testMarks(t *testing.T, h Harness) {
 		}
 		time.Sleep(ttl / 10)
 	}
-	// The next holder's mark replaces it.
+	// The next holder: the mark left counts not for it (another
+	// acquisition's), and its own mark replaces it.
 	l4, err := bb.WaitLease(ctx, "stage/m3", ttl, ttl/10, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if ms := marked(a, group); len(ms) != 0 {
+		t.Fatalf("the dead holder's mark counts for the lease's next holder: %+v", ms)
 	}
 	if err := l4.Mark(ctx, group, json.RawMessage(`"b's"`)); err != nil {
 		t.Fatal(err)
@@ -1589,6 +1593,54 @@ func testMarks(t *testing.T, h Harness) {
 	}
 	if n := objects("marks/" + group + "/"); n != 1 {
 		t.Fatalf("%d objects under the group's prefix after the takeover's release, want 1", n)
+	}
+
+	// The same machine taking a lease again writes a mark of other bytes:
+	// a delete conditional on the version of its mark before (a gc that
+	// read it, a holder that lost the lease releasing late) is refused.
+	const again = group + "-again"
+	actx, die = context.WithCancel(ctx)
+	l6, err := a.AcquireLease(actx, "stage/m6", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l6.Mark(ctx, again, json.RawMessage(`"same"`)); err != nil {
+		t.Fatal(err)
+	}
+	var first store.Info
+	if err := b.List(ctx, "marks/"+again+"/", func(in store.Info) error { first = in; return nil }); err != nil || first.Key == "" {
+		t.Fatalf("the mark's object: %+v, %v", first, err)
+	}
+	first, err = b.Head(ctx, first.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	die()
+	l7, err := a.WaitLease(ctx, "stage/m6", ttl, ttl/10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l7.Mark(ctx, again, json.RawMessage(`"same"`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, first.Key, first.ETag); !errors.Is(err, store.ErrPrecondition) {
+		t.Fatalf("a delete conditional on the earlier acquisition's mark: %v, want refused", err)
+	}
+	if ms := marked(bb, again); len(ms) != 1 || ms[0].Holder != "machine-a" {
+		t.Fatalf("marks of the lease taken again: %+v", ms)
+	}
+	if err := l7.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// An object under the group too large to be a mark is none.
+	if _, err := b.Put(ctx, "marks/"+again+"/large", make([]byte, 300<<10), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := marked(bb, again); len(ms) != 0 {
+		t.Fatalf("marks with a large object there: %+v", ms)
+	}
+	if err := b.Delete(ctx, "marks/"+again+"/large", ""); err != nil {
+		t.Fatal(err)
 	}
 
 	// gc: a mark left by a holder that died (another process, here its
