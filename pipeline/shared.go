@@ -70,8 +70,8 @@ type sharedStore struct {
 	// holds part size × (parallel + 1) bytes while it is fetched).
 	fetches chan struct{}
 	wg      sync.WaitGroup
-	mu    sync.Mutex
-	errs  []error
+	mu      sync.Mutex
+	errs    []error
 	// failed: why each stage that failed to share did (StageReport.NotShared);
 	// cut: those the run's interrupt stopped.
 	failed map[string]string
