@@ -916,3 +916,71 @@ func TestSharedBlobDamagedOnItsWay(t *testing.T) {
 		t.Errorf("the whole blob was removed (%v)", err)
 	}
 }
+
+// concurrentReads is storage that tells the most blobs it was reading at
+// once (each ranged read held a little, so that the reads of blobs
+// fetched side by side overlap).
+type concurrentReads struct {
+	store.Backend
+	mu      sync.Mutex
+	reading map[string]int
+	most    int
+}
+
+func (b *concurrentReads) GetRange(ctx context.Context, key string, off int64, buf []byte) error {
+	if !strings.HasPrefix(key, "blobs/") {
+		return b.Backend.GetRange(ctx, key, off, buf)
+	}
+	b.mu.Lock()
+	b.reading[key]++
+	b.most = max(b.most, len(b.reading))
+	b.mu.Unlock()
+	time.Sleep(100 * time.Millisecond)
+	err := b.Backend.GetRange(ctx, key, off, buf)
+	b.mu.Lock()
+	if b.reading[key]--; b.reading[key] == 0 {
+		delete(b.reading, key)
+	}
+	b.mu.Unlock()
+	return err
+}
+
+// A stage's outputs that a machine fetches come side by side, at most
+// four blobs at once: here the seven shards the merge changed.
+func TestSharedFetchSideBySide(t *testing.T) {
+	shared := t.TempDir()
+	var src strings.Builder
+	src.WriteString("name: p\nstore: file://" + shared + "\nstages:\n")
+	for _, in := range []string{"base", "adapter-dora"} {
+		p, err := filepath.Abs(filepath.Join("..", "testdata", "models", "qwen35-tiny", in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&src, "  - name: %s\n    import: { path: %s }\n", strings.TrimSuffix(in, "-dora"), p)
+	}
+	src.WriteString("  - name: merged\n    merge: { base: base, adapter: adapter }\n")
+	open := func() *Spec {
+		spec := loadSpec(t, t.TempDir(), src.String())
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+	ctx := context.Background()
+	if _, err := Run(ctx, open(), Options{Host: "team"}); err != nil {
+		t.Fatal(err)
+	}
+	cr := &concurrentReads{reading: map[string]int{}}
+	WrapShared(func(b store.Backend) store.Backend { cr.Backend = b; return cr })
+	defer WrapShared(nil)
+	rep, err := Run(ctx, open(), Options{Host: "mac"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range rep.Stages {
+		if sr.Stage == "merged" && (sr.Action != ActionSkip || sr.Host != "team") {
+			t.Fatalf("merged on the mac: %s (%s), want fetched", sr.Action, sr.Reason)
+		}
+	}
+	if cr.most < 2 || cr.most > 4 {
+		t.Errorf("at most %d blobs read at once, want 2 to 4 (side by side, within the run's slots)", cr.most)
+	}
+}
