@@ -48,6 +48,13 @@ type ExecOptions struct {
 	// and its position and hash state journaled (default
 	// DefaultCheckpointEvery), at the first write boundary after it is due.
 	CheckpointEvery time.Duration
+	// ShardDone, if set, is called with each shard once it is whole and
+	// durable under its name in the output directory (written by this run
+	// or kept from an earlier one), from the goroutine that wrote it, while
+	// the other shards are still being written: a caller can hand the file
+	// on (the pipeline uploads it to a shared store) before the merge ends.
+	// An error it returns fails the merge.
+	ShardDone func(FileDigest) error
 }
 
 // DefaultBlockElems makes a row block about 1 MiB of float32.
@@ -143,11 +150,14 @@ func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Res
 		if d, ok := j.finished(ctx, sp.Name); ok {
 			e.advance(sp.Size)
 			files[i], resumed[i] = d, true
-			return nil
+			return e.shardDone(d)
 		}
 		d, err := e.writeShard(ctx, sp)
 		files[i] = d
-		return err
+		if err != nil {
+			return err
+		}
+		return e.shardDone(d)
 	})
 	if err != nil {
 		return nil, err
@@ -234,6 +244,13 @@ type executor struct {
 func DefaultShards(jobs int) int { return min(4, max(1, jobs/4)) }
 
 // copyBuf returns a buffer for copySection; putCopyBuf gives it back.
+func (e *executor) shardDone(d FileDigest) error {
+	if e.opt.ShardDone == nil {
+		return nil
+	}
+	return e.opt.ShardDone(d)
+}
+
 func (e *executor) copyBuf() *[]byte {
 	if b, ok := e.copyBufs.Get().(*[]byte); ok {
 		return b
