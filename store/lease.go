@@ -222,7 +222,18 @@ func (l *Lease) protect(ctx context.Context, only bool, ds []digest.Digest) erro
 		if only {
 			i.Blobs = nil
 		}
-		i.Blobs = append(i.Blobs, ds...)
+		// Once each: a blob protected before it was stored (a stage's
+		// outputs stored as it makes them) is named again with the rest.
+		have := make(map[digest.Digest]bool, len(i.Blobs)+len(ds))
+		for _, d := range i.Blobs {
+			have[d] = true
+		}
+		for _, d := range ds {
+			if !have[d] {
+				have[d] = true
+				i.Blobs = append(i.Blobs, d)
+			}
+		}
 	})
 	if errors.Is(err, ErrPrecondition) || errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%s: lease %s: %s: %w", l.s.b, l.name, l.lostHow(ctx, err), ErrLeaseLost)

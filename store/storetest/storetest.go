@@ -1181,6 +1181,14 @@ func testLeaseAnswersLost(t *testing.T, h Harness) {
 	if li, _, live, err := other.LeaseStatus(ctx, "stage/k4"); err != nil || !live || !slices.Contains(li.Blobs, y) {
 		t.Fatalf("the lease after that protect: %+v live %v, %v", li, live, err)
 	}
+	// A blob protected again (stored early, then named with the rest of
+	// its record) is named once.
+	if err := l.Protect(ctx, y, digest.Of([]byte("x")), y); err != nil {
+		t.Fatalf("protect again: %v", err)
+	}
+	if li, _, _, err := other.LeaseStatus(ctx, "stage/k4"); err != nil || len(li.Blobs) != 2 {
+		t.Fatalf("the lease after protecting its blobs again names %v, want each of 2 once (%v)", li.Blobs, err)
+	}
 	if _, err := other.AcquireLease(ctx, "stage/k4", ttl); !errors.Is(err, store.ErrLeaseHeld) {
 		t.Fatalf("another machine's acquire: %v", err)
 	}
