@@ -307,11 +307,9 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 			return nil, gctx.Err()
 		}
 		if s.uploads != nil {
-			select {
-			case s.uploads <- struct{}{}:
-			case <-gctx.Done():
+			if err := s.uploads.Acquire(gctx, size); err != nil {
 				<-own
-				return nil, gctx.Err()
+				return nil, err
 			}
 		}
 		return s.partBuf(ps), nil
@@ -319,7 +317,7 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	give := func(buf []byte) {
 		s.bufs.Put(&buf)
 		if s.uploads != nil {
-			<-s.uploads
+			s.uploads.Release()
 		}
 		<-own
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/errkind"
 )
@@ -44,8 +45,12 @@ type Options struct {
 	// UploadInFlight bounds the parts in flight over all of the store's
 	// uploads at once, and with them the part buffers: uploads side by
 	// side share it, and an upload alone may have UploadParallel parts
-	// moving (the last ones of a run, which it waits for). 0: no bound but
-	// each upload's own (UploadParallel+1 buffers).
+	// moving (the last ones of a run, which it waits for). A part of the
+	// largest blob waiting goes first: its completion takes the longest
+	// (a gateway on a file system joins the parts by copying them, one
+	// core's work), so it is started while the smaller ones still move,
+	// and the upload that ends a run is a small one. 0: no bound but each
+	// upload's own (UploadParallel+1 buffers).
 	UploadInFlight int
 	// Host names this machine in leases and records (default: the host
 	// name).
@@ -80,9 +85,9 @@ type Store struct {
 	// copies).
 	live *liveLeases
 	// uploads holds a token per part in flight over all uploads
-	// (Options.UploadInFlight; nil: unbounded); bufs keeps the part
-	// buffers between them.
-	uploads chan struct{}
+	// (Options.UploadInFlight; nil: unbounded), given to the largest
+	// blob's parts first; bufs keeps the part buffers between them.
+	uploads *cpushare.Gate
 	bufs    *sync.Pool
 }
 
@@ -121,7 +126,7 @@ func Open(ctx context.Context, b Backend, opt Options) (*Store, error) {
 	}
 	s := &Store{b: b, opt: opt, live: &liveLeases{m: map[string]*Lease{}}, bufs: &sync.Pool{}}
 	if opt.UploadInFlight > 0 {
-		s.uploads = make(chan struct{}, opt.UploadInFlight)
+		s.uploads = cpushare.New(opt.UploadInFlight)
 	}
 	if !opt.SkipProbe {
 		rep := Probe(ctx, b)
