@@ -29,3 +29,11 @@ func StageCores(f func(stage string, prio int64, ok bool)) {
 	}
 	stageCores = func(stage string, c *cpushare.Share) { f(stage, c.Priority(), c != nil) }
 }
+
+// MergeShardDone makes f told of each shard a merge stage made a blob of,
+// while it writes the others (nil: none).
+func MergeShardDone(f func(name string)) { mergeShardDone = f }
+
+// EarlyStored makes f told of each output blob stored in the shared store
+// while its stage ran (nil: none).
+func EarlyStored(f func(d manifest.Digest)) { earlyStored = f }

@@ -701,7 +701,7 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 				// shared once the run starts (behind it, under its stage
 				// lease), or another machine would make it again.
 				if rec := r.store.Record(in.Key); rec != nil {
-					toShare = append(toShare, func() { r.publish(ctx, ds, rec, nil) })
+					toShare = append(toShare, func() { r.publish(ctx, ds, rec, nil, nil) })
 				}
 			}
 			if err != nil && r.shared != nil {
@@ -963,7 +963,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		switch {
 		case d.action == ActionSkip:
 			// Up to date here: shared unless the shared store has it.
-			r.publish(ctx, st, d.rec, nil)
+			r.publish(ctx, st, d.rec, nil, nil)
 		default:
 			var rec *manifest.Record
 			var host string
@@ -994,7 +994,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 				// pointed again).
 				if err := r.setRef(ctx, st, rec.Key); errors.Is(err, errRecordPruned) {
 					// Its outputs are here now: shared again, behind the run.
-					r.publish(ctx, st, rec, nil)
+					r.publish(ctx, st, rec, nil, nil)
 				} else if err != nil && ctx.Err() == nil {
 					r.log.Warn("could not point the stage's ref in the shared store", "stage", st.Name, "err", err)
 				}
@@ -1080,7 +1080,15 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	// Sharing its outputs, the run gives the cores to the stages that
 	// write the most first.
 	cores := r.cores.Share(outputBytesOf(p))
-	rec, err := r.execute(ctx, st, d, ins, forced, cores)
+	// Under a lease, the outputs the stage finishes go to the shared store
+	// as it runs; stopped before the lease is released (the deferred
+	// release above runs after this), unless handed to publish.
+	var early *earlyShare
+	if lease != nil {
+		early = r.earlyFor(runCtx, lease)
+	}
+	defer func() { early.stop() }()
+	rec, err := r.execute(ctx, st, d, ins, forced, cores, early)
 	// Forced, or --verify checking a transfer's copies again: made here,
 	// whatever another machine made meanwhile.
 	rerun := forced || d.cause == CauseRemote
@@ -1111,11 +1119,13 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		var again func()
 		ctx, again = underLease(runCtx, lease)
 		defer again()
+		early.stop()
+		early = r.earlyFor(runCtx, lease)
 		if release, err = sched.acquire(ctx, memoryOf(p)); err != nil {
 			break
 		}
 		held = true
-		rec, err = r.execute(ctx, st, d, ins, forced, cores)
+		rec, err = r.execute(ctx, st, d, ins, forced, cores, early)
 	}
 	sr.Seconds = time.Since(start).Seconds()
 	if err != nil {
@@ -1132,8 +1142,8 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	if lease != nil {
 		// Shared behind the run; the lease is released once the record
 		// is in the shared store.
-		r.publish(runCtx, st, rec, lease)
-		lease = nil
+		r.publish(runCtx, st, rec, lease, early)
+		lease, early = nil, nil
 	}
 	sr.Key, sr.Outputs = rec.Key, rec.Outputs
 	if err := r.store.MakeView(sr.View, rec.Outputs); err != nil {
@@ -1161,7 +1171,7 @@ func (r *runner) env(st *StageSpec, key string, ins []Input, prog Progress, veri
 // execute runs one stage and commits its record: blobs first (the stage
 // made them durable), then the record (an object, or manifest.json for an
 // import), then the journals go.
-func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []Input, forced bool, cores *cpushare.Share) (*manifest.Record, error) {
+func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []Input, forced bool, cores *cpushare.Share, early *earlyShare) (*manifest.Record, error) {
 	damaged := d.cause == CauseOutput
 	if forced || damaged {
 		// Start from scratch: a journal could hold the damaged bytes.
@@ -1186,6 +1196,9 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 	}
 	env := r.env(st, d.work, ins, prog, r.opts.Verify || forced || damaged)
 	env.Cores = cores
+	if early != nil {
+		env.finished = early.add
+	}
 	if stageCores != nil {
 		stageCores(st.Name, cores)
 	}

@@ -739,11 +739,112 @@ func underLease(ctx context.Context, l *store.Lease) (context.Context, func()) {
 // beforeShare, set by tests only, is called before a stage is shared.
 var beforeShare func(stage string)
 
+// earlyShare stores a running stage's outputs in the shared store as the
+// stage finishes them (Env's AdoptFile, AdoptKnown and Ingest), under
+// the stage's lease, before its record: a merge's first shards go up while
+// it writes the others, on the cores its disk-bound writes leave idle,
+// instead of after it, beside the stages that follow it. share then
+// stores only what is not there yet, and the record still comes last:
+// nothing is shared that is not whole, and a blob stored for a stage that
+// fails is the gc's once the lease that protects it is gone. A nil
+// earlyShare stores nothing.
+type earlyShare struct {
+	r      *runner
+	l      *store.Lease
+	ctx    context.Context
+	cancel func()
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	ups    map[manifest.Digest]*earlyUpload
+}
+
+type earlyUpload struct {
+	done chan struct{}
+	err  error
+}
+
+// earlyFor is the early sharing of a stage run under lease l.
+func (r *runner) earlyFor(ctx context.Context, l *store.Lease) *earlyShare {
+	ctx, cancel := underLease(ctx, l)
+	return &earlyShare{r: r, l: l, ctx: ctx, cancel: cancel, ups: map[manifest.Digest]*earlyUpload{}}
+}
+
+// add starts storing the finished output blob d of size bytes (once per
+// blob), in a slot of the run's uploads.
+func (e *earlyShare) add(d manifest.Digest, size int64) {
+	e.mu.Lock()
+	if _, ok := e.ups[d]; ok {
+		e.mu.Unlock()
+		return
+	}
+	u := &earlyUpload{done: make(chan struct{})}
+	e.ups[d] = u
+	e.mu.Unlock()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(u.done)
+		sh := e.r.shared
+		select {
+		case sh.slots <- struct{}{}:
+		case <-e.ctx.Done():
+			u.err = context.Cause(e.ctx)
+			return
+		}
+		defer func() { <-sh.slots }()
+		// Protected from gc before it is stored, as share does.
+		if u.err = e.l.Protect(e.ctx, d); u.err == nil {
+			u.err = e.r.putOutput(e.ctx, d, size, nil)
+		}
+		if earlyStored != nil && u.err == nil {
+			earlyStored(d)
+		}
+		if u.err != nil && e.ctx.Err() == nil {
+			// share stores it again, and says why if that fails too.
+			e.r.log.Debug("output not stored early", "blob", d.Short(), "err", u.err)
+		}
+	}()
+}
+
+// stored waits for the early upload of d, if one was started, and says
+// whether it stored the blob.
+func (e *earlyShare) stored(ctx context.Context, d manifest.Digest) bool {
+	if e == nil {
+		return false
+	}
+	e.mu.Lock()
+	u := e.ups[d]
+	e.mu.Unlock()
+	if u == nil {
+		return false
+	}
+	select {
+	case <-u.done:
+		return u.err == nil
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// stop cancels the uploads still running and waits for them: before the
+// lease they are under is released.
+func (e *earlyShare) stop() {
+	if e == nil {
+		return
+	}
+	e.cancel()
+	e.wg.Wait()
+}
+
+// earlyStored, set by tests only, is told of each blob stored early.
+var earlyStored func(d manifest.Digest)
+
 // publish stores rec's outputs and record in the shared store, behind the
-// run, then releases l (nil: a record made here earlier, shared late).
-// Its error is the run's (Wait), not the stage's: the stage is made and
+// run, then releases l (nil: a record made here earlier, shared late);
+// early holds the outputs stored while the stage ran (nil: none). Its
+// error is the run's (Wait), not the stage's: the stage is made and
 // recorded here, and the next run shares it.
-func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Record, l *store.Lease) {
+func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Record, l *store.Lease, early *earlyShare) {
 	sh := r.shared
 	sh.wg.Add(1)
 	go func() {
@@ -751,7 +852,7 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 		if beforeShare != nil {
 			beforeShare(st.Name)
 		}
-		err := r.share(ctx, st, rec, l)
+		err := r.share(ctx, st, rec, l, early)
 		for tries := 0; err != nil && l != nil && errors.Is(l.Err(), store.ErrLeaseLost) && ctx.Err() == nil && tries < 3; tries++ {
 			// Lost while sharing (this machine paused past the ttl): the
 			// machine that took it over may share it; waited for, then
@@ -765,8 +866,9 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 			}
 			l = nl
 			r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params})
-			err = r.share(ctx, st, rec, l)
+			err = r.share(ctx, st, rec, l, early)
 		}
+		early.stop()
 		if l != nil {
 			if rerr := l.Release(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 				err = rerr
@@ -785,7 +887,25 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 	}()
 }
 
-func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record, l *store.Lease) error {
+// putOutput stores the local blob d (size bytes) in the shared store.
+func (r *runner) putOutput(ctx context.Context, d manifest.Digest, size int64, add func(int64)) error {
+	// A blob whose stamp says it is the file hashed when it was made is
+	// not hashed whole again (its parts are, and the stamp is checked
+	// again before the upload completes): that pass, one core's SHA-256,
+	// held the upload of each large blob. --verify hashes it.
+	var unchanged func() error
+	if !r.opts.Verify && r.store.CheckBlob(d, size, false) == "" {
+		unchanged = func() error {
+			if why := r.store.CheckBlob(d, size, false); why != "" {
+				return errors.New(why)
+			}
+			return nil
+		}
+	}
+	return r.shared.s.PutKnownFile(ctx, d, r.store.BlobPath(d), unchanged, add)
+}
+
+func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record, l *store.Lease, early *earlyShare) error {
 	sh := r.shared
 	if l == nil {
 		if whole, err := r.sharedWhole(ctx, rec); err != nil {
@@ -850,31 +970,30 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		prog.Add(n)
 		mu.Unlock()
 	}
+	// Outputs stored while the stage ran (early) are not stored again;
+	// one whose early upload failed is, below.
+	var rest []manifest.Output
+	for _, o := range rec.Outputs {
+		if early.stored(ctx, o.Digest) {
+			add(o.Size)
+			continue
+		}
+		rest = append(rest, o)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	g, gctx := errgroup.WithContext(ctx)
 outputs:
-	for _, o := range rec.Outputs {
+	for _, o := range rest {
 		select {
 		case sh.slots <- struct{}{}:
 		case <-gctx.Done():
 			break outputs
 		}
-		// A blob whose stamp says it is the file hashed when it was made
-		// is not hashed whole again (its parts are, and the stamp is
-		// checked again before the upload completes): that pass, one
-		// core's SHA-256, held the upload of each large blob. --verify
-		// hashes it.
-		var unchanged func() error
-		if !r.opts.Verify && r.store.CheckBlob(o.Digest, o.Size, false) == "" {
-			unchanged = func() error {
-				if why := r.store.CheckBlob(o.Digest, o.Size, false); why != "" {
-					return errors.New(why)
-				}
-				return nil
-			}
-		}
 		g.Go(func() error {
 			defer func() { <-sh.slots }()
-			if err := sh.s.PutKnownFile(gctx, o.Digest, r.store.BlobPath(o.Digest), unchanged, add); err != nil {
+			if err := r.putOutput(gctx, o.Digest, o.Size, add); err != nil {
 				return fmt.Errorf("output %s: %w", o.Path, err)
 			}
 			return nil

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -982,5 +983,130 @@ func TestSharedFetchSideBySide(t *testing.T) {
 	}
 	if cr.most < 2 || cr.most > 4 {
 		t.Errorf("at most %d blobs read at once, want 2 to 4 (side by side, within the run's slots)", cr.most)
+	}
+}
+
+// blobPuts counts the writes of each blob to a shared store.
+type blobPuts struct {
+	store.Backend
+	mu   sync.Mutex
+	puts map[string]int
+}
+
+func (b *blobPuts) Put(ctx context.Context, key string, body []byte, opt store.PutOptions) (store.Info, error) {
+	in, err := b.Backend.Put(ctx, key, body, opt)
+	if err == nil && strings.HasPrefix(key, "blobs/") {
+		b.mu.Lock()
+		b.puts[key]++
+		b.mu.Unlock()
+	}
+	return in, err
+}
+
+func (b *blobPuts) CompleteUpload(ctx context.Context, key, id string, parts []store.Part, opt store.PutOptions) (store.Info, error) {
+	in, err := b.Backend.CompleteUpload(ctx, key, id, parts, opt)
+	if err == nil {
+		b.mu.Lock()
+		b.puts[key]++
+		b.mu.Unlock()
+	}
+	return in, err
+}
+
+// A merge run that shares its outputs stores each shard as soon as it is
+// whole, while it writes the others (its last shard waits here until an
+// earlier one is in the shared store: without early sharing none is until
+// the merge ends, and the wait fails), each blob once: the stage's share
+// then stores the rest and the record, and another machine fetches it
+// whole.
+func TestSharedOutputsStoredEarly(t *testing.T) {
+	shared := t.TempDir()
+	base, err := filepath.Abs(filepath.Join("..", "testdata", "models", "qwen35-tiny", "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adapter := filepath.Join(filepath.Dir(base), "adapter-dora")
+	shards, err := filepath.Glob(filepath.Join(base, "*.safetensors"))
+	if err != nil || len(shards) < 3 {
+		t.Fatalf("the tiny base has %d shards, want several (%v)", len(shards), err)
+	}
+	src := "name: p\nstore: file://" + shared + "\nstages:\n" +
+		"  - name: base\n    import: { path: " + base + " }\n" +
+		"  - name: adapter\n    import: { path: " + adapter + " }\n" +
+		"  - name: merged\n    merge: { base: base, adapter: adapter }\n"
+	open := func() *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+
+	var mu sync.Mutex
+	early := map[manifest.Digest]int{}
+	stored := make(chan struct{}, 1)
+	EarlyStored(func(d manifest.Digest) {
+		mu.Lock()
+		early[d]++
+		mu.Unlock()
+		select {
+		case stored <- struct{}{}:
+		default:
+		}
+	})
+	defer EarlyStored(nil)
+	var done atomic.Int32
+	var waited atomic.Bool
+	MergeShardDone(func(string) {
+		if int(done.Add(1)) != len(shards) {
+			return
+		}
+		select {
+		case <-stored:
+			waited.Store(true)
+		case <-time.After(30 * time.Second):
+		}
+	})
+	defer MergeShardDone(nil)
+	bp := &blobPuts{puts: map[string]int{}}
+	WrapShared(func(b store.Backend) store.Backend { bp.Backend = b; return bp })
+	defer WrapShared(nil)
+
+	rep, err := Run(context.Background(), open(), Options{Host: "team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waited.Load() {
+		t.Fatalf("no shard was in the shared store while the merge wrote its last one (%d shards made blobs)", done.Load())
+	}
+	var merged StageReport
+	for _, sr := range rep.Stages {
+		if sr.Stage == "merged" {
+			merged = sr
+		}
+	}
+	if merged.Action != ActionRun || merged.NotShared != "" {
+		t.Fatalf("merged: %s, not shared: %q", merged.Action, merged.NotShared)
+	}
+	mu.Lock()
+	for _, o := range merged.Outputs {
+		isShard := strings.HasSuffix(o.Path, ".safetensors")
+		if n := early[o.Digest]; isShard && n != 1 {
+			t.Errorf("shard %s stored early %d times, want once", o.Path, n)
+		}
+		if n := bp.puts[store.BlobKey(o.Digest)]; n > 1 {
+			t.Errorf("output %s written to the shared store %d times", o.Path, n)
+		}
+	}
+	mu.Unlock()
+
+	// Another machine finds the record whole.
+	WrapShared(nil)
+	rep, err = Run(context.Background(), open(), Options{Host: "mac"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range rep.Stages {
+		if sr.Stage == "merged" && (sr.Action != ActionSkip || sr.Host != "team") {
+			t.Fatalf("merged on the mac: %s (%s), want fetched", sr.Action, sr.Reason)
+		}
 	}
 }

@@ -106,6 +106,20 @@ type Env struct {
 	// --ssh-config, --known-hosts, -i); it takes precedence over a
 	// stage's own settings.
 	SSH SSHSettings
+	// finished, in a run that shares the stage's outputs, is told of each
+	// blob AdoptFile, AdoptKnown or Ingest made: it goes to the shared
+	// store while the stage goes on (nil: nothing shared early). A stage
+	// that hands its outputs over as it finishes them, not all at its end,
+	// has them shared sooner.
+	finished func(d manifest.Digest, size int64)
+}
+
+// made tells finished of a blob a stage made.
+func (e *Env) made(d manifest.Digest, n int64, err error) (manifest.Digest, int64, error) {
+	if err == nil && e.finished != nil {
+		e.finished(d, n)
+	}
+	return d, n, err
 }
 
 // Input returns the input from stage name, or nil.
@@ -125,17 +139,17 @@ func (e *Env) Journal(rel string) (*manifest.Journal, error) {
 
 // AdoptFile makes the finished file p (made in WorkDir) an output blob: it
 // is hashed, then kept without a copy (a hard link) where it can be.
-func (e *Env) AdoptFile(p string) (manifest.Digest, int64, error) { return e.store.Adopt(p) }
+func (e *Env) AdoptFile(p string) (manifest.Digest, int64, error) { return e.made(e.store.Adopt(p)) }
 
 // AdoptKnown is AdoptFile for a file whose digest and size its writer
 // computed while writing it.
 func (e *Env) AdoptKnown(p string, d manifest.Digest, size int64) (manifest.Digest, int64, error) {
-	return e.store.AdoptKnown(p, d, size)
+	return e.made(e.store.AdoptKnown(p, d, size))
 }
 
 // Ingest stores the size bytes r yields as an output blob.
 func (e *Env) Ingest(r io.Reader, size int64) (manifest.Digest, int64, error) {
-	return e.store.Ingest(r, size)
+	return e.made(e.store.Ingest(r, size))
 }
 
 // ViewOf lays out an input's outputs under dir (inside WorkDir) as the

@@ -105,6 +105,19 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 			env.Progress.Add(done - last)
 			last = done
 		},
+		// Each shard is a blob as soon as it is whole: in a run that
+		// shares the merge, it is stored while the others are written.
+		ShardDone: func(f merge.FileDigest) error {
+			d, err := f.Digest()
+			if err != nil {
+				return fmt.Errorf("merge output %s: %w", f.Name, err)
+			}
+			_, _, err = env.AdoptKnown(filepath.Join(work, filepath.FromSlash(f.Name)), d, f.Size)
+			if err == nil && mergeShardDone != nil {
+				mergeShardDone(f.Name)
+			}
+			return err
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -122,6 +135,10 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	return out, nil
 }
+
+// mergeShardDone, set by tests only, is told of each shard the merge
+// made a blob, while it writes the others.
+var mergeShardDone func(name string)
 
 // Plan makes the merge plan from the base's and adapter's headers and
 // configs (no tensor data): a missing target, an adapter that does not fit
