@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -75,6 +77,10 @@ func (s *Store) HasBlob(ctx context.Context, d digest.Digest) (int64, bool, erro
 	}
 	return in.Size, true, nil
 }
+
+// firstPartPrio is added to the priority of an upload's part when none of
+// its parts is in flight (Options.UploadInFlight): above any blob's size.
+const firstPartPrio = math.MaxInt64 / 2
 
 // partSize is the part size for a blob of size bytes: the store's, or
 // larger where the blob would need more than MaxParts parts.
@@ -300,6 +306,7 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	own := make(chan struct{}, s.opt.UploadParallel+1)
+	var held atomic.Int64 // the store's tokens this upload holds
 	take := func() ([]byte, error) {
 		select {
 		case own <- struct{}{}:
@@ -307,16 +314,25 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 			return nil, gctx.Err()
 		}
 		if s.uploads != nil {
-			if err := s.uploads.Acquire(gctx, size); err != nil {
+			// The largest blob's parts first; but an upload with none
+			// moving gets one before them, so that none waits for the
+			// larger ones to end.
+			prio := size
+			if held.Load() == 0 {
+				prio += firstPartPrio
+			}
+			if err := s.uploads.Acquire(gctx, prio); err != nil {
 				<-own
 				return nil, err
 			}
+			held.Add(1)
 		}
 		return s.partBuf(ps), nil
 	}
 	give := func(buf []byte) {
 		s.bufs.Put(&buf)
 		if s.uploads != nil {
+			held.Add(-1)
 			s.uploads.Release()
 		}
 		<-own

@@ -49,8 +49,10 @@ type Options struct {
 	// largest blob waiting goes first: its completion takes the longest
 	// (a gateway on a file system joins the parts by copying them, one
 	// core's work), so it is started while the smaller ones still move,
-	// and the upload that ends a run is a small one. 0: no bound but each
-	// upload's own (UploadParallel+1 buffers).
+	// and the upload that ends a run is a small one; but an upload with
+	// no part moving gets one before that, so none waits for the larger
+	// ones to end. 0: no bound but each upload's own (UploadParallel+1
+	// buffers).
 	UploadInFlight int
 	// Host names this machine in leases and records (default: the host
 	// name).

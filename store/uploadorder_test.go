@@ -38,7 +38,8 @@ func (b *heldParts) UploadPart(ctx context.Context, key, id string, n int, body 
 
 // With the parts in flight bounded, a token given back goes to a part of
 // the largest blob waiting: its completion is the longest, and the upload
-// that ends a run is then a small one.
+// that ends a run is then a small one. An upload with no part moving goes
+// before any other's next part: none waits for the larger ones to end.
 func TestUploadLargestFirst(t *testing.T) {
 	lb, err := local.New(filepath.Join(t.TempDir(), "store"))
 	if err != nil {
@@ -93,6 +94,11 @@ func TestUploadLargestFirst(t *testing.T) {
 	}
 	if b.order[0] != store.BlobKey(ds) || b.order[1] != store.BlobKey(db) {
 		t.Errorf("after the small blob's first part came %s, want the big blob's (%s)", b.order[1], store.BlobKey(db))
+	}
+	// Then the mid blob's first, before the small one's second and the
+	// big one's next.
+	if b.order[2] != store.BlobKey(dm) {
+		t.Errorf("third part %s, want the mid blob's first (%s)", b.order[2], store.BlobKey(dm))
 	}
 	for _, c := range []struct {
 		d    digest.Digest
