@@ -37,3 +37,14 @@ func MergeShardDone(f func(name string)) { mergeShardDone = f }
 // EarlyStored makes f told of each output blob stored in the shared store
 // while its stage ran (nil: none).
 func EarlyStored(f func(d manifest.Digest)) { earlyStored = f }
+
+// SharePut makes f told of each output blob a stage's share stores (or
+// finds stored) itself, not early (nil: none).
+func SharePut(f func(d manifest.Digest)) { sharePut = f }
+
+// EarlyMin sets the smallest blob stored early and returns the one before.
+func EarlyMin(n int64) int64 {
+	old := earlyMin
+	earlyMin = n
+	return old
+}

@@ -749,14 +749,20 @@ var beforeShare func(stage string)
 // fails is the gc's once the lease that protects it is gone. A nil
 // earlyShare stores nothing.
 type earlyShare struct {
-	r      *runner
-	l      *store.Lease
-	ctx    context.Context
-	cancel func()
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	ups    map[manifest.Digest]*earlyUpload
+	r       *runner
+	l       *store.Lease
+	ctx     context.Context
+	cancel  func()
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	ups     map[manifest.Digest]*earlyUpload
+	stopped bool
 }
+
+// earlyMin is the smallest blob stored early: a smaller one goes up with
+// the rest of its stage's outputs, at little cost, instead of a write of
+// the lease each (the lease names every blob it protects).
+var earlyMin int64 = store.DefaultPartSize
 
 type earlyUpload struct {
 	done chan struct{}
@@ -772,8 +778,11 @@ func (r *runner) earlyFor(ctx context.Context, l *store.Lease) *earlyShare {
 // add starts storing the finished output blob d of size bytes (once per
 // blob), in a slot of the run's uploads.
 func (e *earlyShare) add(d manifest.Digest, size int64) {
+	if size < earlyMin {
+		return
+	}
 	e.mu.Lock()
-	if _, ok := e.ups[d]; ok {
+	if _, ok := e.ups[d]; ok || e.stopped {
 		e.mu.Unlock()
 		return
 	}
@@ -806,10 +815,12 @@ func (e *earlyShare) add(d manifest.Digest, size int64) {
 	}()
 }
 
-// stored waits for the early upload of d, if one was started, and says
-// whether it stored the blob.
-func (e *earlyShare) stored(ctx context.Context, d manifest.Digest) bool {
-	if e == nil {
+// stored waits for the early upload of d, if one was started under l, and
+// says whether it stored the blob. One stored under another lease (lost
+// since, and taken over before this machine regained it) is not taken
+// for stored: unprotected meanwhile, a gc may have removed it.
+func (e *earlyShare) stored(ctx context.Context, l *store.Lease, d manifest.Digest) bool {
+	if e == nil || e.l != l {
 		return false
 	}
 	e.mu.Lock()
@@ -832,12 +843,19 @@ func (e *earlyShare) stop() {
 	if e == nil {
 		return
 	}
+	e.mu.Lock()
+	e.stopped = true
+	e.mu.Unlock()
 	e.cancel()
 	e.wg.Wait()
 }
 
-// earlyStored, set by tests only, is told of each blob stored early.
-var earlyStored func(d manifest.Digest)
+// earlyStored, set by tests only, is told of each blob stored early;
+// sharePut of each blob share stores (or finds stored) itself.
+var (
+	earlyStored func(d manifest.Digest)
+	sharePut    func(d manifest.Digest)
+)
 
 // publish stores rec's outputs and record in the shared store, behind the
 // run, then releases l (nil: a record made here earlier, shared late);
@@ -866,6 +884,10 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 			}
 			l = nl
 			r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params})
+			// What was stored early is looked for again (share's
+			// putOutput finds it there or stores it): the lease that
+			// protected it was lost meanwhile.
+			early.stop()
 			err = r.share(ctx, st, rec, l, early)
 		}
 		early.stop()
@@ -970,29 +992,25 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		prog.Add(n)
 		mu.Unlock()
 	}
-	// Outputs stored while the stage ran (early) are not stored again;
-	// one whose early upload failed is, below.
-	var rest []manifest.Output
-	for _, o := range rec.Outputs {
-		if early.stored(ctx, o.Digest) {
-			add(o.Size)
-			continue
-		}
-		rest = append(rest, o)
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	// An output stored while the stage ran (early) is not stored again;
+	// one whose early upload failed is, as soon as that is known, while
+	// the others are still waited for.
 	g, gctx := errgroup.WithContext(ctx)
-outputs:
-	for _, o := range rest {
-		select {
-		case sh.slots <- struct{}{}:
-		case <-gctx.Done():
-			break outputs
-		}
+	for _, o := range rec.Outputs {
 		g.Go(func() error {
+			if early.stored(gctx, l, o.Digest) {
+				add(o.Size)
+				return nil
+			}
+			select {
+			case sh.slots <- struct{}{}:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
 			defer func() { <-sh.slots }()
+			if sharePut != nil {
+				sharePut(o.Digest)
+			}
 			if err := r.putOutput(gctx, o.Digest, o.Size, add); err != nil {
 				return fmt.Errorf("output %s: %w", o.Path, err)
 			}

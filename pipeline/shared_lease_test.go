@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -986,14 +987,27 @@ func TestSharedFetchSideBySide(t *testing.T) {
 	}
 }
 
-// blobPuts counts the writes of each blob to a shared store.
+// blobPuts counts the writes of each blob to a shared store, and refuses
+// the first one (failed names its blob).
 type blobPuts struct {
 	store.Backend
-	mu   sync.Mutex
-	puts map[string]int
+	mu     sync.Mutex
+	puts   map[string]int
+	failed string
 }
 
 func (b *blobPuts) Put(ctx context.Context, key string, body []byte, opt store.PutOptions) (store.Info, error) {
+	if strings.HasPrefix(key, "blobs/") {
+		b.mu.Lock()
+		first := b.failed == ""
+		if first {
+			b.failed = key
+		}
+		b.mu.Unlock()
+		if first {
+			return store.Info{}, errors.New("injected: the first blob written is refused")
+		}
+	}
 	in, err := b.Backend.Put(ctx, key, body, opt)
 	if err == nil && strings.HasPrefix(key, "blobs/") {
 		b.mu.Lock()
@@ -1016,9 +1030,10 @@ func (b *blobPuts) CompleteUpload(ctx context.Context, key, id string, parts []s
 // A merge run that shares its outputs stores each shard as soon as it is
 // whole, while it writes the others (its last shard waits here until an
 // earlier one is in the shared store: without early sharing none is until
-// the merge ends, and the wait fails), each blob once: the stage's share
-// then stores the rest and the record, and another machine fetches it
-// whole.
+// the merge ends, and the wait fails). The stage's share then stores only
+// the rest and the shard whose early upload failed (the first blob
+// written is refused here), and the record; another machine fetches the
+// stage whole.
 func TestSharedOutputsStoredEarly(t *testing.T) {
 	shared := t.TempDir()
 	base, err := filepath.Abs(filepath.Join("..", "testdata", "models", "qwen35-tiny", "base"))
@@ -1040,8 +1055,15 @@ func TestSharedOutputsStoredEarly(t *testing.T) {
 		return spec
 	}
 
+	defer EarlyMin(EarlyMin(0)) // the tiny model's shards are small
 	var mu sync.Mutex
-	early := map[manifest.Digest]int{}
+	early, byShare := map[manifest.Digest]int{}, map[manifest.Digest]int{}
+	SharePut(func(d manifest.Digest) {
+		mu.Lock()
+		byShare[d]++
+		mu.Unlock()
+	})
+	defer SharePut(nil)
 	stored := make(chan struct{}, 1)
 	EarlyStored(func(d manifest.Digest) {
 		mu.Lock()
@@ -1087,15 +1109,30 @@ func TestSharedOutputsStoredEarly(t *testing.T) {
 		t.Fatalf("merged: %s, not shared: %q", merged.Action, merged.NotShared)
 	}
 	mu.Lock()
+	bp.mu.Lock()
+	refused := 0
 	for _, o := range merged.Outputs {
-		isShard := strings.HasSuffix(o.Path, ".safetensors")
-		if n := early[o.Digest]; isShard && n != 1 {
-			t.Errorf("shard %s stored early %d times, want once", o.Path, n)
+		// Each output is stored once: early, or by the share (the
+		// refused one, and any the stage handed over at its end that the
+		// share came to first); each shard early but the refused one.
+		e, sp := early[o.Digest], byShare[o.Digest]
+		if e+sp != 1 {
+			t.Errorf("%s stored %d times early and %d by the share, want once in all", o.Path, e, sp)
 		}
-		if n := bp.puts[store.BlobKey(o.Digest)]; n > 1 {
-			t.Errorf("output %s written to the shared store %d times", o.Path, n)
+		switch {
+		case bp.failed == store.BlobKey(o.Digest):
+			refused++
+			if sp != 1 {
+				t.Errorf("%s, refused early, stored by the share %d times, want once", o.Path, sp)
+			}
+		case strings.HasSuffix(o.Path, ".safetensors") && e != 1:
+			t.Errorf("shard %s stored early %d times, want once", o.Path, e)
 		}
 	}
+	if refused != 1 {
+		t.Errorf("the refused blob %q is not one of merged's outputs", bp.failed)
+	}
+	bp.mu.Unlock()
 	mu.Unlock()
 
 	// Another machine finds the record whole.
