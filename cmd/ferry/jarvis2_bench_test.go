@@ -49,7 +49,8 @@ func jarvis2UpToNetwork(tb testing.TB) string {
 }
 
 // jarvis2Inputs is the generated base (FERRY_BENCH_LAYERS,
-// FERRY_BENCH_VOCAB) and DoRA adapter the jarvis2 benchmarks run on.
+// FERRY_BENCH_VOCAB, FERRY_BENCH_SHARD_MB) and DoRA adapter the jarvis2
+// benchmarks run on.
 func jarvis2Inputs(b *testing.B) (base benchtest.Checkpoint, adapterDir string, layers, vocab int) {
 	b.Helper()
 	layers = benchtest.EnvInt(b, "FERRY_BENCH_LAYERS", 4)
@@ -59,8 +60,16 @@ func jarvis2Inputs(b *testing.B) (base benchtest.Checkpoint, adapterDir string, 
 		b.Fatalf("FERRY_BENCH_LAYERS=%d: want 4 or more (the MTP gate needs a full-attention layer)", layers)
 	}
 	vocab = benchtest.EnvInt(b, "FERRY_BENCH_VOCAB", 32768)
-	base = benchtest.Checkpoint27B(b, layers, vocab, true)
+	// FERRY_BENCH_SHARD_MB cuts the slice into shards of at most that
+	// many MB (default 2000): 1000 gives the 8.98 GB slice at the anchors'
+	// vocabulary nine shards, written in three rounds of four as a full
+	// checkpoint's eleven 5 GB shards are.
+	shard := int64(benchtest.EnvInt(b, "FERRY_BENCH_SHARD_MB", 2000)) * 1_000_000
+	base = benchtest.Checkpoint27BShards(b, layers, vocab, true, shard)
 	adapterDir = filepath.Join(benchtest.Dir(b), fmt.Sprintf("dora-r16-%d-%d", layers, vocab))
+	if shard != 2_000_000_000 {
+		adapterDir += fmt.Sprintf("-shard%dMB", shard/1_000_000)
+	}
 	if _, err := os.Stat(filepath.Join(adapterDir, "adapter_config.json")); err != nil {
 		targets := []string{"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b",
 			"in_proj_a", "out_proj", "gate_proj", "up_proj", "down_proj"}

@@ -92,6 +92,13 @@ type Checkpoint struct {
 // widths, 2 GB BF16 shards) with a vocab-entry embedding and, with
 // tokenizer, a tokenizer (WriteQwen35).
 func Checkpoint27B(tb testing.TB, layers, vocab int, tokenizer bool) Checkpoint {
+	return Checkpoint27BShards(tb, layers, vocab, tokenizer, 0)
+}
+
+// Checkpoint27BShards is Checkpoint27B with shards of at most shardBytes
+// (0: Large27B's 2 GB): a slice cut into as many shards, for its size, as
+// a full checkpoint (about eleven of 5 GB for 54 GB) is.
+func Checkpoint27BShards(tb testing.TB, layers, vocab int, tokenizer bool, shardBytes int64) Checkpoint {
 	tb.Helper()
 	o := testmodel.Large27B(layers)
 	o.VocabSize = vocab
@@ -99,6 +106,10 @@ func Checkpoint27B(tb testing.TB, layers, vocab int, tokenizer bool) Checkpoint 
 	name := fmt.Sprintf("qwen35-27b-slice-%d-%d", layers, vocab)
 	if tokenizer {
 		name += "-tok"
+	}
+	if shardBytes > 0 && shardBytes != o.MaxShardSize {
+		o.MaxShardSize = shardBytes
+		name += fmt.Sprintf("-shard%dMB", shardBytes/1e6)
 	}
 	return WriteQwen35(tb, name, o)
 }
