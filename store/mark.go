@@ -99,6 +99,37 @@ func (l *Lease) Mark(ctx context.Context, group string, note json.RawMessage) er
 	return nil
 }
 
+// Unmark removes the mark of l in group (one Mark wrote), if it is still
+// the version l wrote, while l is held: l no longer makes anything of
+// group (a lease marking several groups, done with one of them).
+func (l *Lease) Unmark(ctx context.Context, group string) error {
+	if err := checkName("mark group", group); err != nil {
+		return err
+	}
+	key := markKey(group, l.name)
+	l.wmu.Lock()
+	var m *markAt
+	for i := range l.marks {
+		if l.marks[i].key == key {
+			m = &markAt{key, l.marks[i].etag}
+			l.marks = append(l.marks[:i:i], l.marks[i+1:]...)
+			break
+		}
+	}
+	l.wmu.Unlock()
+	if m == nil {
+		return nil
+	}
+	etag := m.etag
+	if l.s.probe != nil && !l.s.probe.ConditionalDelete {
+		etag = ""
+	}
+	if err := l.s.b.Delete(ctx, key, etag); err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("%s: mark of lease %s in %s: %w", l.s.b, l.name, group, err)
+	}
+	return nil
+}
+
 // unmark removes the marks l wrote, each only if it is still the version
 // l wrote: best effort, as a mark left behind is ignored once l has
 // ended.

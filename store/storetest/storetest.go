@@ -1542,6 +1542,35 @@ func testMarks(t *testing.T, h Harness) {
 	if ms := marked(bb, group+"/nested"); len(ms) != 1 || ms[0].Lease != "stage/m2" || ms[0].Note != nil {
 		t.Fatalf("marks of the nested group: %+v", ms)
 	}
+	// A lease marking two groups, unmarked in one: the other stays, and
+	// unmarking a group it never marked does nothing.
+	lt, err := a.AcquireLease(ctx, "run/r3", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []string{group + "/x", group + "/y"} {
+		if err := lt.Mark(ctx, g, json.RawMessage(`{"pending":true}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := lt.Unmark(ctx, group+"/x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := lt.Unmark(ctx, group+"/z"); err != nil {
+		t.Fatalf("unmark of a group never marked: %v", err)
+	}
+	if ms := marked(bb, group+"/x"); len(ms) != 0 {
+		t.Fatalf("marks of a group unmarked: %+v", ms)
+	}
+	if ms := marked(bb, group+"/y"); len(ms) != 1 || ms[0].Lease != "run/r3" {
+		t.Fatalf("marks of the group still marked: %+v", ms)
+	}
+	if err := lt.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ms := marked(bb, group+"/y"); len(ms) != 0 {
+		t.Fatalf("marks after the release of the lease marking two groups: %+v", ms)
+	}
 	objects := func(prefix string) int {
 		t.Helper()
 		n := 0
