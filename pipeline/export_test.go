@@ -48,3 +48,6 @@ func EarlyMin(n int64) int64 {
 	earlyMin = n
 	return old
 }
+
+// StageStarting makes f called as each stage starts running (nil: none).
+func StageStarting(f func(stage string)) { stageStarting = f }

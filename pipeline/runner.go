@@ -176,6 +176,9 @@ type runner struct {
 	// removedShared: the stage keys whose damaged blob in the shared
 	// store this run removed (told once, not again as a missing blob).
 	removedShared sync.Map
+	// pending marks the stages this run may make before it can key them
+	// (markPending; nil: none).
+	pending *pendingMarks
 
 	// step is each selected stage's place in the run's order (1-based),
 	// of steps; eventMu keeps events one at a time, and guards step and
@@ -744,11 +747,16 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	r.upMu.Lock()
 	pr.upMemo = maps.Clone(r.upMemo)
 	r.upMu.Unlock()
-	if _, err := pr.plan(ctx, sel, forced); err != nil {
+	prep, err := pr.plan(ctx, sel, forced)
+	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, &InterruptedError{Err: cerr}
 		}
 		return nil, fmt.Errorf("%w; nothing was run (see 'ferry pipeline plan')", err)
+	}
+	if r.shared != nil {
+		r.markPending(ctx, prep)
+		defer r.pending.release(ctx)
 	}
 	for _, share := range toShare {
 		share()
@@ -794,9 +802,12 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 					select {
 					case <-ds.done:
 					case <-gctx.Done():
+						// Not to be made by this run: not marked so.
+						r.pending.done(ctx, r, st.Name)
 						return gctx.Err()
 					}
 					if ds.in == nil {
+						r.pending.done(ctx, r, st.Name)
 						why := "input " + dep.Name + " did not complete"
 						mu.Lock()
 						reports[st.Name] = StageReport{Stage: st.Name, Kind: st.Kind, Action: ActionBlocked, Reason: why}
@@ -943,6 +954,16 @@ func leaseLost(ctx context.Context, err error) bool {
 }
 
 func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced bool, sched *scheduler) (StageReport, *Input, error) {
+	// Decided, made or failed: no longer marked as one this run may make
+	// (a stage it makes is marked under its own lease by then; one up to
+	// date here that the shared store lacks, by its publish, once the
+	// ref is pointed or its lease marked).
+	published := false
+	defer func() {
+		if !published {
+			r.pending.done(ctx, r, st.Name)
+		}
+	}()
 	sr := StageReport{Stage: st.Name, Kind: st.Kind, View: r.spec.ViewDir(st)}
 	key, _, _, err := r.key(st, ins) // an import's: its work key (see key)
 	if err != nil {
@@ -964,6 +985,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		case d.action == ActionSkip:
 			// Up to date here: shared unless the shared store has it.
 			r.publish(ctx, st, d.rec, nil, nil)
+			published = true
 		default:
 			var rec *manifest.Record
 			var host string
@@ -1076,6 +1098,9 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	sr.Action = ActionRun
 	r.lifecycle("stage start", "stage", st.Name, "step", r.stepOf(st.Name), "kind", st.Kind, "why", d.reason, "key", sr.Key[:12], "memory", FormatBytes(memoryOf(p)))
 	r.emit(Event{Event: EventRun, Stage: st.Name, Kind: st.Kind, Reason: d.reason, Cause: d.cause, View: sr.View})
+	if stageStarting != nil {
+		stageStarting(st.Name)
+	}
 	start := time.Now()
 	// Sharing its outputs, the run gives the cores to the stages that
 	// write the most first.
@@ -1245,6 +1270,9 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 	}
 	return rec, nil
 }
+
+// stageStarting, set by tests only, is called as a stage starts running.
+var stageStarting func(stage string)
 
 // stageCores, set by tests only, is told each stage's hold on the cores
 // as it runs.

@@ -3,6 +3,9 @@ package pipeline
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -662,8 +665,144 @@ func (r *runner) leaseStage(ctx context.Context, st *StageSpec, d decision, forc
 			return nil, rec, host, waited, err
 		}
 	}
-	r.markLease(ctx, st, l, makingNote{Kind: st.Kind, KindVersion: r.spec.KindOf(st).Version, Params: d.params})
+	if r.markLease(ctx, st, l, makingNote{Kind: st.Kind, KindVersion: r.spec.KindOf(st).Version, Params: d.params}) {
+		// Marked under its own lease: the run's pending mark goes.
+		r.pending.done(ctx, r, st.Name)
+	}
 	return l, nil, "", waited, nil
+}
+
+// pendingMarks marks the stages a run may make before it can work out
+// their keys (their inputs are imported or made by this run first): under
+// a lease of the run's own, in each stage's ref group, as its stage lease
+// is marked once taken. A machine that cannot key such a stage (its
+// input files are not there) then waits for this run, from its start,
+// instead of taking the record the ref names before this run points it
+// at a new one: the window while this machine still imports new files is
+// closed. A stage's mark goes once the stage is decided here (its own
+// lease marked, or skipped, fetched, failed); the lease goes when none is
+// left, or when the run ends.
+type pendingMarks struct {
+	mu   sync.Mutex
+	l    *store.Lease
+	left map[string]bool // stage → marked
+	gone bool
+}
+
+// markPending marks the stages of rep (the run's plan) that this run may
+// make: selected, shareable, and to run or pending. A mark that cannot be
+// written is a warning: it only spares a machine without the files the
+// record made before this run.
+func (r *runner) markPending(ctx context.Context, rep *Report) {
+	var stages []*StageSpec
+	for _, sr := range rep.Stages {
+		if sr.Action != ActionRun && sr.Action != ActionPending {
+			continue
+		}
+		if st := r.spec.Lookup(sr.Stage); st != nil && shareable(st) {
+			stages = append(stages, st)
+		}
+	}
+	if len(stages) == 0 {
+		return
+	}
+	// One name per cache (its lock makes the run its only holder): the
+	// next run on it takes over at once the lease of one killed, whose
+	// marks then no longer count; another holder (a cache of the same
+	// path and host name elsewhere) gets a name of its own.
+	name := runLeaseName(r.opts.Host, r.spec.Store, nil)
+	l, err := r.shared.s.AcquireLease(ctx, name, r.shared.ttl)
+	var held *store.HeldError
+	if errors.As(err, &held) {
+		var id [8]byte
+		rand.Read(id[:])
+		l, err = r.shared.s.AcquireLease(ctx, runLeaseName(r.opts.Host, r.spec.Store, id[:]), r.shared.ttl)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("could not mark the stages this run makes (a machine without their input files may take the records made before this run until they are shared)", "err", err)
+		}
+		return
+	}
+	p := &pendingMarks{l: l, left: map[string]bool{}}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for _, st := range stages {
+		g.Go(func() error {
+			_, params, _, err := r.key(st, nil)
+			var note []byte
+			if err == nil {
+				note, err = json.Marshal(makingNote{Kind: st.Kind, KindVersion: r.spec.KindOf(st).Version, Params: params})
+			}
+			if err == nil {
+				err = l.Mark(gctx, manifest.StageRef(r.spec.Name, st.Name), note)
+			}
+			if err != nil {
+				if ctx.Err() == nil {
+					r.log.Warn("could not mark a stage this run may make (a machine without its input files may take the record made before this run until it is shared)", "stage", st.Name, "err", err)
+				}
+				return nil
+			}
+			p.mu.Lock()
+			p.left[st.Name] = true
+			p.mu.Unlock()
+			return nil
+		})
+	}
+	g.Wait()
+	r.pending = p
+	if len(p.left) == 0 {
+		p.release(ctx)
+	}
+}
+
+// runLeaseName is the name of the lease of a run on host whose cache is
+// store, or of one with id (another holder has that one).
+func runLeaseName(host, store string, id []byte) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", host, store)
+	h.Write(id)
+	return "run/" + hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// done removes stage's mark; the lease goes with the last one.
+func (p *pendingMarks) done(ctx context.Context, r *runner, stage string) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	if !p.left[stage] || p.gone {
+		p.mu.Unlock()
+		return
+	}
+	delete(p.left, stage)
+	last := len(p.left) == 0
+	p.mu.Unlock()
+	if last {
+		p.release(ctx)
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.shared.ttl, 15*time.Second))
+	defer cancel()
+	if err := p.l.Unmark(uctx, manifest.StageRef(r.spec.Name, stage)); err != nil {
+		// Left until the run's lease goes: a machine waits a while longer.
+		r.log.Debug("could not remove a stage's pending mark", "stage", stage, "err", err)
+	}
+}
+
+// release gives the lease back, with the marks left (once).
+func (p *pendingMarks) release(ctx context.Context) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	if p.gone {
+		p.mu.Unlock()
+		return
+	}
+	p.gone = true
+	p.mu.Unlock()
+	p.l.Release(context.WithoutCancel(ctx))
 }
 
 // makingNote is what the mark of a stage's lease says the holder makes
@@ -679,7 +818,7 @@ type makingNote struct {
 // markLease marks l, st's lease, with what it makes, in the group of st's
 // ref. A mark only spares a machine that cannot key st the record the ref
 // names before: one not written is a warning, not the stage's failure.
-func (r *runner) markLease(ctx context.Context, st *StageSpec, l *store.Lease, n makingNote) {
+func (r *runner) markLease(ctx context.Context, st *StageSpec, l *store.Lease, n makingNote) bool {
 	note, err := json.Marshal(n)
 	if err == nil {
 		err = l.Mark(ctx, manifest.StageRef(r.spec.Name, st.Name), note)
@@ -687,6 +826,7 @@ func (r *runner) markLease(ctx context.Context, st *StageSpec, l *store.Lease, n
 	if err != nil && ctx.Err() == nil {
 		r.log.Warn("could not mark the stage's lease (a machine without this stage's input files may take the record made before this one until it is shared)", "stage", st.Name, "err", err)
 	}
+	return err == nil
 }
 
 // beingMade is what st, whose inputs cannot be keyed here, stands for
@@ -867,6 +1007,10 @@ func (r *runner) publish(ctx context.Context, st *StageSpec, rec *manifest.Recor
 	sh.wg.Add(1)
 	go func() {
 		defer sh.wg.Done()
+		// Its pending mark (a stage up to date here), once it is shared
+		// or found there: share removes it as soon as the ref is pointed
+		// or the stage's lease marked.
+		defer r.pending.done(ctx, r, st.Name)
 		if beforeShare != nil {
 			beforeShare(st.Name)
 		}
@@ -964,7 +1108,9 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 		}
 		defer l.Release(context.WithoutCancel(ctx))
 		r.noteTakeover(st, l)
-		r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params})
+		if r.markLease(ctx, st, l, makingNote{Kind: rec.Kind, KindVersion: rec.KindVersion, Params: rec.Params}) {
+			r.pending.done(ctx, r, st.Name)
+		}
 		if whole, err := r.sharedWhole(ctx, rec); err != nil {
 			return err
 		} else if whole {

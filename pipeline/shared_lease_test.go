@@ -712,6 +712,91 @@ func TestSharedLeaseLostWhileSharing(t *testing.T) {
 	}
 }
 
+// runResult is the end of a run started in a goroutine.
+type runResult struct {
+	rep *Report
+	err error
+}
+
+// reportKey is stage's key in rep ("" if none).
+func reportKey(rep *Report, stage string) string {
+	if rep == nil {
+		return ""
+	}
+	for _, sr := range rep.Stages {
+		if sr.Stage == stage {
+			return sr.Key
+		}
+	}
+	return ""
+}
+
+// macWaitsForB starts the mac's --only c run of spec and checks that it
+// waits for the team's b (why: what the team is doing), not takes old's.
+func macWaitsForB(t *testing.T, spec *Spec, old *Report, why string) chan runResult {
+	t.Helper()
+	waiting := make(chan Event, 16)
+	mac := make(chan runResult, 1)
+	go func() {
+		rep, err := Run(context.Background(), spec, Options{Host: "mac", Only: "c", Events: func(e Event) {
+			if e.Event == EventWaiting {
+				waiting <- e
+			}
+		}})
+		mac <- runResult{rep, err}
+	}()
+	select {
+	case e := <-waiting:
+		if e.Stage != "b" || e.Holder != "team" {
+			t.Errorf("waiting event: %+v", e)
+		}
+	case r := <-mac:
+		t.Fatalf("the mac did not wait for the team, which %s: c's key %.12s (the old c's %.12s), %v", why, reportKey(r.rep, "c"), reportKey(old, "c"), r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no waiting event")
+	}
+	return mac
+}
+
+// newCEverywhere waits for the team's and the mac's runs to end (after
+// what), then checks that the mac took the team's new c, not old's, and
+// that no mark is left in the shared store.
+func newCEverywhere(t *testing.T, shared string, old *Report, team, mac chan runResult, after string) {
+	t.Helper()
+	var nt, nm runResult
+	for _, ch := range []chan runResult{team, mac} {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if ch == team {
+				nt = r
+			} else {
+				nm = r
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("a run did not end once " + after)
+		}
+	}
+	if k := reportKey(nm.rep, "c"); k != reportKey(nt.rep, "c") || k == reportKey(old, "c") {
+		t.Errorf("the mac's c %.12s, want the team's new c %.12s (the old one %.12s)", k, reportKey(nt.rep, "c"), reportKey(old, "c"))
+	}
+	// Every mark went with its lease.
+	var marks []string
+	if err := filepath.WalkDir(filepath.Join(shared, "marks"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			marks = append(marks, p)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(marks) != 0 {
+		t.Errorf("marks left after both runs: %v", marks)
+	}
+}
+
 // A machine without the base files (--only c) takes b from the stage's
 // ref; while another machine makes b anew from new base files, it waits
 // for that machine (the mark of b's lease names the ref's stage and what
@@ -736,14 +821,6 @@ func TestSharedOnlyWaitsForRefBeingMadeAnew(t *testing.T) {
 		spec.Store = filepath.Join(t.TempDir(), "cache")
 		return spec
 	}
-	keyOf := func(rep *Report, stage string) string {
-		for _, sr := range rep.Stages {
-			if sr.Stage == stage {
-				return sr.Key
-			}
-		}
-		return ""
-	}
 	ctx := context.Background()
 	old, err := Run(ctx, open(file("the base", 2)), Options{Host: "team"})
 	if err != nil {
@@ -759,14 +836,10 @@ func TestSharedOnlyWaitsForRefBeingMadeAnew(t *testing.T) {
 		}
 	})
 	defer BeforeShare(nil)
-	type result struct {
-		rep *Report
-		err error
-	}
-	team := make(chan result, 1)
+	team := make(chan runResult, 1)
 	go func() {
 		rep, err := Run(ctx, open(file("a new base", 2)), Options{Host: "team"})
-		team <- result{rep, err}
+		team <- runResult{rep, err}
 	}()
 	select {
 	case <-held:
@@ -790,58 +863,180 @@ func TestSharedOnlyWaitsForRefBeingMadeAnew(t *testing.T) {
 			t.Errorf("plan while the team makes b anew: c %s (%s)", sr.Action, sr.Reason)
 		}
 	}
-	waiting := make(chan Event, 16)
-	mac := make(chan result, 1)
-	go func() {
-		rep, err := Run(ctx, open(file("", 2)), Options{Host: "mac", Only: "c", Events: func(e Event) {
-			if e.Event == EventWaiting {
-				waiting <- e
-			}
-		}})
-		mac <- result{rep, err}
-	}()
-	select {
-	case e := <-waiting:
-		if e.Stage != "b" || e.Holder != "team" {
-			t.Errorf("waiting event: %+v", e)
-		}
-	case r := <-mac:
-		t.Fatalf("the mac did not wait for the team's b: c's key %.12s (the old c's %.12s), %v", keyOf(r.rep, "c"), keyOf(old, "c"), r.err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("no waiting event")
-	}
+	mac := macWaitsForB(t, open(file("", 2)), old, "makes b anew")
 	close(release)
-	var nt, nm result
-	for _, ch := range []chan result{team, mac} {
-		select {
-		case r := <-ch:
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			if ch == team {
-				nt = r
-			} else {
-				nm = r
-			}
-		case <-time.After(60 * time.Second):
-			t.Fatal("a run did not end once the team's b was shared")
+	newCEverywhere(t, shared, old, team, mac, "the team's b was shared")
+}
+
+// The same while the team still imports the new base, before it can key
+// b or hold b's lease: its run marks the stages it may make from its
+// start (a lease of the run's own), so the Mac waits from then on too,
+// and gets the new c. Each mark goes as its stage is decided, and none is
+// left when the runs end.
+func TestSharedOnlyWaitsWhileTheMakerImports(t *testing.T) {
+	shared := t.TempDir()
+	src := filepath.Join(t.TempDir(), "w.bin")
+	file := func(withBase bool) string {
+		path := src
+		if !withBase {
+			path = filepath.Join(t.TempDir(), "w.bin") // not on the mac
 		}
+		return "name: p\nstore: file://" + shared + "\nstages:\n" +
+			"  - name: base\n    import: { path: " + path + " }\n" +
+			"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: base }\n" +
+			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
 	}
-	if k := keyOf(nm.rep, "c"); k != keyOf(nt.rep, "c") || k == keyOf(old, "c") {
-		t.Errorf("the mac's c %.12s, want the team's new c %.12s (the old one %.12s)", k, keyOf(nt.rep, "c"), keyOf(old, "c"))
+	open := func(src string) *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
 	}
-	// Every mark went with its lease.
-	var marks []string
-	if err := filepath.WalkDir(filepath.Join(shared, "marks"), func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			marks = append(marks, p)
-		}
-		return nil
-	}); err != nil {
+	ctx := context.Background()
+	if err := os.WriteFile(src, []byte("the base"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if len(marks) != 0 {
-		t.Errorf("marks left after both runs: %v", marks)
+	old, err := Run(ctx, open(file(true)), Options{Host: "team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// New base files; the team's run is held as its import starts.
+	if err := os.WriteFile(src, []byte("a new base"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var once, released sync.Once
+	let := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(let) // a test that fails while the team is held lets it go
+	StageStarting(func(stage string) {
+		if stage == "base" {
+			once.Do(func() { close(held); <-release })
+		}
+	})
+	defer StageStarting(nil)
+	team := make(chan runResult, 1)
+	teamSpec := open(file(true))
+	go func() {
+		rep, err := Run(ctx, teamSpec, Options{Host: "team"})
+		team <- runResult{rep, err}
+	}()
+	select {
+	case <-held:
+	case r := <-team:
+		t.Fatalf("the team's run ended before its import: %v", r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the team's import did not start")
+	}
+	mac := macWaitsForB(t, open(file(false)), old, "imports a new base")
+	let()
+	newCEverywhere(t, shared, old, team, mac, "the team's import went on")
+	// A run that makes nothing takes no lease of its own.
+	leases := func() int {
+		ents, _ := os.ReadDir(filepath.Join(shared, "leases", "run"))
+		return len(ents)
+	}
+	before := leases()
+	if _, err := Run(ctx, teamSpec, Options{Host: "team"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := leases(); n != before {
+		t.Errorf("a run with every stage up to date took a lease of its own (%d run leases, %d before)", n, before)
+	}
+}
+
+// refuseBlobs refuses every blob written to a shared store.
+type refuseBlobs struct{ store.Backend }
+
+func (b refuseBlobs) Put(ctx context.Context, key string, body []byte, opt store.PutOptions) (store.Info, error) {
+	if strings.HasPrefix(key, "blobs/") {
+		return store.Info{}, errors.New("injected: blob writes refused")
+	}
+	return b.Backend.Put(ctx, key, body, opt)
+}
+
+// A stage the run marked as one it may make that turns out up to date
+// here, but is not in the shared store (its share failed before), keeps
+// its mark until its late share has pointed the ref or marked the stage's
+// lease: a machine without the files never sees the ref's old record
+// unmarked meanwhile.
+func TestSharedPendingMarkKeptUntilShared(t *testing.T) {
+	shared := t.TempDir()
+	src := filepath.Join(t.TempDir(), "w.bin")
+	text := "name: p\nstore: file://" + shared + "\nstages:\n" +
+		"  - name: base\n    import: { path: " + src + " }\n" +
+		"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: base }\n"
+	cache := filepath.Join(t.TempDir(), "cache")
+	open := func() *Spec {
+		spec := loadSpec(t, t.TempDir(), text)
+		spec.Store = cache
+		return spec
+	}
+	ctx := context.Background()
+	if err := os.WriteFile(src, []byte("the base"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(ctx, open(), Options{Host: "team"}); err != nil {
+		t.Fatal(err)
+	}
+	// A new base; b made here, its share refused.
+	if err := os.WriteFile(src, []byte("a new base"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	WrapShared(func(b store.Backend) store.Backend { return refuseBlobs{b} })
+	rep, err := Run(ctx, open(), Options{Host: "team"})
+	WrapShared(nil)
+	var notShared string
+	if rep != nil {
+		for _, sr := range rep.Stages {
+			if sr.Stage == "b" {
+				notShared = sr.NotShared
+			}
+		}
+	}
+	if err == nil || notShared == "" {
+		t.Fatalf("b's share with blob writes refused: %v (not shared: %q)", err, notShared)
+	}
+	// Touched: the import runs again (b is marked as one the run may
+	// make), finds the same bytes, and b is up to date here: held as its
+	// late share starts.
+	now := time.Now().Add(time.Second)
+	if err := os.Chtimes(src, now, now); err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var once, released sync.Once
+	let := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(let)
+	BeforeShare(func(stage string) {
+		if stage == "b" {
+			once.Do(func() { close(held); <-release })
+		}
+	})
+	defer BeforeShare(nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, open(), Options{Host: "team"})
+		done <- err
+	}()
+	select {
+	case <-held:
+	case err := <-done:
+		t.Fatalf("the run ended before b's late share: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("b's late share did not start")
+	}
+	ms, err := openDirStore(t, shared, "mac").Marked(ctx, manifest.StageRef("p", "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0].Holder != "team" {
+		t.Errorf("marks of b while its late share starts: %+v, want the team's run's", ms)
+	}
+	let()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := openDirStore(t, shared, "mac").Marked(ctx, manifest.StageRef("p", "b")); err != nil || len(ms) != 0 {
+		t.Errorf("marks of b after the run: %+v, %v", ms, err)
 	}
 }
 

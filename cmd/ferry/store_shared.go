@@ -129,7 +129,7 @@ func sharedVerify(c *cli.Context, arg string) error {
 }
 
 // leaseLine is a live lease as du and gc list it: a stage being made, a
-// copy or gc at work.
+// copy, a run or gc at work.
 func leaseLine(l store.LeaseUse) string {
 	until := l.Until.Format(time.RFC3339)
 	switch {
@@ -137,6 +137,8 @@ func leaseLine(l store.LeaseUse) string {
 		return fmt.Sprintf("  being made on %s: %s (lease until %s)", l.Holder, l.Name, until)
 	case strings.HasPrefix(l.Name, "pin/"):
 		return fmt.Sprintf("  a store copy on %s keeps the blobs it is storing: %s (lease until %s)", l.Holder, l.Name, until)
+	case strings.HasPrefix(l.Name, "run/"):
+		return fmt.Sprintf("  a pipeline run on %s marks the stages it may make: %s (lease until %s)", l.Holder, l.Name, until)
 	}
 	return fmt.Sprintf("  held by %s: %s (lease until %s)", l.Holder, l.Name, until)
 }

@@ -236,6 +236,7 @@ func TestLeaseLine(t *testing.T) {
 	for name, want := range map[string]string{
 		"stage/0a1b":       "  being made on mac: stage/0a1b (lease until 2026-11-27T12:00:00Z)",
 		"pin/mac-0123abcd": "  a store copy on mac keeps the blobs it is storing: pin/mac-0123abcd (lease until 2026-11-27T12:00:00Z)",
+		"run/0a1b2c":       "  a pipeline run on mac marks the stages it may make: run/0a1b2c (lease until 2026-11-27T12:00:00Z)",
 		"gc":               "  held by mac: gc (lease until 2026-11-27T12:00:00Z)",
 	} {
 		if got := leaseLine(store.LeaseUse{Name: name, Holder: "mac", Until: until}); got != want {
