@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/ferry-llm/ferry/manifest"
@@ -42,4 +43,109 @@ func TestEarlyStoredUnderItsLease(t *testing.T) {
 			t.Errorf("stored(%v, lease regained %v, %s) = %v, want %v", c.e != nil, c.l == regained, c.d.Short(), got, c.want)
 		}
 	}
+}
+
+// A stage's upload bar counts each byte once: an upload after an early
+// one that failed (which resumes from, or starts over before, the bytes
+// that one counted) skips what that one counted; nothing is counted
+// after the bar is closed, and it is closed once.
+func TestShareBarCountsOnce(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		skip int64
+		adds []int64
+		want int64
+	}{
+		{"no early upload", 0, []int64{16, 16, 4}, 36},
+		{"resumed after two parts", 32, []int64{32, 16, 4}, 52 - 32},
+		{"started over after one part", 16, []int64{16, 16, 16, 4}, 52 - 16},
+		{"skip within an add", 10, []int64{16, 16}, 22},
+		{"nothing to count", 20, []int64{8, 8}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bars := &ShareBars{}
+			b := &shareBar{r: &runner{opts: Options{ShareProgress: bars.New}}, stage: "s"}
+			b.setTotal(100)
+			add := b.adder(c.skip)
+			for _, n := range c.adds {
+				add(n)
+			}
+			b.close()
+			b.close()
+			add(8)
+			b.grow(8)
+			seen := bars.Of["s"]
+			if seen.Done != c.want || seen.Opened != 1 || seen.Closed != 1 || seen.Total != 100 {
+				t.Errorf("counted %d of %d, opened %d, closed %d; want %d of 100, once, once", seen.Done, seen.Total, seen.Opened, seen.Closed, c.want)
+			}
+		})
+	}
+}
+
+// ShareBars records the upload bars of a run (Options.ShareProgress) by
+// stage, and what each counted before its stage's done event.
+type ShareBars struct {
+	Mu   sync.Mutex
+	Of   map[string]*ShareBarSeen
+	done map[string]bool
+}
+
+// ShareBarSeen is what one stage's upload bars were told.
+type ShareBarSeen struct {
+	Opened, Closed          int
+	Total, Done, BeforeDone int64
+}
+
+type shareBarRec struct {
+	s     *ShareBars
+	stage string
+}
+
+// New is an Options.ShareProgress.
+func (s *ShareBars) New(stage string) Progress {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+	if s.Of == nil {
+		s.Of = map[string]*ShareBarSeen{}
+	}
+	if s.Of[stage] == nil {
+		s.Of[stage] = &ShareBarSeen{}
+	}
+	s.Of[stage].Opened++
+	return &shareBarRec{s, stage}
+}
+
+// Event is an Options.Events.
+func (s *ShareBars) Event(e Event) {
+	if e.Event == EventDone {
+		s.Mu.Lock()
+		if s.done == nil {
+			s.done = map[string]bool{}
+		}
+		s.done[e.Stage] = true
+		s.Mu.Unlock()
+	}
+}
+
+func (b *shareBarRec) SetTotal(n int64) {
+	b.s.Mu.Lock()
+	b.s.Of[b.stage].Total = n
+	b.s.Mu.Unlock()
+}
+
+func (b *shareBarRec) Add(n int64) {
+	b.s.Mu.Lock()
+	seen := b.s.Of[b.stage]
+	seen.Done += n
+	if !b.s.done[b.stage] {
+		seen.BeforeDone += n
+	}
+	b.s.Mu.Unlock()
+}
+
+func (b *shareBarRec) Close() error {
+	b.s.Mu.Lock()
+	b.s.Of[b.stage].Closed++
+	b.s.Mu.Unlock()
+	return nil
 }

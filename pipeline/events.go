@@ -14,7 +14,7 @@ const (
 	EventStart    EventType = "start"    // the run begins: Total stages selected
 	EventSkip     EventType = "skip"     // a stage is up to date
 	EventRun      EventType = "run"      // a stage starts (Reason, Cause)
-	EventProgress EventType = "progress" // a running stage's bytes (sent by the CLI's progress reporter)
+	EventProgress EventType = "progress" // a running stage's bytes, or its upload's (Phase; sent by the CLI's progress reporter)
 	EventDone     EventType = "done"     // a stage finished (Seconds, Bytes, Outputs)
 	EventFailed   EventType = "failed"   // a stage failed (Error)
 	// A running stage was stopped by the run's cancellation (Ctrl-C,
@@ -39,15 +39,22 @@ const (
 	EventEnd     EventType = "end" // the run ended (Report, Error)
 )
 
+// PhaseShare is the Phase of a stage's upload's progress events.
+const PhaseShare = "share"
+
 // Event is one thing that happened in a run, for displays and for the
 // JSON event stream of `ferry pipeline run --events` (one object a line).
 // Index is the stage's place in the run's order among the Total stages
 // selected ("stage 3 of 8"); independent stages may run at once.
 type Event struct {
-	Time    time.Time         `json:"time"`
-	Event   EventType         `json:"event"`
-	Stage   string            `json:"stage,omitempty"`
-	Kind    string            `json:"kind,omitempty"`
+	Time  time.Time `json:"time"`
+	Event EventType `json:"event"`
+	Stage string    `json:"stage,omitempty"`
+	Kind  string    `json:"kind,omitempty"`
+	// Phase of a progress event: "" the stage's own work, PhaseShare its
+	// upload to the shared store (while it runs, the outputs it finished
+	// early; after it, the rest).
+	Phase   string            `json:"phase,omitempty"`
 	Index   int               `json:"index,omitempty"`
 	Total   int               `json:"total,omitempty"`
 	Reason  string            `json:"reason,omitempty"`

@@ -47,6 +47,11 @@ type Options struct {
 	// Progress makes the progress reporter of a running stage; if it also
 	// implements io.Closer it is closed when the stage ends.
 	Progress func(stage string) Progress
+	// ShareProgress makes the progress reporter of a stage's upload to the
+	// shared store: from the first output the stage finishes while it
+	// runs (stored early) to the last one stored after it (nil: a second
+	// reporter of Progress's). Closed as Progress's are.
+	ShareProgress func(stage string) Progress
 	// Events, if set, receives the run's events (see Event) one at a
 	// time, in the order they happen; it must not block for long. The
 	// runner's own stage start, skip and done log lines are then at Debug
@@ -1110,7 +1115,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 	// release above runs after this), unless handed to publish.
 	var early *earlyShare
 	if lease != nil {
-		early = r.earlyFor(runCtx, lease)
+		early = r.earlyFor(runCtx, st.Name, lease)
 	}
 	defer func() { early.stop() }()
 	rec, err := r.execute(ctx, st, d, ins, forced, cores, early)
@@ -1145,7 +1150,7 @@ func (r *runner) stage(ctx context.Context, st *StageSpec, ins []Input, forced b
 		ctx, again = underLease(runCtx, lease)
 		defer again()
 		early.stop()
-		early = r.earlyFor(runCtx, lease)
+		early = r.earlyFor(runCtx, st.Name, lease)
 		if release, err = sched.acquire(ctx, memoryOf(p)); err != nil {
 			break
 		}

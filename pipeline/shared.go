@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -616,6 +617,90 @@ func (r *runner) progress(stage string) Progress {
 	return r.opts.Progress(stage)
 }
 
+// shareProgress is the progress reporter of stage's upload to the
+// shared store.
+func (r *runner) shareProgress(stage string) Progress {
+	if r.opts.ShareProgress != nil {
+		return r.opts.ShareProgress(stage)
+	}
+	return r.progress(stage)
+}
+
+// shareBar is the progress of one stage's upload to the shared store,
+// drawn by its early uploads and then by its share: opened when first
+// needed, closed once.
+type shareBar struct {
+	r      *runner
+	stage  string
+	mu     sync.Mutex
+	p      Progress
+	total  int64
+	closed bool
+}
+
+func (b *shareBar) open() Progress {
+	if b.p == nil {
+		b.p = b.r.shareProgress(b.stage)
+	}
+	return b.p
+}
+
+// grow adds n bytes to the total (an output stored early, the total of
+// the stage's outputs not known yet).
+func (b *shareBar) grow(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		b.total += n
+		b.open().SetTotal(b.total)
+	}
+}
+
+// setTotal sets the total: the stage's outputs, once it is done.
+func (b *shareBar) setTotal(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		b.total = n
+		b.open().SetTotal(n)
+	}
+}
+
+func (b *shareBar) add(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed && n > 0 {
+		b.open().Add(n)
+	}
+}
+
+// adder counts n bytes stored, but not the first skip of them: those an
+// early upload of the same blob counted before it failed, which the
+// upload that follows it counts again (it resumes from the parts stored,
+// telling them first, or starts over).
+func (b *shareBar) adder(skip int64) func(int64) {
+	return func(n int64) {
+		if skip > 0 {
+			k := min(skip, n)
+			skip -= k
+			n -= k
+		}
+		b.add(n)
+	}
+}
+
+func (b *shareBar) close() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed && b.p != nil {
+		closeProgress(b.p)
+	}
+	b.closed = true
+}
+
 func closeProgress(p Progress) {
 	if c, ok := p.(interface{ Close() error }); ok {
 		c.Close()
@@ -897,6 +982,10 @@ type earlyShare struct {
 	mu      sync.Mutex
 	ups     map[manifest.Digest]*earlyUpload
 	stopped bool
+	// bar shows the uploads from the first one; share takes it over
+	// (taken), and stop closes it otherwise.
+	bar   *shareBar
+	taken bool
 }
 
 // earlyMin is the smallest blob stored early: a smaller one goes up with
@@ -905,14 +994,15 @@ type earlyShare struct {
 var earlyMin int64 = store.DefaultPartSize
 
 type earlyUpload struct {
-	done chan struct{}
-	err  error
+	done    chan struct{}
+	err     error
+	counted atomic.Int64 // bytes told to the bar
 }
 
-// earlyFor is the early sharing of a stage run under lease l.
-func (r *runner) earlyFor(ctx context.Context, l *store.Lease) *earlyShare {
+// earlyFor is the early sharing of stage, run under lease l.
+func (r *runner) earlyFor(ctx context.Context, stage string, l *store.Lease) *earlyShare {
 	ctx, cancel := underLease(ctx, l)
-	return &earlyShare{r: r, l: l, ctx: ctx, cancel: cancel, ups: map[manifest.Digest]*earlyUpload{}}
+	return &earlyShare{r: r, l: l, ctx: ctx, cancel: cancel, ups: map[manifest.Digest]*earlyUpload{}, bar: &shareBar{r: r, stage: stage}}
 }
 
 // add starts storing the finished output blob d of size bytes (once per
@@ -929,6 +1019,7 @@ func (e *earlyShare) add(d manifest.Digest, size int64) {
 	u := &earlyUpload{done: make(chan struct{})}
 	e.ups[d] = u
 	e.mu.Unlock()
+	e.bar.grow(size)
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -943,7 +1034,10 @@ func (e *earlyShare) add(d manifest.Digest, size int64) {
 		defer func() { <-sh.slots }()
 		// Protected from gc before it is stored, as share does.
 		if u.err = e.l.Protect(e.ctx, d); u.err == nil {
-			u.err = e.r.putOutput(e.ctx, d, size, nil)
+			u.err = e.r.putOutput(e.ctx, d, size, func(n int64) {
+				u.counted.Add(n)
+				e.bar.add(n)
+			})
 		}
 		if earlyStored != nil && u.err == nil {
 			earlyStored(d)
@@ -960,21 +1054,42 @@ func (e *earlyShare) add(d manifest.Digest, size int64) {
 // since, and taken over before this machine regained it) is not taken
 // for stored: unprotected meanwhile, a gc may have removed it.
 func (e *earlyShare) stored(ctx context.Context, l *store.Lease, d manifest.Digest) bool {
+	ok, _ := e.wait(ctx, l, d)
+	return ok
+}
+
+// wait is stored, and the bytes of d the early upload told its bar.
+func (e *earlyShare) wait(ctx context.Context, l *store.Lease, d manifest.Digest) (bool, int64) {
 	if e == nil || e.l != l {
-		return false
+		return false, 0
 	}
 	e.mu.Lock()
 	u := e.ups[d]
 	e.mu.Unlock()
 	if u == nil {
-		return false
+		return false, 0
 	}
 	select {
 	case <-u.done:
-		return u.err == nil
+		return u.err == nil, u.counted.Load()
 	case <-ctx.Done():
-		return false
+		return false, u.counted.Load()
 	}
+}
+
+// takeBar hands the bar of the uploads to share under l, which goes on
+// with it (nil: none under l; share opens its own).
+func (e *earlyShare) takeBar(l *store.Lease) *shareBar {
+	if e == nil || e.l != l {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.taken {
+		return nil
+	}
+	e.taken = true
+	return e.bar
 }
 
 // stop cancels the uploads still running and waits for them: before the
@@ -985,9 +1100,13 @@ func (e *earlyShare) stop() {
 	}
 	e.mu.Lock()
 	e.stopped = true
+	taken := e.taken
 	e.mu.Unlock()
 	e.cancel()
 	e.wg.Wait()
+	if !taken {
+		e.bar.close()
+	}
 }
 
 // earlyStored, set by tests only, is told of each blob stored early;
@@ -1126,26 +1245,28 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 			return err
 		}
 	}
-	// Its upload shows on the stage's progress bar again.
-	prog := r.progress(st.Name)
-	prog.SetTotal(total)
-	defer closeProgress(prog)
+	// Its upload's progress: the bar its early uploads drew, if any.
+	bar := early.takeBar(l)
+	own := bar == nil
+	if own {
+		bar = &shareBar{r: r, stage: st.Name}
+	}
+	bar.setTotal(total)
+	defer bar.close()
 	// The outputs upload side by side, each in a slot of its own: the
 	// last stage's outputs are what the run waits for at its end.
-	var mu sync.Mutex
-	add := func(n int64) {
-		mu.Lock()
-		prog.Add(n)
-		mu.Unlock()
-	}
 	// An output stored while the stage ran (early) is not stored again;
 	// one whose early upload failed is, as soon as that is known, while
 	// the others are still waited for.
 	g, gctx := errgroup.WithContext(ctx)
 	for _, o := range rec.Outputs {
 		g.Go(func() error {
-			if early.stored(gctx, l, o.Digest) {
-				add(o.Size)
+			ok, counted := early.wait(gctx, l, o.Digest)
+			if own {
+				counted = 0
+			}
+			if ok {
+				bar.add(o.Size - counted)
 				return nil
 			}
 			select {
@@ -1157,7 +1278,7 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 			if sharePut != nil {
 				sharePut(o.Digest)
 			}
-			if err := r.putOutput(gctx, o.Digest, o.Size, add); err != nil {
+			if err := r.putOutput(gctx, o.Digest, o.Size, bar.adder(counted)); err != nil {
 				return fmt.Errorf("output %s: %w", o.Path, err)
 			}
 			return nil

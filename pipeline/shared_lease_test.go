@@ -1287,7 +1287,8 @@ func TestSharedOutputsStoredEarly(t *testing.T) {
 	WrapShared(func(b store.Backend) store.Backend { bp.Backend = b; return bp })
 	defer WrapShared(nil)
 
-	rep, err := Run(context.Background(), open(), Options{Host: "team"})
+	bars := &ShareBars{}
+	rep, err := Run(context.Background(), open(), Options{Host: "team", ShareProgress: bars.New, Events: bars.Event})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1329,6 +1330,26 @@ func TestSharedOutputsStoredEarly(t *testing.T) {
 	}
 	bp.mu.Unlock()
 	mu.Unlock()
+
+	// One upload bar for the stage, from its first early upload (while
+	// it ran) to its last output: every byte counted once, the refused
+	// blob's too.
+	bars.Mu.Lock()
+	b := bars.Of["merged"]
+	if b == nil || len(bars.Of) != 1 {
+		t.Fatalf("upload bars: %v, want one, merged's", bars.Of)
+	}
+	var want int64
+	for _, o := range merged.Outputs {
+		want += o.Size
+	}
+	if b.Opened != 1 || b.Closed != 1 || b.Total != want || b.Done != want {
+		t.Errorf("merged's upload bar: opened %d, closed %d times, %d of %d bytes; want once, once, %d of %d", b.Opened, b.Closed, b.Done, b.Total, want, want)
+	}
+	if b.BeforeDone == 0 {
+		t.Errorf("merged's upload bar counted nothing before the stage was done (%d bytes in all)", b.Done)
+	}
+	bars.Mu.Unlock()
 
 	// Another machine finds the record whole.
 	WrapShared(nil)

@@ -181,13 +181,13 @@ func pipelineRun(c *cli.Context) error {
 		popts.Line = events.progressLine
 		pg = progress.NewGroup(stderr(c), popts)
 		opts.Events = events.event
-		opts.Progress = func(stage string) pipeline.Progress { return pg.New(stage, -1, "stage", stage) }
+		opts.Progress, opts.ShareProgress = plainBars(pg)
 	default:
 		pg = newProgress(c, true)
-		opts.Progress = func(stage string) pipeline.Progress { return pg.New(stage, -1, "stage", stage) }
+		opts.Progress, opts.ShareProgress = plainBars(pg)
 		if pg.Terminal() {
 			d := &display{pg: pg, name: spec.Name}
-			opts.Events, opts.Progress = d.event, d.bar
+			opts.Events, opts.Progress, opts.ShareProgress = d.event, d.bar, d.shareBar
 		}
 	}
 	opts.Log = slog.Default() // through the progress bars on a terminal

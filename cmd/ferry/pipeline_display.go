@@ -86,6 +86,24 @@ func (d *display) bar(stage string) pipeline.Progress {
 	return d.pg.New(fmt.Sprintf("[%d/%d] %s", k, n, stage), -1, "stage", stage)
 }
 
+// shareBar starts the progress bar of a stage's upload to the shared
+// store ("[k/n] stage ↑"), beside its own bar while it runs.
+func (d *display) shareBar(stage string) pipeline.Progress {
+	k, n := d.of(stage)
+	return d.pg.New(fmt.Sprintf("[%d/%d] %s ↑", k, n, stage), -1, "stage", stage, "phase", pipeline.PhaseShare)
+}
+
+// plainBars are the progress reporters of stages and of their uploads
+// as plain lines (a log, or progress events): "stage" names the stage,
+// and an upload's lines also have "phase" share.
+func plainBars(pg *progress.Group) (stage, share func(string) pipeline.Progress) {
+	stage = func(s string) pipeline.Progress { return pg.New(s, -1, "stage", s) }
+	share = func(s string) pipeline.Progress {
+		return pg.New(s+" ↑", -1, "stage", s, "phase", pipeline.PhaseShare)
+	}
+	return stage, share
+}
+
 // eventStream writes events as JSON lines, one at a time; progress events
 // come from a progress group whose plain lines it receives.
 type eventStream struct {
@@ -108,14 +126,17 @@ func (s *eventStream) event(e pipeline.Event) {
 
 // progressLine turns a plain progress line of stage attrs into an event.
 func (s *eventStream) progressLine(attrs []any, snap progress.Snapshot) {
-	stage := ""
+	stage, phase := "", ""
 	for i := 0; i+1 < len(attrs); i += 2 {
-		if attrs[i] == "stage" {
+		switch attrs[i] {
+		case "stage":
 			stage, _ = attrs[i+1].(string)
+		case "phase":
+			phase, _ = attrs[i+1].(string)
 		}
 	}
 	k, n := s.of(stage)
-	s.event(pipeline.Event{Time: time.Now().UTC(), Event: pipeline.EventProgress, Stage: stage, Index: k, Total: n,
+	s.event(pipeline.Event{Time: time.Now().UTC(), Event: pipeline.EventProgress, Stage: stage, Phase: phase, Index: k, Total: n,
 		Bytes: snap.Done, Of: snap.Total, Rate: snap.Rate, ETA: snap.ETA.Seconds()})
 }
 

@@ -281,6 +281,20 @@ func twoMachines(t *testing.T, url, verifyArg string) {
 					t.Errorf("machine %s: stage %s's shared event: %+v", m, st, e)
 				}
 			}
+			// Its upload's progress, apart from its own: the last line
+			// has every byte it shared.
+			var last *pipeline.Event
+			for _, e := range byStage(evs, pipeline.EventProgress)[st] {
+				if e.Phase == pipeline.PhaseShare {
+					last = &e
+				}
+			}
+			switch {
+			case want == 0 && last != nil:
+				t.Errorf("machine %s: stage %s, not shared, has upload progress %+v", m, st, *last)
+			case want > 0 && (last == nil || last.Bytes != shared[st][0].Bytes || last.Of != last.Bytes):
+				t.Errorf("machine %s: stage %s shared %d bytes; its last upload progress: %+v", m, st, shared[st][0].Bytes, last)
+			}
 		}
 	}
 	for _, st := range []string{"base", "adapter"} {
