@@ -5,9 +5,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -43,10 +47,10 @@ func TestQuantizeDigests(t *testing.T) {
 			defer p.Close()
 			if tc.cancel > 0 {
 				ctx, cancel := context.WithCancel(context.Background())
-				n := 0
+				var n atomic.Int32
 				_, err := Quantize(ctx, p, out, QuantizeRunOptions{Jobs: tc.jobs, Digests: true, JournalEvery: time.Nanosecond,
 					UnitDone: func(string, int64, int64) {
-						if n++; n == tc.cancel {
+						if int(n.Add(1)) == tc.cancel {
 							cancel()
 						}
 					}})
@@ -54,9 +58,37 @@ func TestQuantizeDigests(t *testing.T) {
 					t.Fatalf("cancelled run: %v", err)
 				}
 			}
-			res, err := Quantize(context.Background(), p, out, QuantizeRunOptions{Jobs: tc.jobs, Digests: true})
+			var mu sync.Mutex
+			told := map[string]FileSum{}
+			res, err := Quantize(context.Background(), p, out, QuantizeRunOptions{Jobs: tc.jobs, Digests: true,
+				ShardDone: func(path, name string, sum FileSum) error {
+					// Whole when told: the file hashes to its digest.
+					b, err := os.ReadFile(path)
+					if err != nil {
+						return err
+					}
+					if got := sha256.Sum256(b); !bytes.Equal(got[:], sum.SHA256) || int64(len(b)) != sum.Size {
+						return fmt.Errorf("%s told with %x (%d bytes), the file holds %x (%d bytes)", name, sum.SHA256, sum.Size, got, len(b))
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					if _, ok := told[name]; ok {
+						return fmt.Errorf("%s told twice", name)
+					}
+					told[name] = sum
+					return nil
+				}})
 			if err != nil {
 				t.Fatal(err)
+			}
+			// Every shard told once, kept ones too, with its digest.
+			if len(told) != len(res.Digests) {
+				t.Errorf("%d shards told, want %d", len(told), len(res.Digests))
+			}
+			for name, sum := range res.Digests {
+				if got, ok := told[name]; !ok || !bytes.Equal(got.SHA256, sum.SHA256) || got.Size != sum.Size {
+					t.Errorf("%s: told %v (%x), want its digest %x", name, ok, got.SHA256, sum.SHA256)
+				}
 			}
 			if tc.cancel > 0 && res.ResumedUnits == 0 {
 				t.Fatal("the second run resumed nothing")
@@ -91,5 +123,100 @@ func TestQuantizeNoDigests(t *testing.T) {
 	res := convertTo(t, qwen35Base, filepath.Join(t.TempDir(), "mlx"), QuantizeOptions{Bits: 4, GroupSize: 64}, QuantizeRunOptions{Jobs: 2})
 	if res.Digests != nil {
 		t.Errorf("digests %v without Digests", res.Digests)
+	}
+}
+
+// TestQuantizeShardDoneEarly: a shard is told while the conversion goes
+// on (the one worker, held before its last unit, waits for a shard to be
+// told), durable and its units journaled: the partial directory as it is
+// then (what a kill -9 leaves; copied aside), resumed, does not write
+// that shard again (its inode and modification time stay; it is made
+// read-only in between, as a store adopting it does) and ends with the
+// bytes of an uninterrupted run.
+func TestQuantizeShardDoneEarly(t *testing.T) {
+	opts := QuantizeOptions{Bits: 4, GroupSize: 32, ShardSize: 400_000}
+	p, err := PlanQuantize(qwen35Base, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// With one worker the units run in plan order: held after the
+	// penultimate one is written, before it is counted, every shard the
+	// last two do not write is whole and can be told.
+	n := len(p.units)
+	if n < 3 {
+		t.Fatalf("%d units, want several", n)
+	}
+	late := map[int]bool{}
+	for _, k := range []int{n - 2, n - 1} {
+		for _, o := range p.Tensors[p.units[k].t].outs {
+			late[o.shard] = true
+		}
+	}
+	if len(late) >= len(p.shards) {
+		t.Fatalf("the last two units write all %d shards", len(p.shards))
+	}
+	held := p.units[n-2]
+	heldTensor := p.Tensors[held.t].Name
+
+	out := filepath.Join(t.TempDir(), "mlx")
+	killed := filepath.Join(t.TempDir(), "mlx") // the copy
+	toldFirst := make(chan struct{})
+	stop := errors.New("stopped after the first shard told")
+	var first string
+	var before os.FileInfo
+	_, err = Quantize(context.Background(), p, out, QuantizeRunOptions{Jobs: 1, Digests: true, JournalEvery: time.Hour,
+		UnitDone: func(tensor string, r0, r1 int64) {
+			if tensor == heldTensor && r0 == held.r0 {
+				select {
+				case <-toldFirst:
+				case <-time.After(20 * time.Second):
+					t.Errorf("no shard told before the last unit")
+				}
+			}
+		},
+		ShardDone: func(path, name string, sum FileSum) error {
+			if first != "" {
+				t.Errorf("%s told after %s failed the run", name, first)
+				return stop
+			}
+			first = name
+			if err := os.CopyFS(PartialDir(killed), os.DirFS(filepath.Dir(path))); err != nil {
+				return err
+			}
+			cp := filepath.Join(PartialDir(killed), name)
+			if err := os.Chmod(cp, 0o444); err != nil {
+				return err
+			}
+			var err error
+			if before, err = os.Stat(cp); err != nil {
+				return err
+			}
+			close(toldFirst)
+			return stop
+		}})
+	if !errors.Is(err, stop) {
+		t.Fatalf("run stopped by ShardDone: %v", err)
+	}
+	res, err := Quantize(context.Background(), p, killed, QuantizeRunOptions{Jobs: 2, Digests: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ResumedUnits == 0 {
+		t.Error("the resumed run kept no unit")
+	}
+	after, err := os.Stat(filepath.Join(killed, first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime()) {
+		t.Errorf("%s, told, written again by the resumed run: modified %v, was %v", first, after.ModTime(), before.ModTime())
+	}
+	want := filepath.Join(t.TempDir(), "mlx")
+	convertTo(t, qwen35Base, want, opts, QuantizeRunOptions{Jobs: 2})
+	for _, name := range res.Files {
+		if !bytes.Equal(mustRead(t, filepath.Join(killed, name)), mustRead(t, filepath.Join(want, name))) {
+			t.Errorf("%s differs from an uninterrupted run's", name)
+		}
 	}
 }

@@ -77,6 +77,16 @@ type QuantizeRunOptions struct {
 	// following the workers in file order (hashfollow), so that a caller
 	// adopting the files need not read them again: QuantizeResult.Digests.
 	Digests bool
+	// ShardDone, if set (with Digests), is called with each shard once
+	// every byte of it is written, hashed and durable, and the units that
+	// wrote it journaled (a resume never writes it again), while the
+	// others are still being written: path is the file in the partial
+	// directory, name its name in the output. A caller can hand it on
+	// (the pipeline uploads it to a shared store) before the conversion
+	// ends. Shards kept from an interrupted run are told too. It is called
+	// from the run's goroutines, one shard at a time; an error it returns
+	// fails the run, which stays resumable.
+	ShardDone func(path, name string, sum FileSum) error
 }
 
 // TensorResult is one output module of the --json summary.
@@ -232,6 +242,14 @@ type dirWriter struct {
 	// hfs hash each shard as it is written (QuantizeRunOptions.Digests;
 	// nil: not).
 	hfs []*hashfollow.Follower
+	// Per shard, with hfs: the units writing it not yet written (left),
+	// whether its follower is done (hashed), and whether ShardDone was
+	// called (told); guarded by mu. tell serializes the calls.
+	left    []int
+	hashed  []bool
+	told    []bool
+	tell    sync.Mutex
+	tellErr error // what the last ShardDone returned, under tell
 
 	mu      sync.Mutex
 	done    map[int]unitStats // durable units
@@ -299,11 +317,30 @@ func (w *dirWriter) removeStray() error {
 }
 
 func (w *dirWriter) openShards(create bool) error {
+	// A resumed shard whose units are all durable is only read (hashed):
+	// told to a caller (ShardDone), it may be a read-only blob by now.
+	var written map[int]bool
+	if !create {
+		written = map[int]bool{}
+		for i := range w.plan.shards {
+			written[i] = true
+		}
+		for k := range w.plan.units {
+			if _, ok := w.done[k]; !ok {
+				for _, i := range w.shardsOf(k) {
+					written[i] = false
+				}
+			}
+		}
+	}
 	for i := range w.plan.shards {
 		sh := &w.plan.shards[i]
 		open := resumeShard
-		if create {
+		switch {
+		case create:
 			open = createShard
+		case written[i]:
+			open = readShard
 		}
 		f, err := open(filepath.Join(w.dir, sh.name), sh)
 		if err != nil {
@@ -339,10 +376,81 @@ func (w *dirWriter) follow() error {
 		}
 		w.hfs = append(w.hfs, hf)
 	}
+	w.left, w.hashed, w.told = make([]int, len(p.shards)), make([]bool, len(p.shards)), make([]bool, len(p.shards))
+	for k := range p.units {
+		if _, ok := w.done[k]; !ok {
+			for _, i := range w.shardsOf(k) {
+				w.left[i]++
+			}
+		}
+	}
 	for k := range w.done {
 		w.written(k)
 	}
 	return nil
+}
+
+// shardsOf is the shards unit k writes, each once.
+func (w *dirWriter) shardsOf(k int) []int {
+	var out []int
+	for _, o := range w.plan.Tensors[w.plan.units[k].t].outs {
+		if !slices.Contains(out, o.shard) {
+			out = append(out, o.shard)
+		}
+	}
+	return out
+}
+
+// shardWritten notes that unit k's bytes are written (unitDone, pending
+// journaling) and returns the shards now ready to be told: each of its
+// units written and its follower done.
+func (w *dirWriter) shardWritten(k int) []int {
+	if w.left == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var ready []int
+	for _, i := range w.shardsOf(k) {
+		w.left[i]--
+		if w.readyLocked(i) {
+			ready = append(ready, i)
+		}
+	}
+	return ready
+}
+
+// shardHashed notes that shard i's follower is done; it returns whether
+// the shard is ready to be told.
+func (w *dirWriter) shardHashed(i int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.hashed[i] = true
+	return w.readyLocked(i)
+}
+
+func (w *dirWriter) readyLocked(i int) bool {
+	if w.left[i] == 0 && w.hashed[i] && !w.told[i] {
+		w.told[i] = true
+		return true
+	}
+	return false
+}
+
+// tellShard makes shard i's bytes durable and its units journaled (with
+// every unit written so far: flush), then calls done.
+func (w *dirWriter) tellShard(i int, done func(path, name string, sum FileSum) error) error {
+	w.tell.Lock()
+	defer w.tell.Unlock()
+	if w.tellErr != nil {
+		return w.tellErr // the run fails: no shard is told after that
+	}
+	if err := w.flush(); err != nil {
+		return err
+	}
+	sh := &w.plan.shards[i]
+	w.tellErr = done(w.files[i].path, sh.name, FileSum{SHA256: w.hfs[i].Sums()[0], Size: sh.size})
+	return w.tellErr
 }
 
 // written tells the hash followers of the shards unit k writes that its
@@ -456,8 +564,27 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 	}
 	defer w.bg.Wait() // before abandon or finish touch the files
 	g, gctx := errgroup.WithContext(ctx)
-	for _, hf := range w.hfs {
-		g.Go(func() error { return hf.Run(gctx) })
+	tell := func(shards ...int) error {
+		if o.ShardDone == nil {
+			return nil
+		}
+		for _, i := range shards {
+			if err := w.tellShard(i, o.ShardDone); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for i, hf := range w.hfs {
+		g.Go(func() error {
+			if err := hf.Run(gctx); err != nil {
+				return err
+			}
+			if w.shardHashed(i) {
+				return tell(i)
+			}
+			return nil
+		})
 	}
 	next := make(chan int)
 	g.Go(func() error {
@@ -501,6 +628,9 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 				w.unitDone(k, st)
 				if o.Progress != nil {
 					o.Progress(unitSrcBytes(t, u))
+				}
+				if err := tell(w.shardWritten(k)...); err != nil {
+					return err
 				}
 			}
 			return nil

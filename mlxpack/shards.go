@@ -172,7 +172,17 @@ func startShard(path string, sh *outShard, f *os.File, af *fsutil.AtomicFile) (*
 // must have the planned size and header (what its bodies hold is the
 // caller's journal's business).
 func resumeShard(path string, sh *outShard) (*shardFile, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	return reopenShard(path, sh, os.O_RDWR)
+}
+
+// readShard is resumeShard for a shard that is whole: opened to be read
+// (hashed) only.
+func readShard(path string, sh *outShard) (*shardFile, error) {
+	return reopenShard(path, sh, os.O_RDONLY)
+}
+
+func reopenShard(path string, sh *outShard, flag int) (*shardFile, error) {
+	f, err := os.OpenFile(path, flag, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -51,3 +51,7 @@ func EarlyMin(n int64) int64 {
 
 // StageStarting makes f called as each stage starts running (nil: none).
 func StageStarting(f func(stage string)) { stageStarting = f }
+
+// MLXShardDone makes f told of each shard the MLX stage hands over while
+// it converts (nil: none).
+func MLXShardDone(f func(name string)) { mlxShardDone = f }

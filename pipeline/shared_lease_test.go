@@ -719,16 +719,28 @@ type runResult struct {
 }
 
 // reportKey is stage's key in rep ("" if none).
-func reportKey(rep *Report, stage string) string {
-	if rep == nil {
-		return ""
-	}
-	for _, sr := range rep.Stages {
-		if sr.Stage == stage {
-			return sr.Key
+func reportKey(rep *Report, stage string) string { return stageOf(rep, stage).Key }
+
+// stageOf is stage's report in rep (empty if none).
+func stageOf(rep *Report, stage string) StageReport {
+	if rep != nil {
+		for _, sr := range rep.Stages {
+			if sr.Stage == stage {
+				return sr
+			}
 		}
 	}
-	return ""
+	return StageReport{}
+}
+
+// madeAndShared fails t unless stage ran in rep and was shared; its report.
+func madeAndShared(t *testing.T, rep *Report, stage string) StageReport {
+	t.Helper()
+	sr := stageOf(rep, stage)
+	if sr.Action != ActionRun || sr.NotShared != "" {
+		t.Fatalf("%s: %s, not shared: %q", stage, sr.Action, sr.NotShared)
+	}
+	return sr
 }
 
 // macWaitsForB starts the mac's --only c run of spec and checks that it
@@ -1230,24 +1242,10 @@ func (b *blobPuts) CompleteUpload(ctx context.Context, key, id string, parts []s
 // written is refused here), and the record; another machine fetches the
 // stage whole.
 func TestSharedOutputsStoredEarly(t *testing.T) {
-	shared := t.TempDir()
-	base, err := filepath.Abs(filepath.Join("..", "testdata", "models", "qwen35-tiny", "base"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	adapter := filepath.Join(filepath.Dir(base), "adapter-dora")
+	base, open := tinyMergeShared(t, "")
 	shards, err := filepath.Glob(filepath.Join(base, "*.safetensors"))
 	if err != nil || len(shards) < 3 {
 		t.Fatalf("the tiny base has %d shards, want several (%v)", len(shards), err)
-	}
-	src := "name: p\nstore: file://" + shared + "\nstages:\n" +
-		"  - name: base\n    import: { path: " + base + " }\n" +
-		"  - name: adapter\n    import: { path: " + adapter + " }\n" +
-		"  - name: merged\n    merge: { base: base, adapter: adapter }\n"
-	open := func() *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
 	}
 
 	defer EarlyMin(EarlyMin(0)) // the tiny model's shards are small
@@ -1295,15 +1293,7 @@ func TestSharedOutputsStoredEarly(t *testing.T) {
 	if !waited.Load() {
 		t.Fatalf("no shard was in the shared store while the merge wrote its last one (%d shards made blobs)", done.Load())
 	}
-	var merged StageReport
-	for _, sr := range rep.Stages {
-		if sr.Stage == "merged" {
-			merged = sr
-		}
-	}
-	if merged.Action != ActionRun || merged.NotShared != "" {
-		t.Fatalf("merged: %s, not shared: %q", merged.Action, merged.NotShared)
-	}
+	merged := madeAndShared(t, rep, "merged")
 	mu.Lock()
 	bp.mu.Lock()
 	refused := 0
@@ -1360,6 +1350,92 @@ func TestSharedOutputsStoredEarly(t *testing.T) {
 	for _, sr := range rep.Stages {
 		if sr.Stage == "merged" && (sr.Action != ActionSkip || sr.Host != "team") {
 			t.Fatalf("merged on the mac: %s (%s), want fetched", sr.Action, sr.Reason)
+		}
+	}
+}
+
+// tinyMergeShared is a pipeline of the tiny DoRA merge, then the stages
+// of more (YAML), on a file:// shared store: the base's directory, and a
+// spec of a cache of its own each time open is called (a machine).
+func tinyMergeShared(t *testing.T, more string) (string, func() *Spec) {
+	t.Helper()
+	shared := t.TempDir()
+	base, err := filepath.Abs(filepath.Join("..", "testdata", "models", "qwen35-tiny", "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adapter := filepath.Join(filepath.Dir(base), "adapter-dora")
+	src := "name: p\nstore: file://" + shared + "\nstages:\n" +
+		"  - name: base\n    import: { path: " + base + " }\n" +
+		"  - name: adapter\n    import: { path: " + adapter + " }\n" +
+		"  - name: merged\n    merge: { base: base, adapter: adapter }\n" + more
+	return base, func() *Spec {
+		spec := loadSpec(t, t.TempDir(), src)
+		spec.Store = filepath.Join(t.TempDir(), "cache")
+		return spec
+	}
+}
+
+// The MLX stage hands each shard over as soon as it is whole, while it
+// converts: in a run that shares it, its shards are stored early, once,
+// and the share stores only the small files; another machine fetches the
+// stage.
+func TestSharedMLXShardsStoredEarly(t *testing.T) {
+	_, open := tinyMergeShared(t, "  - name: mlx4\n    mlx_quantize: { from: merged, bits: 4, group_size: 64 }\n")
+	defer EarlyMin(EarlyMin(0))
+	var mu sync.Mutex
+	early, byShare := map[manifest.Digest]int{}, map[manifest.Digest]int{}
+	handed := map[string]int{}
+	MLXShardDone(func(name string) {
+		mu.Lock()
+		handed[name]++
+		mu.Unlock()
+	})
+	defer MLXShardDone(nil)
+	SharePut(func(d manifest.Digest) {
+		mu.Lock()
+		byShare[d]++
+		mu.Unlock()
+	})
+	defer SharePut(nil)
+	EarlyStored(func(d manifest.Digest) {
+		mu.Lock()
+		early[d]++
+		mu.Unlock()
+	})
+	defer EarlyStored(nil)
+	rep, err := Run(context.Background(), open(), Options{Host: "team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mlx := madeAndShared(t, rep, "mlx4")
+	mu.Lock()
+	shards := 0
+	for _, o := range mlx.Outputs {
+		e, sp := early[o.Digest], byShare[o.Digest]
+		if !strings.HasSuffix(o.Path, ".safetensors") {
+			continue
+		}
+		shards++
+		if e != 1 || sp != 0 {
+			t.Errorf("shard %s stored %d times early and %d by the share, want once early", o.Path, e, sp)
+		}
+		if handed[o.Path] != 1 {
+			t.Errorf("shard %s handed over %d times while the stage converted, want once", o.Path, handed[o.Path])
+		}
+	}
+	mu.Unlock()
+	if shards == 0 {
+		t.Fatalf("mlx4 made no shard: %v", mlx.Outputs)
+	}
+
+	rep, err = Run(context.Background(), open(), Options{Host: "mac"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range rep.Stages {
+		if sr.Stage == "mlx4" && (sr.Action != ActionSkip || sr.Host != "team") {
+			t.Fatalf("mlx4 on the mac: %s (%s), want fetched", sr.Action, sr.Reason)
 		}
 	}
 }

@@ -114,6 +114,11 @@ type Env struct {
 	finished func(d manifest.Digest, size int64)
 }
 
+// SharesEarly says whether the blobs the stage adopts go to the shared
+// store as it hands them over (a stage that finishes files one by one
+// then hands each over when it is whole, not all at its end).
+func (e *Env) SharesEarly() bool { return e.finished != nil }
+
 // made tells finished of a blob a stage made.
 func (e *Env) made(d manifest.Digest, n int64, err error) (manifest.Digest, int64, error) {
 	if err == nil && e.finished != nil {

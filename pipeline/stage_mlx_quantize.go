@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/mlxpack"
 )
 
@@ -107,8 +108,20 @@ func (s *mlxQuantizeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	env.Progress.SetTotal(plan.SourceBytes())
 	// The shards are hashed while they are written (Digests), and adopted
 	// under those digests: not read again, one after the other, once
-	// the conversion is done. The small files are hashed here.
-	res, err := mlxpack.Quantize(ctx, plan, dst, mlxpack.QuantizeRunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Cores: env.Cores, Digests: true})
+	// the conversion is done; in a run that shares them early, each as
+	// soon as it is whole (ShardDone), so that it uploads while the next
+	// ones are written. The small files are hashed here.
+	ro := mlxpack.QuantizeRunOptions{Jobs: env.Jobs, Progress: env.Progress.Add, Cores: env.Cores, Digests: true}
+	if env.SharesEarly() {
+		ro.ShardDone = func(path, name string, sum mlxpack.FileSum) error {
+			_, _, err := env.AdoptKnown(path, manifest.NewDigest(sum.SHA256), sum.Size)
+			if err == nil && mlxShardDone != nil {
+				mlxShardDone(name)
+			}
+			return err
+		}
+	}
+	res, err := mlxpack.Quantize(ctx, plan, dst, ro)
 	if err != nil {
 		return nil, err
 	}
@@ -155,3 +168,7 @@ func (s *mlxQuantizeStage) Plan(ctx context.Context, env *Env) (*StagePlan, erro
 		OutputBytes: plan.OutputBytes(),
 	}, nil
 }
+
+// mlxShardDone, set by tests only, is told of each shard the MLX stage
+// made a blob while it converted the others.
+var mlxShardDone func(name string)
