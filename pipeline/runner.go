@@ -672,11 +672,11 @@ func Run(ctx context.Context, spec *Spec, opts Options) (*Report, error) {
 	if err := store.ClearTemp(); err != nil {
 		return nil, err
 	}
-	if r.shared, err = openShared(ctx, spec, r.opts); err != nil {
-		return nil, err
-	}
-	if r.shared != nil {
+	if spec.Shared != "" {
 		r.cores = cpushare.New(runtime.GOMAXPROCS(0))
+	}
+	if r.shared, err = openShared(ctx, spec, r.opts, r.cores); err != nil {
+		return nil, err
 	}
 	// The steps, before anything is logged or sent of a stage (a warning,
 	// a wait for an input, the shares of earlier stages' "stage shared"

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/errkind"
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
@@ -111,7 +112,7 @@ const publishers = 4
 // openShared opens the shared store of spec (nil when it has none),
 // probing its conditional writes: a server that ignores them is refused
 // before anything runs.
-func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, error) {
+func openShared(ctx context.Context, spec *Spec, opts Options, cores *cpushare.Gate) (*sharedStore, error) {
 	if spec.Shared == "" {
 		return nil, nil
 	}
@@ -137,6 +138,10 @@ func openShared(ctx context.Context, spec *Spec, opts Options) (*sharedStore, er
 		Parallel:       parallel,
 		UploadParallel: 2 * parallel,
 		UploadInFlight: publishers * parallel,
+		// A part takes a core before the stages do: the stages' cores are
+		// handed out by priority, and an upload that must wait for them
+		// ends, and has its parts joined, only after the last stage.
+		Cores: cores,
 		// The cache is this run's alone (its lock): a lease a killed
 		// earlier run on it held is taken over at once, not after its ttl.
 		ResumeLeases: true,

@@ -198,3 +198,16 @@ const (
 	MaxParts    = 10000
 	MinPartSize = 5 << 20
 )
+
+// OnThisMachine is a Backend whose server may run on this machine (an S3
+// gateway on a loopback address): its requests then spend this machine's
+// CPU, which Options.Cores hands out.
+type OnThisMachine interface {
+	OnThisMachine() bool
+}
+
+// onThisMachine says whether b's server runs on this machine.
+func onThisMachine(b Backend) bool {
+	o, ok := b.(OnThisMachine)
+	return ok && o.OnThisMachine()
+}

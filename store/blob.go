@@ -82,6 +82,31 @@ func (s *Store) HasBlob(ctx context.Context, d digest.Digest) (int64, bool, erro
 // its parts is in flight (Options.UploadInFlight): above any blob's size.
 const firstPartPrio = math.MaxInt64 / 2
 
+// partCorePrio is the priority of a part's hold on Options.Cores: above
+// all the work beside the uploads.
+const partCorePrio = math.MaxInt64
+
+// partCore takes a core of Options.Cores for a part about to be hashed
+// and sent; done gives it back once the part is hashed (sent is false)
+// or, with its server on this machine, once the server has it (sent).
+// Without Options.Cores it takes nothing.
+func (s *Store) partCore(ctx context.Context) (done func(sent bool), err error) {
+	if s.opt.Cores == nil {
+		return func(bool) {}, nil
+	}
+	if err := s.opt.Cores.Acquire(ctx, partCorePrio); err != nil {
+		return nil, err
+	}
+	held := true
+	whole := s.local
+	return func(sent bool) {
+		if held && (sent || !whole) {
+			held = false
+			s.opt.Cores.Release()
+		}
+	}, nil
+}
+
 // partSize is the part size for a blob of size bytes: the store's, or
 // larger where the blob would need more than MaxParts parts.
 func (s *Store) partSize(size int64) int64 {
@@ -140,10 +165,17 @@ func (s *Store) putSmall(ctx context.Context, d digest.Digest, src io.ReaderAt, 
 		return fmt.Errorf("blob %s: read: %w", d.Short(), err)
 	}
 	sum := sumOf(d)
+	core, err := s.partCore(ctx)
+	if err != nil {
+		return err
+	}
+	defer core(true)
 	if sha256.Sum256(buf) != sum {
 		return fmt.Errorf("blob %s: source bytes hash to %s: %w", d.Short(), digest.Of(buf).Short(), ErrDigestMismatch)
 	}
-	_, err := s.b.Put(ctx, BlobKey(d), buf, PutOptions{IfNoneMatch: true, SHA256: &sum})
+	core(false)
+	_, err = s.b.Put(ctx, BlobKey(d), buf, PutOptions{IfNoneMatch: true, SHA256: &sum})
+	core(true)
 	if errors.Is(err, ErrPrecondition) {
 		ok, herr := s.existing(ctx, d, size)
 		if herr != nil {
@@ -392,16 +424,22 @@ func (s *Store) putMultipart(ctx context.Context, d digest.Digest, src io.Reader
 	})
 	// upload stores part j (unless the storage has it).
 	upload := func(j job) error {
+		core, err := s.partCore(gctx)
+		if err != nil {
+			return err
+		}
+		defer core(true)
 		// The part's own SHA-256 here, in parallel: the reader's one pass
 		// (the blob's digest, in order) is the limit.
 		j.sum = sha256.Sum256(j.buf)
+		core(false)
 		p, ok := have[j.n]
 		if !ok || p.SHA256 != j.sum || p.Size != int64(len(j.buf)) {
-			var err error
 			if p, err = s.b.UploadPart(gctx, key, id, j.n, j.buf, j.sum); err != nil {
 				return err
 			}
 		}
+		core(true)
 		parts[j.n-1] = p
 		return nil
 	}

@@ -54,6 +54,16 @@ type Options struct {
 	// ones to end. 0: no bound but each upload's own (UploadParallel+1
 	// buffers).
 	UploadInFlight int
+	// Cores, if set, are the process's cores, handed out by priority
+	// (cpushare) to the work beside the store's uploads (a pipeline's
+	// stages): each part uploaded takes one first, at a priority above
+	// all that work, while ferry hashes it; and, when the storage's
+	// server runs on this machine (a Backend that says so: an S3 gateway
+	// on a loopback address, whose CPU the part's request spends too),
+	// until the server has stored it. The work beside the upload then
+	// leaves it the cores it needs, so that the upload (and the server's
+	// join of its parts) ends while that work goes on, not after it.
+	Cores *cpushare.Gate
 	// Host names this machine in leases and records (default: the host
 	// name).
 	Host string
@@ -91,6 +101,8 @@ type Store struct {
 	// blob's parts first; bufs keeps the part buffers between them.
 	uploads *cpushare.Gate
 	bufs    *sync.Pool
+	// local: the backend's server runs on this machine (OnThisMachine).
+	local bool
 }
 
 // ErrNotShareable reports storage that failed the conditional-write probe:
@@ -126,7 +138,7 @@ func Open(ctx context.Context, b Backend, opt Options) (*Store, error) {
 		}
 		opt.CacheDir = d + "/ferry/store"
 	}
-	s := &Store{b: b, opt: opt, live: &liveLeases{m: map[string]*Lease{}}, bufs: &sync.Pool{}}
+	s := &Store{b: b, opt: opt, live: &liveLeases{m: map[string]*Lease{}}, bufs: &sync.Pool{}, local: onThisMachine(b)}
 	if opt.UploadInFlight > 0 {
 		s.uploads = cpushare.New(opt.UploadInFlight)
 	}

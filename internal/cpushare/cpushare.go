@@ -15,7 +15,8 @@
 //
 // A pipeline run that shares its outputs gives the stages that make the
 // most bytes the cores first: their uploads then overlap the stages that
-// follow, instead of all of them ending, and uploading, at once.
+// follow, instead of all of them ending, and uploading, at once. The
+// parts of those uploads come before any stage (store.Options.Cores).
 package cpushare
 
 import (

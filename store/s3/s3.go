@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 
@@ -72,6 +74,24 @@ func OpenWith(ctx context.Context, url string, opt Options) (*Backend, error) {
 }
 
 func (b *Backend) String() string { return b.cl.String() }
+
+// OnThisMachine says whether the endpoint is a loopback address
+// (localhost, 127.0.0.0/8, ::1): a gateway beside ferry, whose CPU each
+// request spends too (store.OnThisMachine). Names are not resolved.
+func (b *Backend) OnThisMachine() bool { return loopback(b.endpoint) }
+
+func loopback(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
 
 // DateGrain is a second: S3's Date and Last-Modified have whole seconds
 // (store.DateGrain).
