@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"github.com/ferry-llm/ferry/internal/digest"
 	"github.com/ferry-llm/ferry/internal/fsutil"
 	"github.com/ferry-llm/ferry/internal/hashing"
@@ -55,6 +56,33 @@ type ExecOptions struct {
 	// on (the pipeline uploads it to a shared store) before the merge ends.
 	// An error it returns fails the merge.
 	ShardDone func(FileDigest) error
+	// ShardOpened, if set, is called with each shard this run writes as
+	// its partial file is opened (again, if the shard starts over): path
+	// is that file, and flushed says how many of its bytes are in it so
+	// far (a reader can read that far; it reaches the shard's size before
+	// ShardDone). The file is renamed into place when whole: a reader
+	// opens it here. Called from the goroutine writing the shard.
+	ShardOpened func(name, path string, flushed func() int64)
+	// Cores, if set, are the process's cores shared by priority
+	// (cpushare): each row block's worker takes one while it computes the
+	// block (not while it waits for the shard's writer, which waits for
+	// the disk). Nil: none taken.
+	Cores *cpushare.Share
+}
+
+// withDefaults fills in the workers, the shards at once and the block
+// size left zero.
+func (opt ExecOptions) withDefaults() ExecOptions {
+	if opt.Jobs <= 0 {
+		opt.Jobs = runtime.NumCPU()
+	}
+	if opt.Shards <= 0 {
+		opt.Shards = DefaultShards(opt.Jobs)
+	}
+	if opt.BlockElems <= 0 {
+		opt.BlockElems = DefaultBlockElems
+	}
+	return opt
 }
 
 // DefaultBlockElems makes a row block about 1 MiB of float32.
@@ -94,15 +122,7 @@ type Result struct {
 // its last checkpoint, so progress never goes back; it ends with the bytes
 // of an uninterrupted merge. Execute makes no decisions of its own.
 func Execute(ctx context.Context, p *Plan, outDir string, opt ExecOptions) (*Result, error) {
-	if opt.Jobs <= 0 {
-		opt.Jobs = runtime.NumCPU()
-	}
-	if opt.Shards <= 0 {
-		opt.Shards = DefaultShards(opt.Jobs)
-	}
-	if opt.BlockElems <= 0 {
-		opt.BlockElems = DefaultBlockElems
-	}
+	opt = opt.withDefaults()
 	if opt.CheckpointEvery <= 0 {
 		opt.CheckpointEvery = DefaultCheckpointEvery
 	}

@@ -2,6 +2,7 @@ package merge
 
 import (
 	"context"
+	"github.com/ferry-llm/ferry/internal/cpushare"
 	"sync"
 )
 
@@ -45,7 +46,7 @@ func (e *executor) putBlock(b *block) {
 // ordered runs work(i) for i in [0, n) on up to jobs goroutines and hands
 // the results to consume in index order, one at a time. At most jobs blocks
 // are alive at once.
-func ordered(ctx context.Context, n, jobs int, work func(i int) (*block, error), consume func(*block) error) error {
+func ordered(ctx context.Context, n, jobs int, cores *cpushare.Share, work func(i int) (*block, error), consume func(*block) error) error {
 	type result struct {
 		b   *block
 		err error
@@ -70,7 +71,14 @@ func ordered(ctx context.Context, n, jobs int, work func(i int) (*block, error),
 			wg.Add(1)
 			go func(i int) {
 				defer wg.Done()
+				// A core of the process's, for the block's compute only:
+				// a worker waiting for the writer holds none.
+				if err := cores.Acquire(ctx); err != nil {
+					slots[i] <- result{nil, err}
+					return
+				}
 				b, err := work(i)
+				cores.Release()
 				slots[i] <- result{b, err}
 			}(i)
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferry-llm/ferry/internal/fsutil"
@@ -176,7 +177,26 @@ type shardOut struct {
 	every time.Duration
 	last  time.Time
 	err   error // sticky: after a failed write the position is unknown
+	// inFile counts the bytes handed to the file (past the buffer):
+	// what a reader of the partial file can read (Flushed).
+	inFile atomic.Int64
 }
+
+// fileCounter counts what the buffer hands the file.
+type fileCounter struct {
+	f *os.File
+	n *atomic.Int64
+}
+
+func (c fileCounter) Write(p []byte) (int, error) {
+	n, err := c.f.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// Flushed is how many bytes of the shard are in its partial file: a
+// reader of the file can read that far.
+func (o *shardOut) Flushed() int64 { return o.inFile.Load() }
 
 // openShard resumes the shard's partial file at its last checkpoint, or
 // starts it afresh (no checkpoint, or one the file no longer backs).
@@ -191,7 +211,8 @@ func (j *mergeJournal) openShard(name string, every time.Duration) (*shardOut, e
 			if err == nil && fi.Size() >= ck.End && f.Truncate(ck.End) == nil {
 				if _, err := f.Seek(ck.End, 0); err == nil {
 					o.f = f
-					o.bw = bufio.NewWriterSize(f, 1<<20)
+					o.inFile.Store(ck.End)
+					o.bw = bufio.NewWriterSize(fileCounter{f, &o.inFile}, 1<<20)
 					if hw, err := hashing.Resume(o.bw, ck.State, ck.End); err == nil {
 						o.hw = hw
 						return o, nil
@@ -207,7 +228,7 @@ func (j *mergeJournal) openShard(name string, every time.Duration) (*shardOut, e
 		return nil, fmt.Errorf("%s: creating: %w", filepath.Join(j.dir, name), err)
 	}
 	o.f = f
-	o.bw = bufio.NewWriterSize(f, 1<<20)
+	o.bw = bufio.NewWriterSize(fileCounter{f, &o.inFile}, 1<<20)
 	o.hw = hashing.NewWriter(o.bw)
 	return o, nil
 }

@@ -11,6 +11,13 @@ import (
 	"github.com/ferry-llm/ferry/safetensors"
 )
 
+// shardSink is where a shard's bytes go, in order: its partial file
+// (shardOut), or only a hash (Digests).
+type shardSink interface {
+	io.Writer
+	Written() int64 // bytes so far
+}
+
 // errNoResume says a checkpoint does not fall where the shard's writer can
 // continue (another block size than the run that wrote it): the shard
 // starts over.
@@ -24,6 +31,9 @@ func (e *executor) writeShard(ctx context.Context, sp ShardPlan) (FileDigest, er
 		o, err := e.j.openShard(sp.Name, e.opt.CheckpointEvery)
 		if err != nil {
 			return FileDigest{}, err
+		}
+		if e.opt.ShardOpened != nil {
+			e.opt.ShardOpened(sp.Name, o.path, o.Flushed)
 		}
 		if sp.Rewrite {
 			err = e.rewriteShard(ctx, sp, o)
@@ -44,7 +54,7 @@ func (e *executor) writeShard(ctx context.Context, sp ShardPlan) (FileDigest, er
 }
 
 // copyShard copies a shard without adapted tensors byte for byte.
-func (e *executor) copyShard(sp ShardPlan, o *shardOut) error {
+func (e *executor) copyShard(sp ShardPlan, o shardSink) error {
 	src := filepath.Join(e.p.BaseDir, sp.Name)
 	in, err := os.Open(src)
 	if err != nil {
@@ -74,7 +84,7 @@ func (e *executor) copyShard(sp ShardPlan, o *shardOut) error {
 // A resumed shard continues at its checkpoint: inside a copied tensor at
 // any byte, inside a merged one at a row block, inside a converted
 // replacement at a chunk.
-func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan, o *shardOut) error {
+func (e *executor) rewriteShard(ctx context.Context, sp ShardPlan, o shardSink) error {
 	var sh *safetensors.Shard
 	for _, s := range e.p.base.Shards {
 		if s.Name == sp.Name {

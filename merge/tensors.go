@@ -151,7 +151,7 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 		// First pass: column norms of V over all rows, summed in float64
 		// in block order (deterministic for any worker count).
 		sq := make([]float64, mm.cols)
-		err := ordered(ctx, nBlocks, e.opt.Jobs, func(i int) (*block, error) {
+		err := ordered(ctx, nBlocks, e.opt.Jobs, e.opt.Cores, func(i int) (*block, error) {
 			b := get()
 			b.start, b.n = span(i)
 			if err := mm.computeV(b, sec, inSize); err != nil {
@@ -219,7 +219,7 @@ func (e *executor) mergeTensor(ctx context.Context, w io.Writer, sh *safetensors
 		return b, tensor.FromF32(t.DType, b.out, v)
 	}
 	var nonFinite int64
-	err = ordered(ctx, nBlocks-first, e.opt.Jobs, func(i int) (*block, error) {
+	err = ordered(ctx, nBlocks-first, e.opt.Jobs, e.opt.Cores, func(i int) (*block, error) {
 		b, err := work(first + i)
 		if err != nil {
 			return b, err

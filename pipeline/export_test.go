@@ -55,3 +55,10 @@ func StageStarting(f func(stage string)) { stageStarting = f }
 // MLXShardDone makes f told of each shard the MLX stage hands over while
 // it converts (nil: none).
 func MLXShardDone(f func(name string)) { mlxShardDone = f }
+
+// MergeAhead makes started told of each merge shard stored ahead of its
+// bytes, and whole of each shard whole before the merge hands it over
+// (nil: none).
+func MergeAhead(started, whole func(name string)) {
+	mergeAheadStarted, mergeShardWhole = started, whole
+}

@@ -1227,7 +1227,7 @@ func (r *runner) execute(ctx context.Context, st *StageSpec, d decision, ins []I
 	env := r.env(st, d.work, ins, prog, r.opts.Verify || forced || damaged)
 	env.Cores = cores
 	if early != nil {
-		env.finished = early.add
+		env.finished, env.ahead = early.add, early.addStream
 	}
 	if stageCores != nil {
 		stageCores(st.Name, cores)

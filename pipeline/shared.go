@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -1012,14 +1013,25 @@ func (r *runner) earlyFor(ctx context.Context, stage string, l *store.Lease) *ea
 
 // add starts storing the finished output blob d of size bytes (once per
 // blob), in a slot of the run's uploads.
-func (e *earlyShare) add(d manifest.Digest, size int64) {
+func (e *earlyShare) add(d manifest.Digest, size int64) { e.start(d, size, nil) }
+
+// addStream starts storing the blob d of size bytes that src reads while
+// the stage writes it (Env.ShareAhead), once per blob as add: the blob's
+// own add later finds it started. It reports whether it took src (closed
+// when the upload ends).
+func (e *earlyShare) addStream(d manifest.Digest, size int64, src io.ReaderAt) bool {
+	return e.start(d, size, src)
+}
+
+// start is add (src nil: the local blob) and addStream.
+func (e *earlyShare) start(d manifest.Digest, size int64, src io.ReaderAt) bool {
 	if size < earlyMin {
-		return
+		return false
 	}
 	e.mu.Lock()
 	if _, ok := e.ups[d]; ok || e.stopped {
 		e.mu.Unlock()
-		return
+		return false
 	}
 	u := &earlyUpload{done: make(chan struct{})}
 	e.ups[d] = u
@@ -1029,6 +1041,9 @@ func (e *earlyShare) add(d manifest.Digest, size int64) {
 	go func() {
 		defer e.wg.Done()
 		defer close(u.done)
+		if c, ok := src.(io.Closer); ok {
+			defer c.Close()
+		}
 		sh := e.r.shared
 		select {
 		case sh.slots <- struct{}{}:
@@ -1038,11 +1053,22 @@ func (e *earlyShare) add(d manifest.Digest, size int64) {
 		}
 		defer func() { <-sh.slots }()
 		// Protected from gc before it is stored, as share does.
+		count := func(n int64) {
+			u.counted.Add(n)
+			e.bar.add(n)
+		}
 		if u.err = e.l.Protect(e.ctx, d); u.err == nil {
-			u.err = e.r.putOutput(e.ctx, d, size, func(n int64) {
-				u.counted.Add(n)
-				e.bar.add(n)
-			})
+			if src == nil {
+				u.err = e.r.putOutput(e.ctx, d, size, count)
+			} else {
+				u.err = e.r.shared.s.PutBlob(e.ctx, d, src, size, count)
+				if errors.Is(u.err, store.ErrDigestMismatch) && e.ctx.Err() == nil {
+					// The stage's pass ahead and its writer disagree:
+					// a bug to report; the blob it made goes up as
+					// usual once whole.
+					e.r.log.Warn("an output's bytes differ from the digest computed ahead of them: stored once whole instead", "blob", d.Short(), "err", u.err)
+				}
+			}
 		}
 		if earlyStored != nil && u.err == nil {
 			earlyStored(d)
@@ -1052,6 +1078,7 @@ func (e *earlyShare) add(d manifest.Digest, size int64) {
 			e.r.log.Debug("output not stored early", "blob", d.Short(), "err", u.err)
 		}
 	}()
+	return true
 }
 
 // stored waits for the early upload of d, if one was started under l, and

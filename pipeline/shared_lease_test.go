@@ -1383,8 +1383,8 @@ func tinyMergeShared(t *testing.T, more string) (string, func() *Spec) {
 func TestSharedMLXShardsStoredEarly(t *testing.T) {
 	_, open := tinyMergeShared(t, "  - name: mlx4\n    mlx_quantize: { from: merged, bits: 4, group_size: 64 }\n")
 	defer EarlyMin(EarlyMin(0))
-	var mu sync.Mutex
-	early, byShare := map[manifest.Digest]int{}, map[manifest.Digest]int{}
+	sc := countStores(t)
+	mu := &sc.mu
 	handed := map[string]int{}
 	MLXShardDone(func(name string) {
 		mu.Lock()
@@ -1392,40 +1392,20 @@ func TestSharedMLXShardsStoredEarly(t *testing.T) {
 		mu.Unlock()
 	})
 	defer MLXShardDone(nil)
-	SharePut(func(d manifest.Digest) {
-		mu.Lock()
-		byShare[d]++
-		mu.Unlock()
-	})
-	defer SharePut(nil)
-	EarlyStored(func(d manifest.Digest) {
-		mu.Lock()
-		early[d]++
-		mu.Unlock()
-	})
-	defer EarlyStored(nil)
 	rep, err := Run(context.Background(), open(), Options{Host: "team"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mlx := madeAndShared(t, rep, "mlx4")
+	shards := sc.onceEarly(t, mlx.Outputs)
 	mu.Lock()
-	shards := 0
-	for _, o := range mlx.Outputs {
-		e, sp := early[o.Digest], byShare[o.Digest]
-		if !strings.HasSuffix(o.Path, ".safetensors") {
-			continue
-		}
-		shards++
-		if e != 1 || sp != 0 {
-			t.Errorf("shard %s stored %d times early and %d by the share, want once early", o.Path, e, sp)
-		}
+	for _, o := range shards {
 		if handed[o.Path] != 1 {
 			t.Errorf("shard %s handed over %d times while the stage converted, want once", o.Path, handed[o.Path])
 		}
 	}
 	mu.Unlock()
-	if shards == 0 {
+	if len(shards) == 0 {
 		t.Fatalf("mlx4 made no shard: %v", mlx.Outputs)
 	}
 
@@ -1438,4 +1418,99 @@ func TestSharedMLXShardsStoredEarly(t *testing.T) {
 			t.Fatalf("mlx4 on the mac: %s (%s), want fetched", sr.Action, sr.Reason)
 		}
 	}
+}
+
+// A shared merge stores each shard while it writes it: the digest worked
+// out ahead of the bytes, the upload reads the shard's partial file as it
+// grows (a shard whole waits, before it is handed over, for its upload
+// to have started). Each shard is stored once, and another machine
+// fetches the stage.
+func TestSharedMergeShardsStoredAhead(t *testing.T) {
+	_, open := tinyMergeShared(t, "")
+	defer EarlyMin(EarlyMin(0))
+	sc := countStores(t)
+	mu := &sc.mu
+	started := map[string]chan struct{}{}
+	ch := func(name string) chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		if started[name] == nil {
+			started[name] = make(chan struct{})
+		}
+		return started[name]
+	}
+	var late atomic.Int32
+	MergeAhead(func(name string) { close(ch(name)) }, func(name string) {
+		select {
+		case <-ch(name):
+		case <-time.After(10 * time.Second):
+			late.Add(1)
+		}
+	})
+	defer MergeAhead(nil, nil)
+	rep, err := Run(context.Background(), open(), Options{Host: "team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	merged := madeAndShared(t, rep, "merged")
+	if late.Load() != 0 {
+		t.Errorf("%d shards whole before their upload started", late.Load())
+	}
+	shards := len(sc.onceEarly(t, merged.Outputs))
+	mu.Lock()
+	if shards < 3 || len(started) != shards {
+		t.Errorf("%d of %d shards stored ahead", len(started), shards)
+	}
+	mu.Unlock()
+
+	// Another machine fetches it (each blob verified as it comes).
+	rep, err = Run(context.Background(), open(), Options{Host: "mac"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sr := stageOf(rep, "merged"); sr.Action != ActionSkip || sr.Host != "team" || sr.Key != merged.Key {
+		t.Fatalf("merged on the mac: %s (%s), want fetched", sr.Action, sr.Reason)
+	}
+}
+
+// storeCounts counts, by blob, the outputs stored early and those the
+// share stored itself (the hooks set for the test).
+type storeCounts struct {
+	mu             sync.Mutex
+	early, byShare map[manifest.Digest]int
+}
+
+func countStores(t *testing.T) *storeCounts {
+	sc := &storeCounts{early: map[manifest.Digest]int{}, byShare: map[manifest.Digest]int{}}
+	SharePut(func(d manifest.Digest) {
+		sc.mu.Lock()
+		sc.byShare[d]++
+		sc.mu.Unlock()
+	})
+	EarlyStored(func(d manifest.Digest) {
+		sc.mu.Lock()
+		sc.early[d]++
+		sc.mu.Unlock()
+	})
+	t.Cleanup(func() { SharePut(nil); EarlyStored(nil) })
+	return sc
+}
+
+// onceEarly checks that each shard of outs was stored once, early, and
+// returns the shards.
+func (sc *storeCounts) onceEarly(t *testing.T, outs []manifest.Output) []manifest.Output {
+	t.Helper()
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	var shards []manifest.Output
+	for _, o := range outs {
+		if !strings.HasSuffix(o.Path, ".safetensors") {
+			continue
+		}
+		shards = append(shards, o)
+		if e, sp := sc.early[o.Digest], sc.byShare[o.Digest]; e != 1 || sp != 0 {
+			t.Errorf("shard %s stored %d times early and %d by the share, want once early", o.Path, e, sp)
+		}
+	}
+	return shards
 }

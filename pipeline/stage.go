@@ -112,6 +112,23 @@ type Env struct {
 	// that hands its outputs over as it finishes them, not all at its end,
 	// has them shared sooner.
 	finished func(d manifest.Digest, size int64)
+	// ahead, with finished, stores a blob a stage is still writing, whose
+	// digest it knows ahead of its bytes (ShareAhead).
+	ahead func(d manifest.Digest, size int64, src io.ReaderAt) bool
+}
+
+// ShareAhead, in a run that shares the stage's outputs early, stores the
+// blob d of size bytes while the stage still writes it: src reads it,
+// each ReadAt waiting until the bytes it asks for are written (or
+// failing once the stage stops). The digest is known ahead of the bytes
+// (computed by a pass of the stage's own, merge.Digests): the store
+// hashes what it reads and keeps the blob only if it is d, so bytes that
+// differ cost the upload, not the blob. The file's own hand-over
+// (AdoptKnown) stores nothing again. It reports whether an upload took
+// src, which then closes it (an io.Closer) when done; elsewhere, or for a
+// blob too small or already going up, it does nothing.
+func (e *Env) ShareAhead(d manifest.Digest, size int64, src io.ReaderAt) bool {
+	return e.ahead != nil && e.ahead(d, size, src)
 }
 
 // SharesEarly says whether the blobs the stage adopts go to the shared

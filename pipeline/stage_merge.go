@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/merge"
@@ -98,9 +101,31 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	}
 	env.Progress.SetTotal(plan.TotalBytes)
 	var last int64
+	opt := merge.ExecOptions{Jobs: env.Jobs, AllowNonFinite: s.AllowNonFinite, Cores: env.Cores}
+	if env.SharesEarly() {
+		// Sharing it: each shard's digest is worked out ahead of its
+		// bytes, on the cores the merge's disk-bound writes leave idle
+		// (its workers take the cores first: the pass ahead never slows
+		// a merge that keeps them busy), and the shard uploads as it is
+		// written (ShareAhead).
+		ah := newMergeAhead(ctx, env)
+		defer ah.stop()
+		opt.ShardOpened = ah.opened
+		// Half the workers (and their row-block buffers), as many
+		// shards at once as that many workers get (one per four):
+		// still well ahead of the writes, each shard's hash being
+		// the limit.
+		jobs := opt.Jobs
+		if jobs <= 0 {
+			jobs = runtime.NumCPU()
+		}
+		go ah.run(plan, merge.ExecOptions{Jobs: max(1, jobs/2), AllowNonFinite: opt.AllowNonFinite, Cores: env.Cores.Idle()})
+	}
 	res, err := merge.Execute(ctx, plan, work, merge.ExecOptions{
-		Jobs:           env.Jobs,
-		AllowNonFinite: s.AllowNonFinite,
+		Jobs:           opt.Jobs,
+		AllowNonFinite: opt.AllowNonFinite,
+		ShardOpened:    opt.ShardOpened,
+		Cores:          opt.Cores,
 		Progress: func(done, total int64) {
 			env.Progress.Add(done - last)
 			last = done
@@ -108,6 +133,9 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		// Each shard is a blob as soon as it is whole: in a run that
 		// shares the merge, it is stored while the others are written.
 		ShardDone: func(f merge.FileDigest) error {
+			if mergeShardWhole != nil {
+				mergeShardWhole(f.Name)
+			}
 			d, err := f.Digest()
 			if err != nil {
 				return fmt.Errorf("merge output %s: %w", f.Name, err)
@@ -165,3 +193,149 @@ func (s *mergeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
 		Memory:  int64(max(env.Jobs, 1)+1)*block + 2*factors + 64<<20,
 	}, nil
 }
+
+// mergeAhead stores a shared merge's shards while they are written: the
+// digest of each, from merge.Digests, and the partial file Execute opens
+// for it (ShardOpened), once both are known, go to Env.ShareAhead.
+type mergeAhead struct {
+	env    *Env
+	ctx    context.Context
+	cancel func()
+	done   chan struct{}
+	mu     sync.Mutex
+	sums   map[string]merge.FileDigest
+	files  map[string]*growingFile
+}
+
+func newMergeAhead(ctx context.Context, env *Env) *mergeAhead {
+	ctx, cancel := context.WithCancel(ctx)
+	return &mergeAhead{env: env, ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		sums: map[string]merge.FileDigest{}, files: map[string]*growingFile{}}
+}
+
+// run works out the digests; an error (the merge's own, or a stop) only
+// means no more shards go up ahead.
+func (a *mergeAhead) run(plan *merge.Plan, opt merge.ExecOptions) {
+	defer close(a.done)
+	err := merge.Digests(a.ctx, plan, opt, func(f merge.FileDigest) error {
+		a.mu.Lock()
+		a.sums[f.Name] = f
+		a.mu.Unlock()
+		a.start(f.Name)
+		return nil
+	})
+	if err != nil && a.ctx.Err() == nil {
+		a.env.Log.Debug("merge: no digests ahead of the shards", "err", err)
+	}
+}
+
+// opened is merge.ExecOptions.ShardOpened: the partial file, opened here
+// (it is renamed when whole: an open file stays readable).
+func (a *mergeAhead) opened(name, path string, flushed func() int64) {
+	f, err := os.Open(path)
+	if err != nil {
+		a.env.Log.Debug("merge: a shard not stored ahead", "shard", name, "err", err)
+		return
+	}
+	a.mu.Lock()
+	if old := a.files[name]; old != nil {
+		// The shard starts over: its upload reading the old file fails
+		// (the blob goes up once whole); none reads the new one.
+		old.Close()
+		f.Close()
+		a.mu.Unlock()
+		return
+	}
+	a.files[name] = &growingFile{ctx: a.ctx, f: f, flushed: flushed}
+	a.mu.Unlock()
+	a.start(name)
+}
+
+// start stores shard name ahead once its digest and file are known.
+func (a *mergeAhead) start(name string) {
+	a.mu.Lock()
+	sum, ok := a.sums[name]
+	g := a.files[name]
+	a.mu.Unlock()
+	if !ok || g == nil {
+		return
+	}
+	d, err := sum.Digest()
+	if err != nil {
+		return
+	}
+	a.mu.Lock()
+	if a.files[name] != g || g.handed {
+		a.mu.Unlock()
+		return
+	}
+	g.handed, g.size = true, sum.Size
+	a.mu.Unlock()
+	if !a.env.ShareAhead(d, sum.Size, g) {
+		g.Close()
+		return
+	}
+	if mergeAheadStarted != nil {
+		mergeAheadStarted(name)
+	}
+}
+
+// stop ends the pass ahead: the merge returned. An upload still waiting
+// for bytes of a shard the merge did not finish then fails (the shard is
+// not a blob); one of a finished shard reads on, and closes its file.
+func (a *mergeAhead) stop() {
+	a.cancel()
+	<-a.done
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, g := range a.files {
+		if !g.handed {
+			g.Close()
+		}
+	}
+}
+
+// growingFile reads a shard's partial file as the merge writes it: a
+// ReadAt waits until the bytes it asks for are in the file.
+type growingFile struct {
+	ctx     context.Context
+	f       *os.File
+	flushed func() int64
+	size    int64 // set with handed, before the upload reads
+	handed  bool  // to an upload (mergeAhead.mu), which closes it
+	mu      sync.Mutex
+	closed  bool
+}
+
+func (g *growingFile) ReadAt(p []byte, off int64) (int, error) {
+	end := min(off+int64(len(p)), g.size)
+	for g.flushed() < end {
+		select {
+		case <-g.ctx.Done():
+			return 0, g.ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return 0, os.ErrClosed
+	}
+	return g.f.ReadAt(p, off)
+}
+
+// Close closes the file (once); a read after it fails.
+func (g *growingFile) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		g.closed = true
+		return g.f.Close()
+	}
+	return nil
+}
+
+// mergeAheadStarted and mergeShardWhole, set by tests only, are told of
+// each shard stored ahead of its bytes, and of each shard whole before it
+// is handed over.
+var mergeAheadStarted, mergeShardWhole func(name string)

@@ -22,6 +22,7 @@ package cpushare
 import (
 	"container/heap"
 	"context"
+	"math"
 	"sync"
 )
 
@@ -160,6 +161,16 @@ func (g *Gate) Share(prio int64) *Share {
 		return nil
 	}
 	return &Share{g: g, prio: prio}
+}
+
+// Idle is a share of the same gate below all others: it gets only the
+// slots no other work waits for (nil for a nil Share). Work that may run
+// only on cores left idle (a merge's pass ahead of its writer) takes it.
+func (s *Share) Idle() *Share {
+	if s == nil {
+		return nil
+	}
+	return &Share{g: s.g, prio: math.MinInt64}
 }
 
 // Priority is the share's priority (0 for a nil Share).

@@ -480,3 +480,47 @@ func ctx20ms(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// An idle share gets a slot only when no other work waits: after every
+// waiter of any priority, a negative one included; a nil share's is nil.
+func TestIdleShare(t *testing.T) {
+	g := New(1)
+	if err := g.Acquire(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	idle := g.Share(7).Idle()
+	var mu sync.Mutex
+	var got []int64
+	var done sync.WaitGroup
+	n := g.waitingLen()
+	done.Add(1)
+	go func() {
+		defer done.Done()
+		if err := idle.Acquire(context.Background()); err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		got = append(got, idle.Priority())
+		mu.Unlock()
+		idle.Release()
+	}()
+	for g.waitingLen() == n {
+		time.Sleep(time.Millisecond)
+	}
+	for _, p := range []int64{-1 << 40, 3} {
+		enqueue(t, g, p, &mu, &got, &done)
+	}
+	for range 3 {
+		g.Release()
+		time.Sleep(5 * time.Millisecond)
+	}
+	done.Wait()
+	if want := []int64{3, -1 << 40, idle.Priority()}; !slices.Equal(got, want) {
+		t.Errorf("slots went to %v, want %v (the idle share last)", got, want)
+	}
+	var none *Share
+	if none.Idle() != nil {
+		t.Error("a nil share's idle share is not nil")
+	}
+}
