@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -148,4 +149,33 @@ func (b *shareBarRec) Close() error {
 	b.s.Of[b.stage].Closed++
 	b.s.Mu.Unlock()
 	return nil
+}
+
+// A shared merge's plan counts the memory of its pass ahead: its workers'
+// row blocks (half the merge's) and its own factors, beside the merge's.
+func TestMergePlanCountsPassAhead(t *testing.T) {
+	models, err := filepath.Abs("../testdata/models/qwen35-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := Parse("m.yaml", "/p", []byte("name: m\nstages:\n  - name: base\n    import: { path: b }\n  - name: adapter\n    import: { path: a }\n  - name: merged\n    merge: { base: base, adapter: adapter }\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ins := []Input{{Stage: "base", Dir: filepath.Join(models, "base")}, {Stage: "adapter", Dir: filepath.Join(models, "adapter-dora")}}
+	mem := map[bool]int64{}
+	for _, shared := range []bool{false, true} {
+		p, err := spec.Lookup("merged").Stage.(Planner).Plan(t.Context(), &Env{Stage: "merged", Jobs: 8, Inputs: ins, shared: shared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem[shared] = p.Memory
+	}
+	// The merge: 9 blocks and its factors twice; the pass ahead: 5
+	// blocks (4 workers and the writer's) and its factors twice.
+	local := mem[false] - 64<<20
+	extra := mem[true] - mem[false]
+	if extra <= 0 || extra >= local || extra*9 < local*4 {
+		t.Errorf("shared merge plans %d bytes, local %d: the pass ahead adds %d, want about 5/9 of the local %d", mem[true], mem[false], extra, local)
+	}
 }

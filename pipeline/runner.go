@@ -1194,7 +1194,7 @@ func (r *runner) env(st *StageSpec, key string, ins []Input, prog Progress, veri
 		Pipeline: r.spec.Name, Stage: st.Name, Key: key, Dir: r.spec.Dir,
 		Inputs: ins, store: r.store, Progress: prog, Log: r.log.With("stage", st.Name),
 		Prev: r.store.StageRecord(r.spec.Name, st.Name), Verify: verify,
-		Jobs: r.opts.Workers, SSH: r.opts.SSH,
+		Jobs: r.opts.Workers, SSH: r.opts.SSH, shared: r.shared != nil && shareable(st),
 	}
 }
 

@@ -115,6 +115,8 @@ type Env struct {
 	// ahead, with finished, stores a blob a stage is still writing, whose
 	// digest it knows ahead of its bytes (ShareAhead).
 	ahead func(d manifest.Digest, size int64, src io.ReaderAt) bool
+	// shared: the run shares the stage's outputs (Shared).
+	shared bool
 }
 
 // ShareAhead, in a run that shares the stage's outputs early, stores the
@@ -130,6 +132,11 @@ type Env struct {
 func (e *Env) ShareAhead(d manifest.Digest, size int64, src io.ReaderAt) bool {
 	return e.ahead != nil && e.ahead(d, size, src)
 }
+
+// Shared says whether the run shares the stage's outputs in a shared
+// store (in Plan too, before any hand-over is set up): a stage's plan
+// counts the memory of what it does only then.
+func (e *Env) Shared() bool { return e.shared }
 
 // SharesEarly says whether the blobs the stage adopts go to the shared
 // store as it hands them over (a stage that finishes files one by one

@@ -111,15 +111,7 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		ah := newMergeAhead(ctx, env)
 		defer ah.stop()
 		opt.ShardOpened = ah.opened
-		// Half the workers (and their row-block buffers), as many
-		// shards at once as that many workers get (one per four):
-		// still well ahead of the writes, each shard's hash being
-		// the limit.
-		jobs := opt.Jobs
-		if jobs <= 0 {
-			jobs = runtime.NumCPU()
-		}
-		go ah.run(plan, merge.ExecOptions{Jobs: max(1, jobs/2), AllowNonFinite: opt.AllowNonFinite, Cores: env.Cores.Idle()})
+		go ah.run(plan, merge.ExecOptions{Jobs: aheadJobs(env), AllowNonFinite: opt.AllowNonFinite, Cores: env.Cores.Idle()})
 	}
 	res, err := merge.Execute(ctx, plan, work, merge.ExecOptions{
 		Jobs:           opt.Jobs,
@@ -188,10 +180,28 @@ func (s *mergeStage) Plan(ctx context.Context, env *Env) (*StagePlan, error) {
 		factors = max(factors, (m.Rows+m.Cols)*int64(m.Rank)*4)
 	}
 	block := max(width, merge.DefaultBlockElems) * 16
+	mem := int64(max(env.Jobs, 1)+1)*block + 2*factors + 64<<20
+	if env.Shared() {
+		// The pass ahead of a shared merge's writes: its workers'
+		// blocks and its own factors.
+		mem += int64(aheadJobs(env)+1)*block + 2*factors
+	}
 	return &StagePlan{
 		Summary: fmt.Sprintf("%d modules into %d shards, %s", len(plan.Modules), len(plan.Shards), FormatBytes(plan.TotalBytes)),
-		Memory:  int64(max(env.Jobs, 1)+1)*block + 2*factors + 64<<20,
+		Memory:  mem,
 	}, nil
+}
+
+// aheadJobs is the workers of a shared merge's pass ahead: half the
+// merge's (and their row-block buffers), as many shards at once as that
+// many workers get (one per four), still well ahead of the writes, each
+// shard's hash being the limit.
+func aheadJobs(env *Env) int {
+	jobs := env.Jobs
+	if jobs <= 0 {
+		jobs = runtime.NumCPU()
+	}
+	return max(1, jobs/2)
 }
 
 // mergeAhead stores a shared merge's shards while they are written: the
