@@ -33,17 +33,22 @@ func (s *hashSink) Written() int64 { return s.n }
 // elsewhere (the pipeline's shared store, where a blob is named by its
 // digest) can then start storing each while Execute still writes it.
 // Shards are done opt.Shards at a time in the plan's order, as Execute
-// writes them, each calls each (from the shard's goroutine) once known;
+// writes them, but those skip names (nil: none; e.g. the shards an
+// earlier run finished, which Execute keeps); each is called (from the
+// shard's goroutine) with each digest once known;
 // Progress, NonFinite, ShardDone and ShardOpened are not called. It uses
 // its own Jobs workers and row-block buffers beside an Execute's; given
 // Cores of a lower priority than the Execute's (cpushare.Share.Idle), it
 // computes only on the cores the Execute leaves idle.
-func Digests(ctx context.Context, p *Plan, opt ExecOptions, each func(FileDigest) error) error {
+func Digests(ctx context.Context, p *Plan, opt ExecOptions, skip func(name string) bool, each func(FileDigest) error) error {
 	opt = opt.withDefaults()
 	opt = ExecOptions{Jobs: opt.Jobs, Shards: opt.Shards, BlockElems: opt.BlockElems, AllowNonFinite: opt.AllowNonFinite, Cores: opt.Cores}
 	e := &executor{p: p, opt: opt, free: make(chan *block, opt.Shards*opt.Jobs)}
 	return workers.Each(ctx, len(p.Shards), opt.Shards, func(ctx context.Context, i int) error {
 		sp := p.Shards[i]
+		if skip != nil && skip(sp.Name) {
+			return nil
+		}
 		s := &hashSink{h: sha256.New()}
 		var err error
 		if sp.Rewrite {

@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ferry-llm/ferry/internal/cpushare"
+	"github.com/ferry-llm/ferry/internal/journal"
 	"github.com/ferry-llm/ferry/tensor"
 )
 
@@ -67,7 +70,7 @@ func TestDigests(t *testing.T) {
 			aopt.Cores = c.opt.Cores.Idle()
 			aheadErr := make(chan error, 1)
 			go func() {
-				aheadErr <- Digests(context.Background(), p, aopt, func(d FileDigest) error {
+				aheadErr <- Digests(context.Background(), p, aopt, nil, func(d FileDigest) error {
 					mu.Lock()
 					defer mu.Unlock()
 					ahead[d.Name] = d
@@ -149,5 +152,62 @@ func TestDigests(t *testing.T) {
 	}
 	if !kinds[true] || !kinds[false] {
 		t.Errorf("the cases rewrite shards %v and copy shards %v, want both", kinds[true], kinds[false])
+	}
+}
+
+// Digests passes over the shards skip names (those an earlier run
+// finished) and works out the others.
+func TestDigestsSkip(t *testing.T) {
+	base, ad := writeMultiShard(t, t.TempDir(), 4, 32, 64)
+	p, err := Inventory(base, ad, PlanOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	skipped := map[string]bool{p.Shards[0].Name: true, p.Shards[2].Name: true}
+	var mu sync.Mutex
+	var got []string
+	err = Digests(context.Background(), p, ExecOptions{Jobs: 2}, func(name string) bool { return skipped[name] }, func(d FileDigest) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, d.Name)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	if want := []string{p.Shards[1].Name, p.Shards[3].Name}; !slices.Equal(got, want) {
+		t.Errorf("digests of %v, want %v", got, want)
+	}
+}
+
+// A partial file whose checkpoint cannot be resumed (a hash state that
+// does not decode) starts over: its Flushed count starts at 0 with it,
+// not at the checkpoint's end, and counts what reaches the file.
+func TestFlushedAfterFailedResume(t *testing.T) {
+	dir := t.TempDir()
+	j, err := openJournal(dir, "key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	if err := os.WriteFile(partialPath(dir, "s.safetensors"), make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j.ckpt["s.safetensors"] = journal.Entry{Unit: "s.safetensors", End: 2048, State: []byte("not a hash state")}
+	o, err := j.openShard("s.safetensors", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.f.Close()
+	if o.Written() != 0 || o.Flushed() != 0 {
+		t.Fatalf("started over with %d bytes written, %d flushed; want 0 and 0", o.Written(), o.Flushed())
+	}
+	if _, err := o.Write(make([]byte, 3<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if f := o.Flushed(); f < 2<<20 || f > 3<<20 {
+		t.Errorf("3 MiB written through a 1 MiB buffer: %d flushed", f)
 	}
 }

@@ -228,6 +228,7 @@ func (j *mergeJournal) openShard(name string, every time.Duration) (*shardOut, e
 		return nil, fmt.Errorf("%s: creating: %w", filepath.Join(j.dir, name), err)
 	}
 	o.f = f
+	o.inFile.Store(0) // a resume tried above may have set it
 	o.bw = bufio.NewWriterSize(fileCounter{f, &o.inFile}, 1<<20)
 	o.hw = hashing.NewWriter(o.bw)
 	return o, nil

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ferry-llm/ferry/internal/cpushare"
 )
 
 // TestQuantizeDigests: with Digests, every shard's digest and size are
@@ -218,5 +220,58 @@ func TestQuantizeShardDoneEarly(t *testing.T) {
 		if !bytes.Equal(mustRead(t, filepath.Join(killed, name)), mustRead(t, filepath.Join(want, name))) {
 			t.Errorf("%s differs from an uninterrupted run's", name)
 		}
+	}
+}
+
+// A worker that tells a shard (fsyncs, the caller's hand-over) gives its
+// core back meanwhile: the one core of the gate is free in ShardDone.
+func TestQuantizeShardDoneFreesCore(t *testing.T) {
+	p, err := PlanQuantize(qwen35Base, QuantizeOptions{Bits: 4, GroupSize: 32, ShardSize: 400_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// The last unit of each shard pauses after its bytes are written:
+	// the shard's hash is done by then, and the worker, counting the
+	// unit, tells the shard itself.
+	type at struct {
+		tensor string
+		r0     int64
+	}
+	last := map[at]bool{}
+	for i := range p.shards {
+		k := -1
+		for u := range p.units {
+			for _, o := range p.Tensors[p.units[u].t].outs {
+				if o.shard == i {
+					k = u
+				}
+			}
+		}
+		last[at{p.Tensors[p.units[k].t].Name, p.units[k].r0}] = true
+	}
+	g := cpushare.New(1)
+	told := 0
+	_, err = Quantize(context.Background(), p, filepath.Join(t.TempDir(), "mlx"), QuantizeRunOptions{Jobs: 1, Digests: true, Cores: g.Share(1),
+		UnitDone: func(tensor string, r0, r1 int64) {
+			if last[at{tensor, r0}] {
+				time.Sleep(100 * time.Millisecond)
+			}
+		},
+		ShardDone: func(path, name string, sum FileSum) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := g.Acquire(ctx, 5); err != nil {
+				return fmt.Errorf("%s told with the core held: %w", name, err)
+			}
+			g.Release()
+			told++
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if told != len(p.shards) {
+		t.Errorf("%d of %d shards told", told, len(p.shards))
 	}
 }

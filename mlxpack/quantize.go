@@ -629,8 +629,17 @@ func (w *dirWriter) run(ctx context.Context, o QuantizeRunOptions) error {
 				if o.Progress != nil {
 					o.Progress(unitSrcBytes(t, u))
 				}
-				if err := tell(w.shardWritten(k)...); err != nil {
-					return err
+				if ready := w.shardWritten(k); len(ready) > 0 {
+					// Its fsyncs and the caller's hand-over are no
+					// core's work: the core goes to others meanwhile.
+					core.Pause()
+					err := tell(ready...)
+					if err == nil {
+						err = core.Resume(gctx)
+					}
+					if err != nil {
+						return err
+					}
 				}
 			}
 			return nil

@@ -3,9 +3,13 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"io"
+	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ferry-llm/ferry/manifest"
 	"github.com/ferry-llm/ferry/store"
@@ -177,5 +181,94 @@ func TestMergePlanCountsPassAhead(t *testing.T) {
 	extra := mem[true] - mem[false]
 	if extra <= 0 || extra >= local || extra*9 < local*4 {
 		t.Errorf("shared merge plans %d bytes, local %d: the pass ahead adds %d, want about 5/9 of the local %d", mem[true], mem[false], extra, local)
+	}
+}
+
+// A growing file's ReadAt waits until the bytes it asks for are flushed,
+// then reads them; a Close (the shard started over) wakes a waiting one
+// with an error; bytes said to be flushed but not in the file (cut
+// short) are an error, not a short read; a stopped context ends a wait.
+func TestGrowingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shard.partial")
+	data := []byte("0123456789abcdef")
+	if err := os.WriteFile(path, data[:8], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open := func(ctx context.Context, flushed *atomic.Int64) *growingFile {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := &growingFile{ctx: ctx, f: f, flushed: flushed.Load, size: int64(len(data))}
+		t.Cleanup(func() { g.Close() })
+		return g
+	}
+	read := func(g *growingFile, off, n int) chan error {
+		errc := make(chan error, 1)
+		go func() {
+			buf := make([]byte, n)
+			_, err := g.ReadAt(buf, int64(off))
+			if err == nil && string(buf) != string(data[off:off+n]) {
+				err = errors.New("read " + string(buf))
+			}
+			errc <- err
+		}()
+		return errc
+	}
+	waits := func(errc chan error) {
+		t.Helper()
+		select {
+		case err := <-errc:
+			t.Fatalf("ReadAt returned before its bytes were flushed: %v", err)
+		case <-time.After(30 * time.Millisecond):
+		}
+	}
+
+	// Waits, then reads once flushed.
+	var flushed atomic.Int64
+	flushed.Store(8)
+	g := open(context.Background(), &flushed)
+	if err := <-read(g, 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	errc := read(g, 4, 12)
+	waits(errc)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flushed.Store(16)
+	if err := <-errc; err != nil {
+		t.Fatalf("after the flush: %v", err)
+	}
+
+	// A close wakes a waiting read.
+	var none atomic.Int64
+	g = open(context.Background(), &none)
+	errc = read(g, 0, 4)
+	waits(errc)
+	g.Close()
+	if err := <-errc; !errors.Is(err, os.ErrClosed) {
+		t.Errorf("closed while waiting: %v, want os.ErrClosed", err)
+	}
+
+	// Said flushed, not in the file: cut short.
+	var all atomic.Int64
+	all.Store(16)
+	g = open(context.Background(), &all)
+	if err := os.Truncate(path, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read(g, 8, 8); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("cut short: %v, want io.ErrUnexpectedEOF", err)
+	}
+
+	// A stopped context ends a wait.
+	ctx, cancel := context.WithCancel(context.Background())
+	g = open(ctx, &none)
+	errc = read(g, 0, 4)
+	waits(errc)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("stopped while waiting: %v, want context.Canceled", err)
 	}
 }

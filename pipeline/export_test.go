@@ -62,3 +62,15 @@ func MLXShardDone(f func(name string)) { mlxShardDone = f }
 func MergeAhead(started, whole func(name string)) {
 	mergeAheadStarted, mergeShardWhole = started, whole
 }
+
+// MergeNoAhead turns a shared merge's pass ahead off (true) or on; it
+// returns the setting before.
+func MergeNoAhead(off bool) bool {
+	old := mergeNoAhead
+	mergeNoAhead = off
+	return old
+}
+
+// EarlyFailed makes f told of each early upload that failed, once it is
+// over (nil: none).
+func EarlyFailed(f func(d manifest.Digest)) { earlyFailed = f }

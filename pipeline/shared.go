@@ -1003,6 +1003,7 @@ type earlyUpload struct {
 	done    chan struct{}
 	err     error
 	counted atomic.Int64 // bytes told to the bar
+	stream  bool         // of bytes still being written (addStream)
 }
 
 // earlyFor is the early sharing of stage, run under lease l.
@@ -1029,34 +1030,69 @@ func (e *earlyShare) start(d manifest.Digest, size int64, src io.ReaderAt) bool 
 		return false
 	}
 	e.mu.Lock()
-	if _, ok := e.ups[d]; ok || e.stopped {
+	if e.stopped {
 		e.mu.Unlock()
 		return false
 	}
-	u := &earlyUpload{done: make(chan struct{})}
+	u := &earlyUpload{done: make(chan struct{}), stream: src != nil}
+	if old, ok := e.ups[d]; ok {
+		// Started already; or a stream that failed (its writer started
+		// over), which the whole blob, handed over now, replaces: the
+		// bytes it showed are not shown again. (A stream still going
+		// when the blob is handed over is left to the share to redo, if
+		// it fails.)
+		failed := false
+		select {
+		case <-old.done:
+			failed = old.err != nil && old.stream
+		default:
+		}
+		if !failed || src != nil {
+			e.mu.Unlock()
+			return false
+		}
+		u.counted.Store(old.counted.Load())
+	} else {
+		e.bar.grow(size)
+	}
 	e.ups[d] = u
 	e.mu.Unlock()
-	e.bar.grow(size)
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
+		defer func() { // after done is closed
+			if u.err != nil && earlyFailed != nil {
+				earlyFailed(d)
+			}
+		}()
 		defer close(u.done)
 		if c, ok := src.(io.Closer); ok {
 			defer c.Close()
 		}
 		sh := e.r.shared
-		select {
-		case sh.slots <- struct{}{}:
-		case <-e.ctx.Done():
-			u.err = context.Cause(e.ctx)
-			return
+		if src == nil {
+			// A stream follows its writer: the stage bounds how many go
+			// at once (a merge's shards being written), and one waiting
+			// for bytes holds none of the run's blob slots.
+			select {
+			case sh.slots <- struct{}{}:
+			case <-e.ctx.Done():
+				u.err = context.Cause(e.ctx)
+				return
+			}
+			defer func() { <-sh.slots }()
 		}
-		defer func() { <-sh.slots }()
-		// Protected from gc before it is stored, as share does.
+		// The bar shows each byte of the blob once: what this upload
+		// tells past what is shown already (by one it replaces).
+		var told int64
 		count := func(n int64) {
-			u.counted.Add(n)
-			e.bar.add(n)
+			told += n
+			if shown := u.counted.Load(); told > shown {
+				u.counted.Store(told)
+				e.bar.add(told - shown)
+			}
 		}
+		// Protected from gc before it is stored, as share does.
 		if u.err = e.l.Protect(e.ctx, d); u.err == nil {
 			if src == nil {
 				u.err = e.r.putOutput(e.ctx, d, size, count)
@@ -1146,6 +1182,9 @@ func (e *earlyShare) stop() {
 var (
 	earlyStored func(d manifest.Digest)
 	sharePut    func(d manifest.Digest)
+	// earlyFailed, set by tests only, is told of each early upload that
+	// failed, once it is over.
+	earlyFailed func(d manifest.Digest)
 )
 
 // publish stores rec's outputs and record in the shared store, behind the
@@ -1291,12 +1330,19 @@ func (r *runner) share(ctx context.Context, st *StageSpec, rec *manifest.Record,
 	// one whose early upload failed is, as soon as that is known, while
 	// the others are still waited for.
 	g, gctx := errgroup.WithContext(ctx)
+	// An early upload's bytes are shown once: for the first output of its
+	// blob (two outputs may hold the same bytes).
+	var claimMu sync.Mutex
+	claimed := map[manifest.Digest]bool{}
 	for _, o := range rec.Outputs {
 		g.Go(func() error {
 			ok, counted := early.wait(gctx, l, o.Digest)
-			if own {
+			claimMu.Lock()
+			if own || claimed[o.Digest] {
 				counted = 0
 			}
+			claimed[o.Digest] = true
+			claimMu.Unlock()
 			if ok {
 				bar.add(o.Size - counted)
 				return nil

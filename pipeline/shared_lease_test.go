@@ -1242,6 +1242,8 @@ func (b *blobPuts) CompleteUpload(ctx context.Context, key, id string, parts []s
 // written is refused here), and the record; another machine fetches the
 // stage whole.
 func TestSharedOutputsStoredEarly(t *testing.T) {
+	// Each shard once whole (TestSharedMergeShardsStoredAhead: before).
+	defer MergeNoAhead(MergeNoAhead(true))
 	base, open := tinyMergeShared(t, "")
 	shards, err := filepath.Glob(filepath.Join(base, "*.safetensors"))
 	if err != nil || len(shards) < 3 {
@@ -1423,53 +1425,91 @@ func TestSharedMLXShardsStoredEarly(t *testing.T) {
 // A shared merge stores each shard while it writes it: the digest worked
 // out ahead of the bytes, the upload reads the shard's partial file as it
 // grows (a shard whole waits, before it is handed over, for its upload
-// to have started). Each shard is stored once, and another machine
-// fetches the stage.
+// to have started). Each shard is stored once, early, and its bytes are
+// on the stage's upload bar once; another machine fetches the stage.
+// With the first blob write refused (a stream that fails), the whole
+// shard, handed over after that, goes up early in its place.
 func TestSharedMergeShardsStoredAhead(t *testing.T) {
-	_, open := tinyMergeShared(t, "")
-	defer EarlyMin(EarlyMin(0))
-	sc := countStores(t)
-	mu := &sc.mu
-	started := map[string]chan struct{}{}
-	ch := func(name string) chan struct{} {
-		mu.Lock()
-		defer mu.Unlock()
-		if started[name] == nil {
-			started[name] = make(chan struct{})
-		}
-		return started[name]
-	}
-	var late atomic.Int32
-	MergeAhead(func(name string) { close(ch(name)) }, func(name string) {
-		select {
-		case <-ch(name):
-		case <-time.After(10 * time.Second):
-			late.Add(1)
-		}
-	})
-	defer MergeAhead(nil, nil)
-	rep, err := Run(context.Background(), open(), Options{Host: "team"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	merged := madeAndShared(t, rep, "merged")
-	if late.Load() != 0 {
-		t.Errorf("%d shards whole before their upload started", late.Load())
-	}
-	shards := len(sc.onceEarly(t, merged.Outputs))
-	mu.Lock()
-	if shards < 3 || len(started) != shards {
-		t.Errorf("%d of %d shards stored ahead", len(started), shards)
-	}
-	mu.Unlock()
+	for _, refuse := range []bool{false, true} {
+		t.Run(map[bool]string{false: "all streams stored", true: "first write refused"}[refuse], func(t *testing.T) {
+			_, open := tinyMergeShared(t, "")
+			defer EarlyMin(EarlyMin(0))
+			sc := countStores(t)
+			mu := &sc.mu
+			started := map[string]chan struct{}{}
+			ch := func(name string) chan struct{} {
+				mu.Lock()
+				defer mu.Unlock()
+				if started[name] == nil {
+					started[name] = make(chan struct{})
+				}
+				return started[name]
+			}
+			failed := make(chan struct{})
+			var failedOnce sync.Once
+			EarlyFailed(func(manifest.Digest) { failedOnce.Do(func() { close(failed) }) })
+			defer EarlyFailed(nil)
+			var late atomic.Int32
+			MergeAhead(func(name string) { close(ch(name)) }, func(name string) {
+				select {
+				case <-ch(name):
+				case <-time.After(10 * time.Second):
+					late.Add(1)
+				}
+				if refuse {
+					// The refused stream is over before any shard is
+					// handed over whole.
+					select {
+					case <-failed:
+					case <-time.After(10 * time.Second):
+						late.Add(1)
+					}
+				}
+			})
+			defer MergeAhead(nil, nil)
+			bp := &blobPuts{puts: map[string]int{}}
+			if refuse {
+				WrapShared(func(b store.Backend) store.Backend { bp.Backend = b; return bp })
+				defer WrapShared(nil)
+			}
+			bars := &ShareBars{}
+			rep, err := Run(context.Background(), open(), Options{Host: "team", ShareProgress: bars.New})
+			if err != nil {
+				t.Fatal(err)
+			}
+			merged := madeAndShared(t, rep, "merged")
+			if late.Load() != 0 {
+				t.Errorf("%d waits for a shard's upload to start (or fail) timed out", late.Load())
+			}
+			shards := len(sc.onceEarly(t, merged.Outputs))
+			mu.Lock()
+			if shards < 3 || len(started) != shards {
+				t.Errorf("%d of %d shards stored ahead", len(started), shards)
+			}
+			mu.Unlock()
+			if refuse && bp.failed == "" {
+				t.Error("no blob write was refused")
+			}
+			var want int64
+			for _, o := range merged.Outputs {
+				want += o.Size
+			}
+			bars.Mu.Lock()
+			if b := bars.Of["merged"]; b == nil || b.Done != want || b.Total != want {
+				t.Errorf("merged's upload bar: %+v, want %d of %d bytes", b, want, want)
+			}
+			bars.Mu.Unlock()
 
-	// Another machine fetches it (each blob verified as it comes).
-	rep, err = Run(context.Background(), open(), Options{Host: "mac"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sr := stageOf(rep, "merged"); sr.Action != ActionSkip || sr.Host != "team" || sr.Key != merged.Key {
-		t.Fatalf("merged on the mac: %s (%s), want fetched", sr.Action, sr.Reason)
+			// Another machine fetches it (each blob verified as it comes).
+			WrapShared(nil)
+			rep, err = Run(context.Background(), open(), Options{Host: "mac"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sr := stageOf(rep, "merged"); sr.Action != ActionSkip || sr.Host != "team" || sr.Key != merged.Key {
+				t.Fatalf("merged on the mac: %s (%s), want fetched", sr.Action, sr.Reason)
+			}
+		})
 	}
 }
 

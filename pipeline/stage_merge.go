@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -102,7 +103,7 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 	env.Progress.SetTotal(plan.TotalBytes)
 	var last int64
 	opt := merge.ExecOptions{Jobs: env.Jobs, AllowNonFinite: s.AllowNonFinite, Cores: env.Cores}
-	if env.SharesEarly() {
+	if env.SharesEarly() && !mergeNoAhead {
 		// Sharing it: each shard's digest is worked out ahead of its
 		// bytes, on the cores the merge's disk-bound writes leave idle
 		// (its workers take the cores first: the pass ahead never slows
@@ -111,7 +112,7 @@ func (s *mergeStage) Run(ctx context.Context, env *Env) (*Result, error) {
 		ah := newMergeAhead(ctx, env)
 		defer ah.stop()
 		opt.ShardOpened = ah.opened
-		go ah.run(plan, merge.ExecOptions{Jobs: aheadJobs(env), AllowNonFinite: opt.AllowNonFinite, Cores: env.Cores.Idle()})
+		go ah.run(plan, work, merge.ExecOptions{Jobs: aheadJobs(env), AllowNonFinite: opt.AllowNonFinite, Cores: env.Cores.Idle()})
 	}
 	res, err := merge.Execute(ctx, plan, work, merge.ExecOptions{
 		Jobs:           opt.Jobs,
@@ -225,9 +226,15 @@ func newMergeAhead(ctx context.Context, env *Env) *mergeAhead {
 
 // run works out the digests; an error (the merge's own, or a stop) only
 // means no more shards go up ahead.
-func (a *mergeAhead) run(plan *merge.Plan, opt merge.ExecOptions) {
+func (a *mergeAhead) run(plan *merge.Plan, work string, opt merge.ExecOptions) {
 	defer close(a.done)
-	err := merge.Digests(a.ctx, plan, opt, func(f merge.FileDigest) error {
+	// A shard under its name in the work dir was finished by an earlier
+	// run: the merge keeps it (and hands it over whole), not written.
+	done := func(name string) bool {
+		_, err := os.Lstat(filepath.Join(work, filepath.FromSlash(name)))
+		return err == nil
+	}
+	err := merge.Digests(a.ctx, plan, opt, done, func(f merge.FileDigest) error {
 		a.mu.Lock()
 		a.sums[f.Name] = f
 		a.mu.Unlock()
@@ -250,7 +257,8 @@ func (a *mergeAhead) opened(name, path string, flushed func() int64) {
 	a.mu.Lock()
 	if old := a.files[name]; old != nil {
 		// The shard starts over: its upload reading the old file fails
-		// (the blob goes up once whole); none reads the new one.
+		// (the blob goes up early once whole: earlyShare.start); none
+		// reads the new one.
 		old.Close()
 		f.Close()
 		a.mu.Unlock()
@@ -275,7 +283,7 @@ func (a *mergeAhead) start(name string) {
 		return
 	}
 	a.mu.Lock()
-	if a.files[name] != g || g.handed {
+	if a.files[name] != g || g.handed || g.isClosed() {
 		a.mu.Unlock()
 		return
 	}
@@ -320,6 +328,10 @@ type growingFile struct {
 func (g *growingFile) ReadAt(p []byte, off int64) (int, error) {
 	end := min(off+int64(len(p)), g.size)
 	for g.flushed() < end {
+		if g.isClosed() {
+			// The shard started over, or the merge stopped.
+			return 0, os.ErrClosed
+		}
 		select {
 		case <-g.ctx.Done():
 			return 0, g.ctx.Err()
@@ -331,7 +343,18 @@ func (g *growingFile) ReadAt(p []byte, off int64) (int, error) {
 	if g.closed {
 		return 0, os.ErrClosed
 	}
-	return g.f.ReadAt(p, off)
+	n, err := g.f.ReadAt(p, off)
+	if int64(n) < end-off && (err == nil || err == io.EOF) {
+		// Flushed, yet not in the file: it was cut (started over).
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+func (g *growingFile) isClosed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
 }
 
 // Close closes the file (once); a read after it fails.
@@ -344,6 +367,10 @@ func (g *growingFile) Close() error {
 	}
 	return nil
 }
+
+// mergeNoAhead, set by tests only, turns the pass ahead off: each shard
+// then goes up once whole.
+var mergeNoAhead bool
 
 // mergeAheadStarted and mergeShardWhole, set by tests only, are told of
 // each shard stored ahead of its bytes, and of each shard whole before it
