@@ -31,11 +31,7 @@ import (
 func TestSharedLeaseReleasedWhenPlanFails(t *testing.T) {
 	shared := t.TempDir()
 	head := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n"
-	open := func(src string) *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open := func(src string) *Spec { return machineSpec(t, src) }
 	ctx := context.Background()
 	// machine-a makes a; machine-b fetches it, so b's plan waits for
 	// the run, and fails there.
@@ -167,11 +163,7 @@ func openDirStore(t *testing.T, dir, host string) *store.Store {
 func TestSharedDamagedBlob(t *testing.T) {
 	shared := t.TempDir()
 	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n"
-	open := func() *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open := func() *Spec { return machineSpec(t, src) }
 	ctx := context.Background()
 	specA := open()
 	rep, err := Run(ctx, specA, Options{Host: "machine-a"})
@@ -230,8 +222,7 @@ func TestSharedRefusesPipelineStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := dirTree(t, own)
-	spec := loadSpec(t, t.TempDir(), "name: p\nstore: file://"+own+"\n"+stages)
-	spec.Store = filepath.Join(t.TempDir(), "cache")
+	spec := machineSpec(t, "name: p\nstore: file://"+own+"\n"+stages)
 	_, err := Run(ctx, spec, Options{Host: "machine-b"})
 	if errkind.Of(err) != errkind.Usage || !strings.Contains(err.Error(), "is a pipeline's own store (it has manifest.json)") {
 		t.Fatalf("run on another machine's pipeline store: %v", err)
@@ -335,11 +326,7 @@ func TestSharedOnlyTakesThisFilesInputs(t *testing.T) {
 			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
 	}
 	file := func(seedB int) string { return fileA(1, seedB) }
-	open := func(src string) *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open := func(src string) *Spec { return machineSpec(t, src) }
 	ctx := context.Background()
 	team, err := Run(ctx, open(file(2)), Options{Host: "team"})
 	if err != nil {
@@ -423,11 +410,7 @@ func sharedAB(t *testing.T) (shared, src string, open func() *Spec) {
 	src = "name: p\nstore: file://" + shared + "\nstages:\n" +
 		"  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n" +
 		"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: a }\n"
-	open = func() *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open = func() *Spec { return machineSpec(t, src) }
 	if _, err := Run(context.Background(), open(), Options{Host: "team", Only: "a"}); err != nil {
 		t.Fatal(err)
 	}
@@ -461,8 +444,7 @@ func TestSharedOnlyWaitsForInputBeingMade(t *testing.T) {
 	}
 	waiting := make(chan Event, 16)
 	done := make(chan error, 1)
-	spec := loadSpec(t, t.TempDir(), src+"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n")
-	spec.Store = filepath.Join(t.TempDir(), "cache")
+	spec := machineSpec(t, src+"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n")
 	// plan says what a run does: it waits.
 	pr, err = Plan(spec, Options{Host: "mac", Only: "c"})
 	if err != nil {
@@ -512,11 +494,7 @@ func TestSharedOnlyWaitsForInputBeingMade(t *testing.T) {
 func TestSharedLeaseLostWhileRunning(t *testing.T) {
 	shared := t.TempDir()
 	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 4MiB, units: 20, seed: 1, pace: 100ms }\n"
-	open := func() *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open := func() *Spec { return machineSpec(t, src) }
 	ctx := context.Background()
 	pr, err := Plan(open(), Options{})
 	if err != nil {
@@ -649,11 +627,7 @@ func TestSharedOnlyImportFilesHere(t *testing.T) {
 			"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: base }\n" +
 			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
 	}
-	open := func(src string) *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open := func(src string) *Spec { return machineSpec(t, src) }
 	ctx := context.Background()
 	if _, err := Run(ctx, open(file("the team's base")), Options{Host: "team"}); err != nil {
 		t.Fatal(err)
@@ -680,8 +654,7 @@ func TestSharedOnlyImportFilesHere(t *testing.T) {
 func TestSharedLeaseLostWhileSharing(t *testing.T) {
 	shared := t.TempDir()
 	src := "name: p\nstore: file://" + shared + "\nstages:\n  - name: a\n    synth: { size: 1MiB, units: 2, seed: 1 }\n"
-	spec := loadSpec(t, t.TempDir(), src)
-	spec.Store = filepath.Join(t.TempDir(), "cache")
+	spec := machineSpec(t, src)
 	ctx := context.Background()
 	s := openDirStore(t, shared, "")
 	var logs bytes.Buffer
@@ -828,11 +801,7 @@ func TestSharedOnlyWaitsForRefBeingMadeAnew(t *testing.T) {
 			fmt.Sprintf("  - name: b\n    synth: { size: 1MiB, units: 2, seed: %d, from: base }\n", seedB) +
 			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
 	}
-	open := func(src string) *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open := func(src string) *Spec { return machineSpec(t, src) }
 	ctx := context.Background()
 	old, err := Run(ctx, open(file("the base", 2)), Options{Host: "team"})
 	if err != nil {
@@ -898,11 +867,7 @@ func TestSharedOnlyWaitsWhileTheMakerImports(t *testing.T) {
 			"  - name: b\n    synth: { size: 1MiB, units: 2, seed: 2, from: base }\n" +
 			"  - name: c\n    synth: { size: 1MiB, units: 2, seed: 3, from: b }\n"
 	}
-	open := func(src string) *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open := func(src string) *Spec { return machineSpec(t, src) }
 	ctx := context.Background()
 	if err := os.WriteFile(src, []byte("the base"), 0o644); err != nil {
 		t.Fatal(err)
@@ -1168,11 +1133,7 @@ func TestSharedFetchSideBySide(t *testing.T) {
 		fmt.Fprintf(&src, "  - name: %s\n    import: { path: %s }\n", strings.TrimSuffix(in, "-dora"), p)
 	}
 	src.WriteString("  - name: merged\n    merge: { base: base, adapter: adapter }\n")
-	open := func() *Spec {
-		spec := loadSpec(t, t.TempDir(), src.String())
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	open := func() *Spec { return machineSpec(t, src.String()) }
 	ctx := context.Background()
 	if _, err := Run(ctx, open(), Options{Host: "team"}); err != nil {
 		t.Fatal(err)
@@ -1371,11 +1332,7 @@ func tinyMergeShared(t *testing.T, more string) (string, func() *Spec) {
 		"  - name: base\n    import: { path: " + base + " }\n" +
 		"  - name: adapter\n    import: { path: " + adapter + " }\n" +
 		"  - name: merged\n    merge: { base: base, adapter: adapter }\n" + more
-	return base, func() *Spec {
-		spec := loadSpec(t, t.TempDir(), src)
-		spec.Store = filepath.Join(t.TempDir(), "cache")
-		return spec
-	}
+	return base, func() *Spec { return machineSpec(t, src) }
 }
 
 // The MLX stage hands each shard over as soon as it is whole, while it
@@ -1553,4 +1510,13 @@ func (sc *storeCounts) onceEarly(t *testing.T, outs []manifest.Output) []manifes
 		}
 	}
 	return shards
+}
+
+// machineSpec is the pipeline src with a cache of its own: a machine of
+// a shared store.
+func machineSpec(t *testing.T, src string) *Spec {
+	t.Helper()
+	spec := loadSpec(t, t.TempDir(), src)
+	spec.Store = filepath.Join(t.TempDir(), "cache")
+	return spec
 }
